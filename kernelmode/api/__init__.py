@@ -1,0 +1,1 @@
+"""The REST front door (tornado): thin handlers over the SessionManager."""

@@ -1,0 +1,167 @@
+"""One thin handler per URL; the route table is at the foot of this module."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+from pydantic import ValidationError as PydanticValidationError
+from tornado import web
+
+from ..errors import BadJSON, KernelmodeError, SessionNotFound, Unauthorized, ValidationError
+from ..models import SESSION_ID_PATTERN, ExecuteRequest, Health, SessionCreate, SessionList
+from .openapi import openapi_document
+
+log = logging.getLogger("kernelmode.api")
+M = TypeVar("M", bound=BaseModel)
+SID = SESSION_ID_PATTERN.strip("^$")
+
+
+class BaseHandler(web.RequestHandler):
+    """JSON in, JSON out, bearer token, errors as ``{"error": {"code", "message"}}``."""
+
+    public = False
+
+    @property
+    def app(self) -> Any:
+        return self.settings["kernelmode"]
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+
+    def prepare(self) -> None:
+        if self.public:
+            return
+        header = self.request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        expected = self.app.token.encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+            raise Unauthorized("missing or wrong bearer token (send `Authorization: Bearer <token>`)")
+
+    def body_model(self, model: type[M]) -> M:
+        raw = self.request.body or b"{}"
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BadJSON(f"the request body is not valid JSON: {e}") from e
+        if not isinstance(data, dict):
+            raise ValidationError("the request body must be a JSON object")
+        try:
+            return model.model_validate(data)
+        except PydanticValidationError as e:
+            errors = [
+                {"field": ".".join(str(p) for p in err["loc"]), "message": err["msg"]}
+                for err in e.errors(include_url=False, include_input=False)
+            ]
+            summary = "; ".join(f"{x['field'] or 'body'}: {x['message']}" for x in errors)
+            raise ValidationError(f"invalid request: {summary}", details=errors) from e
+
+    def send(self, payload: BaseModel | dict[str, Any], status: int = 200) -> None:
+        self.set_status(status)
+        if isinstance(payload, BaseModel):
+            self.finish(payload.model_dump_json())
+        else:
+            self.finish(json.dumps(payload))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, KernelmodeError):
+            status, body = exc.http_status, exc.to_dict()
+        elif isinstance(exc, web.HTTPError):
+            status = exc.status_code
+            code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(status, "http_error")
+            body = {"code": code, "message": exc.log_message or self._reason}
+        else:
+            status, body = 500, {"code": "internal", "message": "internal server error (see the server log)"}
+        self.clear()
+        self.set_default_headers()
+        self.set_status(status)
+        self.finish(json.dumps({"error": body}))
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, KernelmodeError) and value.http_status < 500:
+            return  # a client error, answered as such
+        super().log_exception(typ, value, tb)
+
+
+class HealthHandler(BaseHandler):
+    public = True
+
+    async def get(self) -> None:
+        self.send(Health(status="ok"))
+
+
+class ReadyHandler(BaseHandler):
+    public = True
+
+    async def get(self) -> None:
+        checks = await self.app.readiness()
+        ok = all(v is True or (isinstance(v, dict) and v.get("ok")) for v in checks.values())
+        self.send(Health(status="ok" if ok else "unavailable", checks=checks), 200 if ok else 503)
+
+
+class OpenAPIHandler(BaseHandler):
+    async def get(self) -> None:
+        self.send(openapi_document())
+
+
+class SessionsHandler(BaseHandler):
+    async def get(self) -> None:
+        self.send(SessionList(sessions=self.app.sessions.list()))
+
+    async def post(self) -> None:
+        req = self.body_model(SessionCreate)
+        info = await self.app.sessions.create(req)
+        self.send(info, 201)
+
+
+class SessionHandler(BaseHandler):
+    async def get(self, session_id: str) -> None:
+        self.send(self.app.sessions.get(session_id))
+
+    async def delete(self, session_id: str) -> None:
+        await self.app.sessions.delete(session_id)
+        self.set_status(204)
+        self.finish()
+
+
+class ExecuteHandler(BaseHandler):
+    async def post(self, session_id: str) -> None:
+        self.app.sessions.get(session_id)  # 404 before validating the body
+        req = self.body_model(ExecuteRequest)
+        self.send(await self.app.sessions.execute(session_id, req.code, req.timeout_seconds))
+
+
+class InterruptHandler(BaseHandler):
+    async def post(self, session_id: str) -> None:
+        self.send(await self.app.sessions.interrupt(session_id))
+
+
+class RestartHandler(BaseHandler):
+    async def post(self, session_id: str) -> None:
+        self.send(await self.app.sessions.restart(session_id))
+
+
+class NotFoundHandler(BaseHandler):
+    def prepare(self) -> None:
+        super().prepare()
+        path = self.request.path
+        if path.startswith("/v1/sessions/"):
+            raise SessionNotFound(f"no such session or route: {path} (ids match {SESSION_ID_PATTERN})")
+        raise web.HTTPError(404, f"no route {path}")
+
+
+routes = [
+    (r"/healthz", HealthHandler),
+    (r"/readyz", ReadyHandler),
+    (r"/openapi.json", OpenAPIHandler),
+    (r"/v1/sessions", SessionsHandler),
+    (rf"/v1/sessions/({SID})", SessionHandler),
+    (rf"/v1/sessions/({SID})/execute", ExecuteHandler),
+    (rf"/v1/sessions/({SID})/interrupt", InterruptHandler),
+    (rf"/v1/sessions/({SID})/restart", RestartHandler),
+]

@@ -1,0 +1,88 @@
+"""The OpenAPI document, generated from the pydantic models."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from pydantic.json_schema import models_json_schema
+
+from .. import __version__
+from ..models import (
+    SESSION_ID_PATTERN,
+    ErrorBody,
+    ExecuteRequest,
+    Health,
+    RunResult,
+    SessionCreate,
+    SessionInfo,
+    SessionList,
+)
+
+_MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health]
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(name: str, description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref(name)}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {400: "Bad JSON", 401: "Missing or wrong token", 404: "Unknown session", 409: "Conflict",
+            413: "Too large", 422: "Invalid request", 429: "Too many sessions", 503: "Kernel or gateway unavailable"}
+    return {str(c): _json("ErrorBody", text[c]) for c in codes}
+
+
+@lru_cache(maxsize=1)
+def openapi_document() -> dict[str, Any]:
+    _, defs = models_json_schema([(m, "validation") for m in _MODELS],
+                                 ref_template="#/components/schemas/{model}")
+    sid = {"name": "session_id", "in": "path", "required": True,
+           "schema": {"type": "string", "pattern": SESSION_ID_PATTERN}}
+    body = lambda name: {"required": False, "content": {"application/json": {"schema": _ref(name)}}}  # noqa: E731
+    paths: dict[str, Any] = {
+        "/healthz": {"get": {"summary": "Liveness", "security": [], "responses": {"200": _json("Health", "Up")}}},
+        "/readyz": {"get": {"summary": "Readiness (gateway up, sandbox usable)", "security": [],
+                            "responses": {"200": _json("Health", "Ready"), "503": _json("Health", "Not ready")}}},
+        "/v1/sessions": {
+            "get": {"summary": "List sessions", "responses": {"200": _json("SessionList", "Sessions"), **_errors(401)}},
+            "post": {"summary": "Create a session", "requestBody": body("SessionCreate"),
+                     "responses": {"201": _json("SessionInfo", "Created"), **_errors(400, 401, 409, 422, 429, 503)}},
+        },
+        "/v1/sessions/{session_id}": {
+            "parameters": [sid],
+            "get": {"summary": "Get a session", "responses": {"200": _json("SessionInfo", "Session"), **_errors(401, 404)}},
+            "delete": {"summary": "Delete a session (kernel, sandbox, workspace)",
+                       "responses": {"204": {"description": "Deleted"}, **_errors(401, 404)}},
+        },
+        "/v1/sessions/{session_id}/execute": {
+            "parameters": [sid],
+            "post": {"summary": "Run code in the session", "requestBody": {**body("ExecuteRequest"), "required": True},
+                     "responses": {"200": _json("RunResult", "The run (user-code errors are status=error)"),
+                                   **_errors(400, 401, 404, 413, 422, 503)}},
+        },
+        "/v1/sessions/{session_id}/interrupt": {
+            "parameters": [sid],
+            "post": {"summary": "Interrupt the running code",
+                     "responses": {"200": _json("SessionInfo", "Interrupt sent"), **_errors(401, 404, 503)}},
+        },
+        "/v1/sessions/{session_id}/restart": {
+            "parameters": [sid],
+            "post": {"summary": "Restart the kernel (variables are lost)",
+                     "responses": {"200": _json("SessionInfo", "Restarted"), **_errors(401, 404, 503)}},
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "kernelmode", "version": __version__,
+                 "description": "Stateful, sandboxed Python sessions for AI agents and automation."},
+        "paths": paths,
+        "components": {
+            "schemas": defs["$defs"],
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }

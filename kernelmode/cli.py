@@ -1,0 +1,98 @@
+"""`kernelmode serve | config check`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+from .config import load_settings
+from .errors import ConfigError
+
+
+class _JsonFormatter(logging.Formatter):
+    """Run records are JSON already; other records become JSON lines too."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        if record.name == "kernelmode.runs":
+            return msg
+        line = {"level": record.levelname.lower(), "logger": record.name, "message": msg}
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line)
+
+
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("tornado.access").setLevel(logging.WARNING)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .server import serve
+
+    _setup_logging(args.log_level)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as e:
+        print(f"kernelmode: {e.message}", file=sys.stderr)
+        return 2
+    server = settings.server
+    if args.host is not None:
+        server.host = args.host
+    if args.port is not None:
+        server.port = args.port
+    if args.token is not None:
+        server.token = args.token
+    if args.data_dir is not None:
+        server.data_dir = Path(args.data_dir)
+    if args.sandbox is not None:
+        settings.sandbox.backend = args.sandbox
+    return asyncio.run(serve(settings))
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(args.file)
+    except ConfigError as e:
+        print(f"kernelmode: {e.message}", file=sys.stderr)
+        return 2
+    print(settings.model_dump_json(indent=2, exclude={"server": {"token"}}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kernelmode", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the REST API with its Kernel Gateway and sandboxed kernels")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8888; 0 picks a free one)")
+    serve.add_argument("--token", help="API bearer token (default $KERNELMODE_TOKEN, else generated)")
+    serve.add_argument("--data-dir", help="sessions, workspaces and runtime files (default ./.kernelmode)")
+    serve.add_argument("--config", help="kernelmode.yaml")
+    serve.add_argument("--sandbox", choices=["bwrap", "none"],
+                       help="kernel sandbox (default bwrap; 'none' = NO isolation, development only)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=_serve)
+    config = sub.add_parser("config", help="configuration tools")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    check = config_sub.add_parser("check", help="validate a kernelmode.yaml and print the result")
+    check.add_argument("file")
+    check.set_defaults(func=_config_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

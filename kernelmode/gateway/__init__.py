@@ -1,0 +1,1 @@
+"""Talking to the Jupyter Kernel Gateway: its process, its REST API, its kernel websockets."""

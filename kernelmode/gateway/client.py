@@ -1,0 +1,208 @@
+"""GatewayClient: the Kernel Gateway's REST API and kernel websockets, errors translated here.
+
+Every failure of the gateway (refused connection, HTTP error, closed websocket) becomes a
+kernelmode error in this module and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import websockets
+from jupyter_client.jsonutil import json_default
+from jupyter_client.session import Session as JupyterSession
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from websockets.asyncio.client import ClientConnection
+
+from ..errors import GatewayError, GatewayUnavailable, KernelUnavailable
+
+log = logging.getLogger("kernelmode.gateway")
+
+# Status the gateway itself sends when the kernel process died and is being restarted, or when
+# restarting failed for good.
+KERNEL_RESTARTING = "restarting"
+KERNEL_DEAD = "dead"
+
+
+class GatewayClient:
+    """REST calls to one Kernel Gateway."""
+
+    def __init__(self, url: str, token: str, request_timeout: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.request_timeout = request_timeout
+        self._http = AsyncHTTPClient()
+
+    @property
+    def ws_url(self) -> str:
+        return "ws" + self.url[len("http") :]
+
+    async def _request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        req = HTTPRequest(
+            f"{self.url}{path}",
+            method=method,
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            body=json.dumps(body) if body is not None else ("{}" if method == "POST" else None),
+            request_timeout=timeout or self.request_timeout,
+        )
+        try:
+            resp = await self._http.fetch(req)
+        except HTTPClientError as e:
+            text = e.response.body.decode(errors="replace")[:500] if e.response and e.response.body else ""
+            if e.code == 404:
+                raise KernelUnavailable(f"the gateway does not know {path}: {text}") from e
+            if e.code == 599:
+                raise GatewayUnavailable(f"the kernel gateway did not answer {method} {path}: {e}") from e
+            raise GatewayError(f"kernel gateway {method} {path} failed with {e.code}: {text}") from e
+        except OSError as e:
+            raise GatewayUnavailable(f"the kernel gateway is unreachable: {e}") from e
+        return json.loads(resp.body) if resp.body else None
+
+    async def start_kernel(self, env: dict[str, str], timeout: float) -> str:
+        # "env" must be present: without it the gateway gives the kernel its whole environment.
+        model = await self._request("POST", "/api/kernels", {"name": "kernelmode", "env": env}, timeout)
+        return str(model["id"])
+
+    async def shutdown_kernel(self, kernel_id: str) -> None:
+        with contextlib.suppress(KernelUnavailable):
+            await self._request("DELETE", f"/api/kernels/{kernel_id}")
+
+    async def interrupt_kernel(self, kernel_id: str) -> None:
+        await self._request("POST", f"/api/kernels/{kernel_id}/interrupt")
+
+    async def restart_kernel(self, kernel_id: str, timeout: float) -> None:
+        await self._request("POST", f"/api/kernels/{kernel_id}/restart", timeout=timeout)
+
+    async def list_kernels(self) -> list[dict[str, Any]]:
+        return list(await self._request("GET", "/api/kernels"))
+
+    async def ping(self) -> bool:
+        try:
+            await self._request("GET", "/api/kernelspecs", timeout=5)
+            return True
+        except GatewayError:
+            return False
+
+    async def connect(self, kernel_id: str, on_kernel_status: Callable[[str], None]) -> KernelConnection:
+        conn = KernelConnection(self, kernel_id, on_kernel_status)
+        await conn.open()
+        return conn
+
+
+class KernelConnection:
+    """One websocket to one kernel. Replies are routed to their request by parent msg_id."""
+
+    def __init__(self, client: GatewayClient, kernel_id: str, on_kernel_status: Callable[[str], None]) -> None:
+        self.client = client
+        self.kernel_id = kernel_id
+        self.on_kernel_status = on_kernel_status
+        self._session = JupyterSession(key=b"", username="kernelmode")
+        self._ws: ClientConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._listeners: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+
+    @property
+    def is_open(self) -> bool:
+        return self._ws is not None and self._reader is not None and not self._reader.done()
+
+    async def open(self) -> None:
+        url = f"{self.client.ws_url}/api/kernels/{self.kernel_id}/channels?session_id={uuid.uuid4().hex}"
+        try:
+            self._ws = await websockets.connect(
+                url,
+                additional_headers={"Authorization": f"token {self.client.token}"},
+                max_size=256 * 1024 * 1024,  # output is capped by the manager, not by framing
+                compression=None,
+                open_timeout=30,
+                ping_interval=None,
+            )
+        except (OSError, websockets.WebSocketException, asyncio.TimeoutError) as e:
+            raise KernelUnavailable(f"cannot open the websocket of kernel {self.kernel_id}: {e}") from e
+        self._reader = asyncio.create_task(self._read(), name=f"ws-{self.kernel_id}")
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+        if self._ws is not None:
+            with contextlib.suppress(Exception):
+                await self._ws.close()
+        self._ws = None
+
+    async def _read(self) -> None:
+        assert self._ws is not None
+        try:
+            async for raw in self._ws:
+                msg = json.loads(raw)
+                parent = (msg.get("parent_header") or {}).get("msg_id")
+                if parent is None or parent == "":
+                    if msg.get("msg_type") == "status":
+                        state = msg["content"].get("execution_state")
+                        if state in (KERNEL_RESTARTING, KERNEL_DEAD):
+                            self.broadcast({"msg_type": "kernelmode_kernel_status", "state": state})
+                            self.on_kernel_status(state)
+                    continue
+                queue = self._listeners.get(parent)
+                if queue is not None:
+                    queue.put_nowait(msg)
+        except websockets.WebSocketException as e:
+            log.warning("websocket of kernel %s closed: %s", self.kernel_id, e)
+        finally:
+            self.broadcast({"msg_type": "kernelmode_disconnected"})
+
+    def broadcast(self, event: dict[str, Any]) -> None:
+        for queue in self._listeners.values():
+            queue.put_nowait(event)
+
+    async def send(self, channel: str, msg_type: str, content: dict[str, Any]) -> asyncio.Queue[dict[str, Any]]:
+        """Send a request; the returned queue receives every message that answers it."""
+        if not self.is_open or self._ws is None:
+            raise KernelUnavailable(f"the websocket of kernel {self.kernel_id} is closed")
+        msg = self._session.msg(msg_type, content)
+        msg["channel"] = channel
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._listeners[msg["header"]["msg_id"]] = queue
+        try:
+            await self._ws.send(json.dumps(msg, default=json_default))
+        except websockets.WebSocketException as e:
+            self._listeners.pop(msg["header"]["msg_id"], None)
+            raise KernelUnavailable(f"cannot send to kernel {self.kernel_id}: {e}") from e
+        queue.msg_id = msg["header"]["msg_id"]  # type: ignore[attr-defined]
+        return queue
+
+    def forget(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
+        self._listeners.pop(getattr(queue, "msg_id", ""), None)
+
+    async def kernel_info(self, timeout: float) -> dict[str, Any]:
+        """Round trip on the shell channel: proves the kernel is up and answering."""
+        queue = await self.send("shell", "kernel_info_request", {})
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            while True:
+                msg = await next_message(queue, deadline)
+                if msg is None:
+                    raise KernelUnavailable(f"kernel {self.kernel_id} did not answer within {timeout:.0f} s")
+                if msg.get("msg_type") == "kernel_info_reply":
+                    return dict(msg["content"])
+                if msg.get("msg_type") == "kernelmode_disconnected":
+                    raise KernelUnavailable(f"kernel {self.kernel_id} disconnected")
+        finally:
+            self.forget(queue)
+
+
+async def next_message(queue: asyncio.Queue[dict[str, Any]], deadline: float) -> dict[str, Any] | None:
+    """The next message, or None once the loop clock passes ``deadline``."""
+    remaining = deadline - asyncio.get_running_loop().time()
+    if remaining <= 0:
+        return queue.get_nowait() if not queue.empty() else None
+    try:
+        return await asyncio.wait_for(queue.get(), remaining)
+    except asyncio.TimeoutError:
+        return None

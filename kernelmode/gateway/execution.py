@@ -1,0 +1,93 @@
+"""Gather the Jupyter messages of one execute_request into the parts of a RunResult."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..models import RunError
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+class OutputCollector:
+    """Accumulates stream, result, display and error messages, with a byte cap per stream.
+
+    ``max_bytes`` caps stdout and stderr each, and the rich outputs together; beyond it the
+    rest is dropped and ``truncated`` is set, so a flood costs bounded memory.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._streams: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self._sizes = {"stdout": 0, "stderr": 0, "outputs": 0}
+        self.outputs: list[dict[str, Any]] = []
+        self.result: str | None = None
+        self.error: RunError | None = None
+        self.execution_count: int | None = None
+        self.truncated = False
+        self.reply_status: str | None = None
+
+    def _take(self, kind: str, text: str) -> str:
+        room = self.max_bytes - self._sizes[kind]
+        data = text.encode("utf-8", errors="replace")
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+            text = data.decode("utf-8", errors="ignore")
+        self._sizes[kind] += len(data)
+        return text
+
+    def _add_output(self, output: dict[str, Any]) -> None:
+        size = sum(len(str(v)) for v in output.get("data", {}).values())
+        if self._sizes["outputs"] + size > self.max_bytes:
+            self.truncated = True
+            return
+        self._sizes["outputs"] += size
+        self.outputs.append(output)
+
+    def add(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("msg_type")
+        content = msg.get("content", {})
+        if kind == "stream":
+            name = "stderr" if content.get("name") == "stderr" else "stdout"
+            if self._sizes[name] < self.max_bytes:
+                self._streams[name].append(self._take(name, content.get("text", "")))
+            else:
+                self.truncated = True
+        elif kind == "execute_result":
+            data = content.get("data", {})
+            self.result = data.get("text/plain")
+            self.execution_count = content.get("execution_count", self.execution_count)
+            rich = {k: v for k, v in data.items() if k != "text/plain"}
+            if rich:
+                self._add_output({"type": "execute_result", "data": data, "metadata": content.get("metadata", {})})
+        elif kind in ("display_data", "update_display_data"):
+            self._add_output({"type": kind, "data": content.get("data", {}), "metadata": content.get("metadata", {})})
+        elif kind == "error":
+            self.error = RunError(
+                ename=content.get("ename", ""),
+                evalue=content.get("evalue", ""),
+                traceback=strip_ansi("\n".join(content.get("traceback", []))),
+            )
+        elif kind == "execute_reply":
+            self.reply_status = content.get("status")
+            self.execution_count = content.get("execution_count", self.execution_count)
+            if content.get("status") == "error" and self.error is None:
+                self.error = RunError(
+                    ename=content.get("ename", ""),
+                    evalue=content.get("evalue", ""),
+                    traceback=strip_ansi("\n".join(content.get("traceback", []))),
+                )
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self._streams["stdout"])
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self._streams["stderr"])

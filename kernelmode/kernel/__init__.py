@@ -1,0 +1,1 @@
+"""Code that runs INSIDE kernels (stdlib only; imports nothing else from kernelmode)."""

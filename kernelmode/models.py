@@ -1,0 +1,128 @@
+"""Pydantic models shared by every front door: what crosses a boundary is one of these."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+RunStatus = Literal["ok", "error", "timeout", "kernel_died", "running", "interrupted"]
+SessionStatus = Literal["starting", "idle", "busy", "restarting", "dead", "lost"]
+
+
+class _Strict(BaseModel):
+    """Request bodies: unknown fields are an error, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Limits(_Strict):
+    """Resource limits of one sandboxed kernel."""
+
+    memory_mb: int = Field(1024, ge=16, le=1_048_576, description="Memory cap (cgroup, else RLIMIT_AS).")
+    cpu_seconds: int = Field(600, ge=1, le=31_536_000, description="CPU time cap (RLIMIT_CPU).")
+    pids: int = Field(128, ge=8, le=65_536, description="Process/thread cap (cgroup pids, else RLIMIT_NPROC).")
+    disk_mb: int = Field(1024, ge=1, le=1_048_576, description="Largest file a kernel may write (RLIMIT_FSIZE).")
+    open_files: int = Field(1024, ge=64, le=65_536, description="Open file descriptors (RLIMIT_NOFILE).")
+
+
+class LimitsPatch(_Strict):
+    """Per-session overrides of the configured limits (absent keys keep the default)."""
+
+    memory_mb: int | None = Field(None, ge=16, le=1_048_576)
+    cpu_seconds: int | None = Field(None, ge=1, le=31_536_000)
+    pids: int | None = Field(None, ge=8, le=65_536)
+    disk_mb: int | None = Field(None, ge=1, le=1_048_576)
+    open_files: int | None = Field(None, ge=64, le=65_536)
+
+    def apply(self, base: Limits) -> Limits:
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+
+class SessionCreate(_Strict):
+    """Body of ``POST /v1/sessions`` (every field optional)."""
+
+    session_id: str | None = Field(
+        None, pattern=SESSION_ID_PATTERN, description="Your id for the session; generated when omitted."
+    )
+    ttl_seconds: int | None = Field(
+        None, ge=10, le=30 * 24 * 3600, description="Idle time after which the session is reaped."
+    )
+    limits: LimitsPatch | None = None
+
+
+class SessionInfo(BaseModel):
+    session_id: str
+    status: SessionStatus
+    created_at: datetime
+    expires_at: datetime | None = Field(None, description="When the session is reaped if it stays idle.")
+    last_activity: datetime
+    ttl_seconds: int
+    limits: Limits
+    execution_count: int = 0
+    sandbox: str = Field(description="Sandbox backend of the kernel (bwrap or none).")
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionInfo]
+
+
+class ExecuteRequest(_Strict):
+    """Body of ``POST /v1/sessions/{id}/execute``."""
+
+    code: str = Field(description="Python source to run in the session's kernel.")
+    timeout_seconds: float | None = Field(
+        None, gt=0, le=86_400, description="Wall-clock limit of this run (default 60 s)."
+    )
+
+
+class RunError(BaseModel):
+    ename: str
+    evalue: str
+    traceback: str = Field(description="Plain text, without ANSI colour codes.")
+
+
+class DeathCause(BaseModel):
+    """Why a kernel died, so that programs need not parse prose."""
+
+    kind: Literal["exit", "signal", "oom", "unknown"]
+    exit_code: int | None = None
+    signal: int | None = None
+
+
+class RunResult(BaseModel):
+    run_id: str
+    session_id: str
+    status: RunStatus
+    stdout: str = ""
+    stderr: str = ""
+    result: str | None = Field(None, description="text/plain of the last expression, if any.")
+    outputs: list[dict[str, Any]] = Field(
+        default_factory=list, description="Rich display data as Jupyter MIME bundles."
+    )
+    error: RunError | None = None
+    execution_count: int | None = None
+    duration_ms: float = 0.0
+    truncated: bool = Field(False, description="Some output was cut at the configured cap.")
+    state_lost: bool = Field(
+        False, description="The kernel was restarted (timeout, death): variables are gone."
+    )
+    cause: DeathCause | None = Field(None, description="Why the kernel died (status kernel_died).")
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: Any | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ok", "unavailable"]
+    checks: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,130 @@
+"""Shared part of kernelmode's provisioners: per-kernel directory, scrubbed env, death records.
+
+A provisioner lives in the Kernel Gateway process. jupyter_client makes a new provisioner
+instance for every start (and restart) of a kernel, so what must outlive one start (the kernel's
+host uid) is kept in a registry keyed by kernel id.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.provisioning import LocalProvisioner
+from traitlets import Unicode
+
+from ..models import Limits
+from .spec import KernelParams, cause_from_exit, write_death_record
+
+log = logging.getLogger("kernelmode.sandbox")
+
+# Environment variables a kernel gets; nothing else of the gateway's or manager's environment.
+def kernel_environment(path: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {
+        "PATH": path,
+        "HOME": "/tmp",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "MPLCONFIGDIR": "/tmp/.matplotlib",
+        "IPYTHONDIR": "/tmp/.ipython",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        "TERM": "xterm-256color",
+    }
+    env.update(extra or {})
+    return env
+
+
+class KernelmodeProvisioner(LocalProvisioner):  # type: ignore[misc]
+    """A LocalProvisioner that knows kernelmode's per-kernel parameters."""
+
+    runtime_dir = Unicode(
+        os.environ.get("KERNELMODE_RUNTIME_DIR", ""), config=True,
+        help="Parent of the per-kernel directories (connection file, ipc sockets).",
+    )
+    state_dir = Unicode(
+        os.environ.get("KERNELMODE_STATE_DIR", ""), config=True,
+        help="Where death records are written for the manager.",
+    )
+    default_limits = Unicode("{}", config=True, help="JSON of the default Limits.")
+
+    _stopping = False
+    _death_recorded = False
+    params: KernelParams | None = None
+
+    # -- hooks for subclasses -------------------------------------------------------------------
+    def wrap_command(
+        self, cmd: list[str], env: dict[str, str], kdir: Path
+    ) -> tuple[list[str], dict[str, str], Path]:
+        """Turn the kernelspec's command into the sandboxed one: (argv, env, cwd)."""
+        raise NotImplementedError
+
+    def oom_killed(self) -> bool:
+        return False
+
+    def release(self, restart: bool) -> None:
+        """Free what this kernel held (cgroups, uid); called on cleanup."""
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    @property
+    def kernel_dir(self) -> Path:
+        if not self.runtime_dir:
+            raise RuntimeError("kernelmode provisioner: runtime_dir is not configured")
+        return Path(self.runtime_dir) / self.kernel_id
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        km = self.parent
+        env: dict[str, str] = dict(kwargs.get("env") or {})
+        limits = Limits.model_validate_json(self.default_limits or "{}")
+        self.params = KernelParams.pop_from_env(env, limits)
+        if self.params is None:
+            raise RuntimeError("kernelmode provisioner: the kernel request carries no workspace")
+        kdir = self.kernel_dir
+        kdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # ZMQ over ipc sockets in the kernel's own directory: no TCP port anywhere.
+        km.transport = "ipc"
+        km.cache_ports = False
+        km.connection_file = str(kdir / "kernel.json")
+        km.ip = str(kdir / "k")
+        kwargs["env"] = env
+        kwargs = await super().pre_launch(**kwargs)
+        cmd, launch_env, cwd = self.wrap_command(kwargs.pop("cmd"), kwargs["env"], kdir)
+        kwargs.update(cmd=cmd, env=launch_env, cwd=str(cwd))
+        return kwargs
+
+    async def poll(self) -> int | None:
+        ret = await super().poll()
+        if ret is not None and self.process is not None and not self._stopping:
+            self._record_death(ret)
+        return ret
+
+    def _record_death(self, exit_code: int) -> None:
+        if self._death_recorded or not self.state_dir:
+            return
+        self._death_recorded = True
+        cause = cause_from_exit(exit_code, self.oom_killed())
+        log.warning("kernel %s died: %s", self.kernel_id, cause.model_dump(exclude_none=True))
+        write_death_record(Path(self.state_dir), self.kernel_id, cause)
+
+    async def shutdown_requested(self, restart: bool = False) -> None:
+        self._stopping = True
+        await super().shutdown_requested(restart=restart)
+
+    async def kill(self, restart: bool = False) -> None:
+        if self.process is not None and self.process.poll() is not None and not self._stopping:
+            self._record_death(self.process.returncode)
+        self._stopping = True
+        await super().kill(restart=restart)
+
+    async def terminate(self, restart: bool = False) -> None:
+        self._stopping = True
+        await super().terminate(restart=restart)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        await super().cleanup(restart=restart)
+        self.release(restart)
+        if not restart:
+            shutil.rmtree(self.kernel_dir, ignore_errors=True)

@@ -1,0 +1,50 @@
+"""Last step before the sandbox: join cgroups, set rlimits, drop to the kernel's uid, exec.
+
+Run as ``python -I launcher.py SPEC_JSON -- COMMAND...`` by the bwrap provisioner. It is a
+standalone stdlib script (run by path, isolated mode) so it starts fast and trusts nothing from
+the environment. The order matters: cgroups and rlimits are applied while still privileged, then
+the uid is dropped so that the sandbox (bwrap) runs as an unprivileged host user; ``exec`` keeps
+the pid, so the gateway still sees bwrap's exit status as the kernel's.
+"""
+
+import json
+import os
+import resource
+import sys
+
+_RLIMITS = {
+    "cpu": resource.RLIMIT_CPU,
+    "fsize": resource.RLIMIT_FSIZE,
+    "nofile": resource.RLIMIT_NOFILE,
+    "nproc": resource.RLIMIT_NPROC,
+    "as": resource.RLIMIT_AS,
+    "core": resource.RLIMIT_CORE,
+}
+
+
+def apply(spec: dict) -> None:
+    for procs_file in spec.get("cgroup_procs", []):
+        with open(procs_file, "w") as f:
+            f.write(str(os.getpid()))
+    for name, value in spec.get("rlimits", {}).items():
+        resource.setrlimit(_RLIMITS[name], (value, value))
+    os.umask(0o077)
+    uid, gid = spec.get("uid"), spec.get("gid")
+    if uid is not None and gid is not None:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        if os.getuid() != uid or os.geteuid() != uid:
+            raise SystemExit("kernelmode launcher: could not drop privileges")
+
+
+def main(argv: list) -> None:
+    if len(argv) < 4 or argv[2] != "--":
+        raise SystemExit("usage: launcher.py SPEC_JSON -- COMMAND...")
+    apply(json.loads(argv[1]))
+    command = argv[3:]
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,82 @@
+"""What the manager tells the provisioner about one kernel, and what the provisioner tells back.
+
+Down: the manager puts ``KERNEL_KM_*`` variables in the POST /api/kernels body; Kernel Gateway
+passes ``KERNEL_*`` variables on to the provisioner, which removes them from the kernel's
+environment. Up: when a kernel dies on its own, the provisioner writes a death record that the
+manager reads to report the cause. Both sides import this module, so the names live here once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..models import DeathCause, Limits
+
+ENV_WORKSPACE = "KERNEL_KM_WORKSPACE"
+ENV_LIMITS = "KERNEL_KM_LIMITS"
+ENV_SESSION = "KERNEL_KM_SESSION_ID"
+WORKSPACE_MOUNT = "/mnt/data"
+
+
+@dataclass(frozen=True)
+class KernelParams:
+    workspace: Path
+    limits: Limits
+    session_id: str = ""
+
+    def to_env(self) -> dict[str, str]:
+        return {
+            ENV_WORKSPACE: str(self.workspace),
+            ENV_LIMITS: self.limits.model_dump_json(),
+            ENV_SESSION: self.session_id,
+        }
+
+    @classmethod
+    def pop_from_env(cls, env: dict[str, str], default_limits: Limits) -> KernelParams | None:
+        """Take the parameters out of ``env`` (they must not reach the kernel)."""
+        workspace = env.pop(ENV_WORKSPACE, None)
+        limits = env.pop(ENV_LIMITS, None)
+        session_id = env.pop(ENV_SESSION, "")
+        if workspace is None:
+            return None
+        parsed = Limits.model_validate_json(limits) if limits else default_limits
+        return cls(Path(workspace), parsed, session_id)
+
+
+def death_record_path(state_dir: Path, kernel_id: str) -> Path:
+    return state_dir / "deaths" / f"{kernel_id}.json"
+
+
+def cause_from_exit(exit_code: int | None, oom: bool) -> DeathCause:
+    """bwrap reports a child killed by signal N as exit code 128+N."""
+    if oom:
+        return DeathCause(kind="oom", exit_code=exit_code, signal=9)
+    if exit_code is None:
+        return DeathCause(kind="unknown")
+    if exit_code < 0:  # an unsandboxed kernel killed by a signal (subprocess convention)
+        return DeathCause(kind="signal", signal=-exit_code)
+    if exit_code > 128:
+        return DeathCause(kind="signal", exit_code=exit_code, signal=exit_code - 128)
+    return DeathCause(kind="exit", exit_code=exit_code)
+
+
+def write_death_record(state_dir: Path, kernel_id: str, cause: DeathCause) -> None:
+    path = death_record_path(state_dir, kernel_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:
+        f.write(cause.model_dump_json())
+    os.replace(f.name, path)
+
+
+def pop_death_record(state_dir: Path, kernel_id: str) -> DeathCause | None:
+    path = death_record_path(state_dir, kernel_id)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    path.unlink(missing_ok=True)
+    return DeathCause.model_validate(data)

@@ -1,0 +1,160 @@
+"""Wire the pieces together: sandbox check, kernelspec, gateway child, SessionManager, REST API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import signal
+from pathlib import Path
+from typing import Any
+
+from tornado import httpserver, web
+from tornado.netutil import bind_sockets
+
+from .api.handlers import NotFoundHandler, routes
+from .config import Settings
+from .errors import KernelmodeError, SandboxUnavailable
+from .gateway.client import GatewayClient
+from .gateway.process import GatewayProcess
+from .sandbox import cgroups
+from .sandbox.kernelspec import check_bwrap, install_kernelspec
+from .sessions import SessionManager
+from .sessions.store import SessionStore
+
+log = logging.getLogger("kernelmode")
+
+
+class KernelmodeApp:
+    """One running service: what `kernelmode serve` starts and stops."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.token = settings.server.token or secrets.token_urlsafe(24)
+        self.token_generated = settings.server.token is None
+        self.data_dir = settings.server.data_dir.resolve()
+        self.sandbox_report = ""
+        self.gateway_process: GatewayProcess | None = None
+        self.gateway: GatewayClient | None = None
+        self.sessions: SessionManager
+        self.store: SessionStore | None = None
+        self.http: httpserver.HTTPServer | None = None
+        self.port = settings.server.port
+
+    # -- start -------------------------------------------------------------------------------------
+    def _prepare_dirs(self) -> dict[str, Path]:
+        dirs = {name: self.data_dir / name for name in ("run", "state", "gateway", "kernels")}
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Kernels run as other uids and must traverse (not list) the data dir to their own parts.
+        self.data_dir.chmod(0o711)
+        for name, d in dirs.items():
+            d.mkdir(exist_ok=True)
+            d.chmod(0o711 if name == "run" else 0o700)
+        return dirs
+
+    def _check_sandbox(self) -> None:
+        backend = self.settings.sandbox.backend
+        if backend == "none":
+            log.warning("=" * 72)
+            log.warning("SANDBOX DISABLED (--sandbox none): kernels run as plain local processes")
+            log.warning("with this server's user, files, network and environment. Development only.")
+            log.warning("=" * 72)
+            self.sandbox_report = "none: NO ISOLATION"
+            return
+        self.sandbox_report = check_bwrap(
+            self.settings.sandbox.bwrap_path, self.settings.sandbox.kernel_python, self.data_dir
+        )
+        log.info("sandbox: %s", self.sandbox_report)
+
+    async def start(self) -> None:
+        s = self.settings
+        dirs = self._prepare_dirs()
+        self._check_sandbox()
+        install_kernelspec(dirs["kernels"], s.sandbox.backend, s.sandbox.kernel_python,
+                           s.gateway.config_dir / "kernelspec.json")
+        self.limits_mechanism = (
+            f"cgroups {cgroups.detect()} (memory, pids) + rlimits (cpu, fsize, nofile)"
+            if s.sandbox.backend == "bwrap" and s.sandbox.cgroups == "auto" and cgroups.detect()
+            else "rlimits (as, nproc, cpu, fsize, nofile)"
+        )
+        log.info("kernel limits enforced by %s", self.limits_mechanism)
+        self.gateway_process = GatewayProcess(
+            s.gateway.config_dir / "kernel_gateway_config.py",
+            dirs["gateway"],
+            {
+                "JUPYTER_PATH": str(self.data_dir),  # -> data_dir/kernels/kernelmode
+                "KERNELMODE_GW_RUNTIME_DIR": str(dirs["run"]),
+                "KERNELMODE_GW_STATE_DIR": str(dirs["state"]),
+                "KERNELMODE_GW_LIMITS": s.sandbox.limits.model_dump_json(),
+                "KERNELMODE_GW_BWRAP": s.sandbox.bwrap_path,
+                "KERNELMODE_GW_UID_BASE": str(s.sandbox.uid_base),
+                "KERNELMODE_GW_UID_COUNT": str(s.sandbox.uid_count),
+                "KERNELMODE_GW_CGROUPS": s.sandbox.cgroups,
+                "KERNELMODE_GW_POLL_INTERVAL": str(s.gateway.poll_interval_seconds),
+            },
+        )
+        await self.gateway_process.start(s.gateway.startup_timeout_seconds)
+        self.gateway = GatewayClient(self.gateway_process.url, self.gateway_process.token,
+                                     request_timeout=s.sessions.kernel_start_timeout_seconds + 10)
+        self.store = SessionStore(self.data_dir / "sessions.sqlite3")
+        self.sessions = SessionManager(s, self.gateway, self.store, self.data_dir, dirs["state"],
+                                       s.sandbox.backend)
+        await self.sessions.start()
+        app = web.Application(routes, kernelmode=self, default_handler_class=NotFoundHandler)
+        self.http = httpserver.HTTPServer(app, max_body_size=s.server.max_body_bytes, xheaders=False)
+        socks = bind_sockets(s.server.port, s.server.host)
+        self.port = socks[0].getsockname()[1]
+        self.http.add_sockets(socks)
+
+    @property
+    def url(self) -> str:
+        host = self.settings.server.host
+        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
+
+    async def readiness(self) -> dict[str, Any]:
+        gateway_ok = bool(self.gateway_process and self.gateway_process.running and self.gateway
+                          and await self.gateway.ping())
+        return {
+            "gateway": {"ok": gateway_ok},
+            "sandbox": {"ok": bool(self.sandbox_report), "backend": self.settings.sandbox.backend,
+                        "detail": self.sandbox_report, "limits": getattr(self, "limits_mechanism", "")},
+        }
+
+    # -- stop --------------------------------------------------------------------------------------
+    async def stop(self) -> None:
+        if self.http is not None:
+            self.http.stop()
+        if getattr(self, "sessions", None) is not None:
+            await self.sessions.stop()
+        if self.gateway_process is not None:
+            await self.gateway_process.stop()
+        if self.store is not None:
+            self.store.close()
+
+
+async def serve(settings: Settings) -> int:
+    """Run until SIGINT/SIGTERM; everything started is stopped before returning."""
+    app = KernelmodeApp(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        try:
+            await app.start()
+        except SandboxUnavailable as e:
+            log.error("cannot start: %s", e.message)
+            return 2
+        except KernelmodeError as e:
+            log.error("cannot start: %s", e.message)
+            return 1
+        print(f"kernelmode serving on {app.url}  (sandbox: {settings.sandbox.backend})", flush=True)
+        if app.token_generated:
+            print(f"API token (generated; set KERNELMODE_TOKEN to choose one): {app.token}", flush=True)
+        await stop.wait()
+        log.info("shutting down")
+        return 0
+    finally:
+        with contextlib.suppress(Exception):
+            await app.stop()

@@ -1,0 +1,411 @@
+"""SessionManager: create, run code in, interrupt, restart, reap and delete sessions.
+
+Each session is one kernel in the gateway plus one websocket to it. Executions in a session are
+serialised by an asyncio.Lock (FIFO), so concurrent calls run in arrival order. A failure in user
+code is a RunResult; a failure of the gateway or the kernel's plumbing is a KernelmodeError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from ..config import Settings
+from ..errors import (
+    KernelmodeError,
+    KernelUnavailable,
+    PayloadTooLarge,
+    SessionExists,
+    SessionNotFound,
+    TooManySessions,
+    ValidationError,
+)
+from ..gateway.client import KERNEL_DEAD, GatewayClient, KernelConnection, next_message
+from ..gateway.execution import OutputCollector
+from ..models import DeathCause, RunError, RunResult, SessionCreate, SessionInfo
+from ..sandbox.spec import KernelParams, pop_death_record
+from .store import SessionStore
+
+log = logging.getLogger("kernelmode.sessions")
+run_log = logging.getLogger("kernelmode.runs")
+
+# Synthetic events the manager puts into a run's message queue.
+_KERNEL_STATUS = "kernelmode_kernel_status"
+_DISCONNECTED = "kernelmode_disconnected"
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass
+class LiveSession:
+    info: SessionInfo
+    kernel_id: str
+    workspace: Path
+    conn: KernelConnection | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    needs_ready: bool = False  # the kernel restarted: wait for kernel_info before running
+    state_lost_pending: bool = False  # tell the next result that variables are gone
+    interrupt_requested: bool = False
+    kernel_state: str = "alive"  # alive | restarting | dead (from the gateway)
+    pending_cause: DeathCause | None = None
+
+    def touch(self) -> None:
+        now = _now()
+        self.info.last_activity = now
+        self.info.expires_at = now + timedelta(seconds=self.info.ttl_seconds)
+
+
+class SessionManager:
+    def __init__(self, settings: Settings, gateway: GatewayClient, store: SessionStore, data_dir: Path,
+                 state_dir: Path, sandbox: str) -> None:
+        self.settings = settings
+        self.gateway = gateway
+        self.store = store
+        self.workspaces = data_dir / "workspaces"
+        self.state_dir = state_dir
+        self.sandbox = sandbox
+        self._live: dict[str, LiveSession] = {}
+        self._creating: set[str] = set()
+        self._reaper: asyncio.Task[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        lost = self.store.mark_all_lost()
+        if lost:
+            log.info("%d session(s) of a previous run are marked lost", lost)
+        self.workspaces.mkdir(parents=True, exist_ok=True)
+        self.workspaces.chmod(0o711)
+        self._reaper = asyncio.create_task(self._reap_forever(), name="reaper")
+
+    async def stop(self) -> None:
+        if self._reaper:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for s in list(self._live.values()):
+            if s.conn:
+                await s.conn.close()
+            self.store.save(s.info.model_copy(update={"status": "lost", "expires_at": None}), None)
+        self._live.clear()
+
+    # -- queries -----------------------------------------------------------------------------------
+    def list(self) -> list[SessionInfo]:
+        live = {sid: s.info for sid, s in self._live.items()}
+        return [live.get(i.session_id, i) for i in self.store.all()]
+
+    def get(self, session_id: str) -> SessionInfo:
+        if session_id in self._live:
+            return self._live[session_id].info
+        info = self.store.get(session_id)
+        if info is None:
+            raise SessionNotFound(f"no session {session_id!r}")
+        return info
+
+    def _session(self, session_id: str) -> LiveSession:
+        s = self._live.get(session_id)
+        if s is None:
+            info = self.store.get(session_id)
+            if info is None:
+                raise SessionNotFound(f"no session {session_id!r}")
+            raise KernelUnavailable(
+                f"session {session_id!r} is {info.status}: its kernel is gone (the server restarted); "
+                "delete it and create a new one"
+            )
+        return s
+
+    @property
+    def live_count(self) -> int:
+        return len(self._live) + len(self._creating)
+
+    # -- create / delete ---------------------------------------------------------------------------
+    async def create(self, req: SessionCreate) -> SessionInfo:
+        sid = req.session_id or uuid.uuid4().hex
+        if sid in self._live or sid in self._creating or self.store.get(sid) is not None:
+            raise SessionExists(f"session {sid!r} already exists")
+        if self.live_count >= self.settings.sessions.max_sessions:
+            raise TooManySessions(
+                f"the server holds its maximum of {self.settings.sessions.max_sessions} sessions; "
+                "delete one or wait for idle sessions to expire"
+            )
+        base = self.settings.sandbox.limits
+        limits = req.limits.apply(base) if req.limits else base
+        ttl = req.ttl_seconds or self.settings.sessions.ttl_seconds
+        workspace = self.workspaces / sid
+        self._creating.add(sid)
+        kernel_id: str | None = None
+        try:
+            if workspace.exists():
+                shutil.rmtree(workspace)  # left behind by a session that no longer exists
+            workspace.mkdir(mode=0o700)
+            params = KernelParams(workspace=workspace, limits=limits, session_id=sid)
+            timeout = self.settings.sessions.kernel_start_timeout_seconds
+            kernel_id = await self.gateway.start_kernel(params.to_env(), timeout)
+            now = _now()
+            info = SessionInfo(
+                session_id=sid, status="idle", created_at=now, last_activity=now,
+                expires_at=now + timedelta(seconds=ttl), ttl_seconds=ttl, limits=limits,
+                sandbox=self.sandbox,
+            )
+            s = LiveSession(info=info, kernel_id=kernel_id, workspace=workspace)
+            await self._connect(s, timeout)
+        except BaseException as e:
+            self._creating.discard(sid)
+            if kernel_id is not None:
+                cause = pop_death_record(self.state_dir, kernel_id)
+                with contextlib.suppress(KernelmodeError):
+                    await self.gateway.shutdown_kernel(kernel_id)
+                if cause is not None and isinstance(e, KernelmodeError):
+                    raise KernelUnavailable(f"the kernel died while starting ({cause.kind}): {e}") from e
+            shutil.rmtree(workspace, ignore_errors=True)
+            raise
+        self._creating.discard(sid)
+        self._live[sid] = s
+        self.store.save(info, kernel_id)
+        log.info("session %s created (kernel %s)", sid, kernel_id)
+        return info
+
+    async def _connect(self, s: LiveSession, timeout: float) -> None:
+        if s.conn is not None:
+            await s.conn.close()
+        s.conn = await self.gateway.connect(s.kernel_id, lambda state: self._on_kernel_status(s, state))
+        await s.conn.kernel_info(timeout)
+        s.needs_ready = False
+        s.kernel_state = "alive"
+
+    def _on_kernel_status(self, s: LiveSession, state: str) -> None:
+        """The gateway saw the kernel die (and is restarting it, or gave up)."""
+        s.kernel_state = state
+        s.needs_ready = True
+        s.state_lost_pending = True
+        s.info.status = "dead" if state == KERNEL_DEAD else "restarting"
+        log.warning("session %s: kernel %s is %s", s.info.session_id, s.kernel_id, state)
+
+    async def delete(self, session_id: str) -> None:
+        s = self._live.pop(session_id, None)
+        if s is None:
+            if self.store.get(session_id) is None:
+                raise SessionNotFound(f"no session {session_id!r}")
+        else:
+            if s.conn:
+                await s.conn.close()
+            with contextlib.suppress(KernelmodeError):
+                await self.gateway.shutdown_kernel(s.kernel_id)
+            pop_death_record(self.state_dir, s.kernel_id)
+        self.store.delete(session_id)
+        shutil.rmtree(self.workspaces / session_id, ignore_errors=True)
+        log.info("session %s deleted", session_id)
+
+    # -- running code ------------------------------------------------------------------------------
+    def _timeout(self, timeout_seconds: float | None) -> float:
+        cfg = self.settings.sessions
+        timeout = timeout_seconds or cfg.default_timeout_seconds
+        if timeout > cfg.max_timeout_seconds:
+            raise ValidationError(
+                f"timeout_seconds={timeout:g} is above this server's maximum of {cfg.max_timeout_seconds:g}"
+            )
+        return timeout
+
+    async def execute(self, session_id: str, code: str, timeout_seconds: float | None = None) -> RunResult:
+        s = self._session(session_id)
+        if len(code.encode("utf-8", errors="replace")) > self.settings.sessions.max_code_bytes:
+            raise PayloadTooLarge(
+                f"code is larger than this server's limit of {self.settings.sessions.max_code_bytes} bytes; "
+                "upload data as a file instead of pasting it into code"
+            )
+        timeout = self._timeout(timeout_seconds)
+        run_id = uuid.uuid4().hex
+        async with s.lock:
+            if session_id not in self._live:  # deleted while we waited for the lock
+                raise SessionNotFound(f"no session {session_id!r}")
+            started = time.monotonic()
+            s.info.status = "busy"
+            try:
+                await self._ensure_ready(s)
+                result = await self._run(s, run_id, code, timeout)
+            finally:
+                s.touch()
+                if s.info.status == "busy":
+                    s.info.status = "idle"
+            result.duration_ms = round((time.monotonic() - started) * 1000, 3)
+            if result.execution_count is not None:
+                s.info.execution_count = result.execution_count
+            self.store.add_run(code, result)
+            self.store.save(s.info, s.kernel_id)
+        run_log.info(json.dumps({
+            "event": "run", "session_id": session_id, "run_id": run_id, "status": result.status,
+            "duration_ms": result.duration_ms, "state_lost": result.state_lost,
+        }))
+        return result
+
+    async def _ensure_ready(self, s: LiveSession) -> None:
+        timeout = self.settings.sessions.kernel_start_timeout_seconds
+        if s.kernel_state == KERNEL_DEAD:
+            # The gateway gave up restarting it; one explicit restart before failing.
+            await self.gateway.restart_kernel(s.kernel_id, timeout)
+            s.state_lost_pending = True
+            await self._connect(s, timeout)
+        elif s.conn is None or not s.conn.is_open:
+            await self._connect(s, timeout)
+        elif s.needs_ready:
+            await s.conn.kernel_info(timeout)
+            s.needs_ready = False
+            s.kernel_state = "alive"
+
+    async def _run(self, s: LiveSession, run_id: str, code: str, timeout: float) -> RunResult:
+        assert s.conn is not None
+        cfg = self.settings.sessions
+        state_lost = s.state_lost_pending
+        s.state_lost_pending = False
+        s.interrupt_requested = False
+        cause = s.pending_cause
+        s.pending_cause = None
+        collector = OutputCollector(cfg.max_output_bytes)
+        queue = await s.conn.send("shell", "execute_request", {
+            "code": code, "silent": False, "store_history": True, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": True,
+        })
+        loop = asyncio.get_running_loop()
+        try:
+            outcome = await self._collect(queue, collector, loop.time() + timeout)
+            status: str
+            if outcome == "done":
+                status = "ok" if collector.reply_status == "ok" else "error"
+                if status == "error" and s.interrupt_requested and collector.error and \
+                        collector.error.ename == "KeyboardInterrupt":
+                    status = "interrupted"
+            elif outcome == "timeout":
+                status = "timeout"
+                state_lost |= await self._stop_runaway(s, queue, collector)
+                collector.error = RunError(
+                    ename="TimeoutError",
+                    evalue=f"the run exceeded its timeout of {timeout:g} s and was "
+                    + ("stopped by restarting the kernel: variables are gone" if state_lost
+                       else "interrupted"),
+                    traceback="",
+                )
+            elif outcome == "restarted":
+                status, state_lost = "interrupted", True
+                s.state_lost_pending = False
+            else:  # the kernel died, or its websocket closed under us
+                status, state_lost = "kernel_died", True
+                cause = await self._death_cause(s)
+                s.state_lost_pending = True
+                s.needs_ready = True
+        finally:
+            s.conn.forget(queue)
+        return RunResult(
+            run_id=run_id, session_id=s.info.session_id, status=status,  # type: ignore[arg-type]
+            stdout=collector.stdout, stderr=collector.stderr, result=collector.result,
+            outputs=collector.outputs, error=collector.error,
+            execution_count=collector.execution_count, truncated=collector.truncated,
+            state_lost=state_lost, cause=cause if status == "kernel_died" else None,
+        )
+
+    @staticmethod
+    async def _collect(queue: asyncio.Queue[dict[str, Any]], collector: OutputCollector, deadline: float) -> str:
+        """Read until execute_reply and idle: 'done', 'timeout', 'died' or 'restarted'."""
+        got_reply = got_idle = False
+        while not (got_reply and got_idle):
+            msg = await next_message(queue, deadline)
+            if msg is None:
+                return "timeout"
+            kind = msg.get("msg_type")
+            if kind == _KERNEL_STATUS:
+                return "restarted" if msg.get("state") == "restarted" else "died"
+            if kind == _DISCONNECTED:
+                return "died"
+            if kind == "status":
+                got_idle = msg["content"].get("execution_state") == "idle"
+                continue
+            if kind == "execute_reply":
+                got_reply = True
+            collector.add(msg)
+        return "done"
+
+    async def _stop_runaway(self, s: LiveSession, queue: asyncio.Queue[dict[str, Any]],
+                            collector: OutputCollector) -> bool:
+        """Interrupt a run past its timeout; restart the kernel if that does not stop it.
+
+        Returns True when the kernel was restarted (the session's state is lost).
+        """
+        cfg = self.settings.sessions
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(KernelmodeError):
+            await self.gateway.interrupt_kernel(s.kernel_id)
+            outcome = await self._collect(queue, collector, loop.time() + cfg.interrupt_grace_seconds)
+            if outcome == "done":
+                return False
+        log.warning("session %s: interrupt did not stop the run; restarting its kernel", s.info.session_id)
+        await self._restart_kernel(s)
+        return True
+
+    async def _restart_kernel(self, s: LiveSession) -> None:
+        timeout = self.settings.sessions.kernel_start_timeout_seconds
+        s.needs_ready = True
+        try:
+            await self.gateway.restart_kernel(s.kernel_id, timeout)
+            await self._connect(s, timeout)
+        except KernelmodeError as e:
+            log.error("session %s: kernel restart failed: %s", s.info.session_id, e)
+            s.kernel_state = KERNEL_DEAD
+
+    async def _death_cause(self, s: LiveSession) -> DeathCause:
+        """The provisioner's record of why the kernel died (it may take a moment to appear)."""
+        deadline = time.monotonic() + 3 * self.settings.gateway.poll_interval_seconds + 1.0
+        while time.monotonic() < deadline:
+            cause = pop_death_record(self.state_dir, s.kernel_id)
+            if cause is not None:
+                return cause
+            await asyncio.sleep(0.05)
+        return DeathCause(kind="unknown")
+
+    # -- interrupt / restart -----------------------------------------------------------------------
+    async def interrupt(self, session_id: str) -> SessionInfo:
+        s = self._session(session_id)
+        s.interrupt_requested = True
+        await self.gateway.interrupt_kernel(s.kernel_id)
+        return s.info
+
+    async def restart(self, session_id: str) -> SessionInfo:
+        """Restart the kernel now (a running call ends as ``interrupted`` with state lost)."""
+        s = self._session(session_id)
+        if s.conn is not None:
+            s.conn.broadcast({"msg_type": _KERNEL_STATUS, "state": "restarted"})
+        s.info.status = "restarting"
+        await self._restart_kernel(s)
+        s.state_lost_pending = True
+        if not s.lock.locked():
+            s.info.status = "idle" if s.kernel_state != KERNEL_DEAD else "dead"
+        s.touch()
+        self.store.save(s.info, s.kernel_id)
+        return s.info
+
+    # -- reaping -----------------------------------------------------------------------------------
+    async def reap_expired(self) -> list[str]:
+        now = _now()
+        expired = [sid for sid, s in self._live.items()
+                   if not s.lock.locked() and s.info.expires_at and s.info.expires_at <= now]
+        for sid in expired:
+            log.info("session %s expired after %d s idle", sid, self._live[sid].info.ttl_seconds)
+            with contextlib.suppress(SessionNotFound):
+                await self.delete(sid)
+        return expired
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.sessions.reap_interval_seconds)
+            try:
+                await self.reap_expired()
+            except Exception:
+                log.exception("reaper pass failed")

@@ -1,0 +1,81 @@
+"""SQLite session store: sessions outlive a restart of `serve` (as ``lost`` when their kernel is gone)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from ..models import RunResult, SessionInfo
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    kernel_id TEXT,
+    info TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    code TEXT NOT NULL,
+    result TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_by_session ON runs (session_id, seq);
+"""
+
+
+class SessionStore:
+    """Small synchronous store; each call is one short transaction."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def save(self, info: SessionInfo, kernel_id: str | None) -> None:
+        self._db.execute(
+            "INSERT INTO sessions (session_id, kernel_id, info) VALUES (?, ?, ?) "
+            "ON CONFLICT(session_id) DO UPDATE SET kernel_id=excluded.kernel_id, info=excluded.info",
+            (info.session_id, kernel_id, info.model_dump_json()),
+        )
+
+    def get(self, session_id: str) -> SessionInfo | None:
+        row = self._db.execute("SELECT info FROM sessions WHERE session_id=?", (session_id,)).fetchone()
+        return SessionInfo.model_validate_json(row[0]) if row else None
+
+    def all(self) -> list[SessionInfo]:
+        rows = self._db.execute("SELECT info FROM sessions").fetchall()
+        infos = [SessionInfo.model_validate_json(r[0]) for r in rows]
+        return sorted(infos, key=lambda i: i.created_at)
+
+    def delete(self, session_id: str) -> None:
+        self._db.execute("DELETE FROM runs WHERE session_id=?", (session_id,))
+        self._db.execute("DELETE FROM sessions WHERE session_id=?", (session_id,))
+
+    def mark_all_lost(self) -> int:
+        """Sessions of a previous `serve`: their kernels are gone with its gateway."""
+        n = 0
+        for info in self.all():
+            if info.status != "lost":
+                self.save(info.model_copy(update={"status": "lost", "expires_at": None}), None)
+                n += 1
+        return n
+
+    def add_run(self, code: str, result: RunResult) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO runs (run_id, session_id, seq, code, result) VALUES "
+            "(?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs WHERE session_id=?), ?, ?)",
+            (result.run_id, result.session_id, result.session_id, code, result.model_dump_json()),
+        )
+
+    def runs(self, session_id: str) -> list[tuple[str, RunResult]]:
+        rows = self._db.execute(
+            "SELECT code, result FROM runs WHERE session_id=? ORDER BY seq", (session_id,)
+        ).fetchall()
+        return [(code, RunResult.model_validate(json.loads(res))) for code, res in rows]

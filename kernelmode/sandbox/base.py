@@ -53,6 +53,7 @@ class KernelmodeProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     _stopping = False
     _death_recorded = False
+    _launching = False
     params: KernelParams | None = None
 
     # -- hooks for subclasses -------------------------------------------------------------------
@@ -75,7 +76,28 @@ class KernelmodeProvisioner(LocalProvisioner):  # type: ignore[misc]
             raise RuntimeError("kernelmode provisioner: runtime_dir is not configured")
         return Path(self.runtime_dir) / self.kernel_id
 
+    # jupyter_client makes a new provisioner per (re)start, and between pre_launch and the Popen
+    # it has no process: the gateway's KernelRestarter then thinks the kernel died and starts a
+    # second restart that races the first (seen under load). A launching kernel counts as alive.
+    @property
+    def has_process(self) -> bool:
+        return self._launching or self.process is not None
+
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        self._launching = True
+        try:
+            return await self._pre_launch(**kwargs)
+        except BaseException:
+            self._launching = False
+            raise
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        try:
+            return await super().launch_kernel(cmd, **kwargs)
+        finally:
+            self._launching = False
+
+    async def _pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         km = self.parent
         env: dict[str, str] = dict(kwargs.get("env") or {})
         limits = Limits.model_validate_json(self.default_limits or "{}")
@@ -96,6 +118,8 @@ class KernelmodeProvisioner(LocalProvisioner):  # type: ignore[misc]
         return kwargs
 
     async def poll(self) -> int | None:
+        if self.process is None and self._launching:
+            return None
         ret = await super().poll()
         if ret is not None and self.process is not None and not self._stopping:
             self._record_death(ret)

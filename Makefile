@@ -1,0 +1,45 @@
+# kernelmode: `make run` sets everything up and serves; `make test` sets up and runs every test.
+# Both are idempotent: the second time they only check stamps.
+
+PYTHON ?= python3
+# The kernel environment uses the system Python: it must be readable by the unprivileged
+# sandbox users (a Python under /root or a 0700 home would not be).
+KERNEL_PYTHON ?= /usr/bin/python3
+VENV := .venv
+KVENV := .kernel-venv
+PIP_FLAGS ?= -q --disable-pip-version-check
+ARGS ?=
+
+.PHONY: setup run test lint unit bench clean
+
+setup: .stamp-system $(VENV)/.stamp $(KVENV)/.stamp
+
+.stamp-system: scripts/install-system-deps.sh
+	bash scripts/install-system-deps.sh
+	@touch $@
+
+$(VENV)/.stamp: pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install $(PIP_FLAGS) -e '.[test]'
+	@touch $@
+
+$(KVENV)/.stamp: kernel-image/requirements.txt .stamp-system
+	test -x $(KVENV)/bin/python || $(KERNEL_PYTHON) -m venv $(KVENV)
+	$(KVENV)/bin/pip install $(PIP_FLAGS) -r kernel-image/requirements.txt
+	@touch $@
+
+run: setup
+	$(VENV)/bin/kernelmode serve $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check kernelmode tests bench
+	$(VENV)/bin/mypy kernelmode
+
+test: setup lint
+	$(VENV)/bin/pytest -ra $(ARGS)
+
+bench: setup
+	$(VENV)/bin/python bench/roundtrip.py
+
+clean:
+	rm -rf $(VENV) $(KVENV) .kernelmode .stamp-system

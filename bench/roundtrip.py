@@ -1,0 +1,618 @@
+"""Warm round-trip latency of `1+1`: direct ipykernel vs kernelmode's REST API vs a stock gateway.
+
+Run:  .venv/bin/python bench/roundtrip.py [--samples N] [--quick] [--no-write]
+
+Three paths are measured in one run, interleaved round-robin in batches (the order of the paths
+rotates every round) so that machine noise hits all of them alike:
+
+  direct    jupyter_client -> ipykernel (the kernel-venv's python, no sandbox, no gateway):
+            execute_request until both execute_reply (shell) and status idle (iopub) arrived.
+            This is the floor: the cost of the kernel itself plus ZMQ.
+  rest      POST /v1/sessions/{id}/execute {"code": "1+1"} on a real `kernelmode serve`
+            (tests.conftest.start_server: Kernel Gateway + bwrap-sandboxed kernel), one
+            keep-alive httpx.Client. The server answers after execute_reply + idle, so this is
+            the same round trip plus HTTP, the manager, the gateway websocket and the sandbox.
+  stock_kg  a stock `python -m kernel_gateway` (default settings: Nagle left on for kernel
+            websockets) and its default python3 kernel, driven over the kernel websocket with
+            the `websockets` library until execute_reply + idle. For context only.
+
+Everything started is stopped at the end, also on failure or Ctrl-C/SIGTERM. The results are
+printed as a table, written as markdown to bench/RESULTS.md (unless --no-write), and the very
+last line printed is a one-line SUMMARY.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import httpx
+import websockets
+from jupyter_client.jsonutil import json_default
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.session import Session as JupyterSession
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.conftest import Server, start_server  # noqa: E402  (needs the repo root on sys.path)
+
+KERNEL_PYTHON = REPO / ".kernel-venv" / "bin" / "python"
+CODE = "1+1"
+EXPECTED = "2"
+GOAL = 1.3  # the project's goal: REST median <= 1.3x the direct round trip
+PATHS = ("direct", "rest", "stock_kg")
+MSG_TIMEOUT = 30.0
+
+
+def now_ms(t0: int) -> float:
+    return (time.perf_counter_ns() - t0) / 1e6
+
+
+# -- the three paths ---------------------------------------------------------------------------------
+
+
+class DirectKernel:
+    """An unsandboxed ipykernel (kernel-venv python) driven with jupyter_client."""
+
+    def __init__(self, tmp: Path, transport: str) -> None:
+        self.tmp = tmp
+        self.transport = transport
+        self.km: AsyncKernelManager | None = None
+        self.kc: Any = None
+        self.log_path = tmp / "direct-kernel.log"
+
+    async def start(self) -> None:
+        spec_dir = self.tmp / "kernels" / "kmbench-direct"
+        spec_dir.mkdir(parents=True)
+        (spec_dir / "kernel.json").write_text(json.dumps({
+            "display_name": "kmbench direct (kernel-venv)",
+            "language": "python",
+            "argv": [str(KERNEL_PYTHON), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        }))
+        ksm = KernelSpecManager(kernel_dirs=[str(self.tmp / "kernels")], ensure_native_kernel=False)
+        runtime = self.tmp / "runtime"
+        runtime.mkdir()
+        self.km = AsyncKernelManager(
+            kernel_name="kmbench-direct", kernel_spec_manager=ksm,
+            connection_file=str(runtime / "kernel-direct.json"), transport=self.transport,
+        )
+        if self.transport == "ipc":  # like kernelmode's gateway; the default tcp is on loopback
+            self.km.ip = str(runtime / "kernel-ipc")
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+               "HOME": str(self.tmp), "JUPYTER_RUNTIME_DIR": str(runtime)}
+        logf = self.log_path.open("wb")
+        try:
+            await self.km.start_kernel(env=env, stdout=logf, stderr=logf)
+        finally:
+            logf.close()  # the kernel has its own copy
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        await self.kc.wait_for_ready(timeout=60)
+
+    async def roundtrip(self) -> float:
+        kc = self.kc
+        t0 = time.perf_counter_ns()
+        msg_id = kc.execute(CODE)
+        result = None
+        while True:
+            msg = await kc.get_shell_msg(timeout=MSG_TIMEOUT)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_reply":
+                break
+        while True:
+            msg = await kc.get_iopub_msg(timeout=MSG_TIMEOUT)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "execute_result":
+                result = msg["content"]["data"].get("text/plain")
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        elapsed = now_ms(t0)
+        if result != EXPECTED:
+            raise RuntimeError(f"direct kernel answered {result!r}, not {EXPECTED!r}")
+        return elapsed
+
+    async def stop(self) -> None:
+        if self.kc is not None:
+            with contextlib.suppress(Exception):
+                self.kc.stop_channels()
+        if self.km is not None and self.km.has_kernel:
+            try:
+                await asyncio.wait_for(self.km.shutdown_kernel(now=False), 15)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    await self.km.shutdown_kernel(now=True)
+
+
+class RestSession:
+    """A real `kernelmode serve` (bwrap sandbox), one session, one keep-alive httpx.Client."""
+
+    def __init__(self) -> None:
+        self.server: Server | None = None
+        self.client: httpx.Client | None = None
+        self.sid: str | None = None
+        self.ready: dict[str, Any] = {}
+        self.session_sandbox = ""
+        self._path = ""
+        self._body = json.dumps({"code": CODE}).encode()
+
+    async def start(self) -> None:
+        # start_server blocks (reads the child's stdout); nothing else runs yet.
+        self.server = start_server(args=["--sandbox", "bwrap"])
+        self.client = self.server.client(timeout=60)
+        r = self.client.get("/readyz")
+        self.ready = r.json().get("checks", {})
+        r = self.client.post("/v1/sessions", json={})
+        if r.status_code != 201:
+            raise RuntimeError(f"POST /v1/sessions: {r.status_code} {r.text}")
+        info = r.json()
+        self.sid = info["session_id"]
+        self.session_sandbox = info.get("sandbox", "")
+        self._path = f"/v1/sessions/{self.sid}/execute"
+
+    async def roundtrip(self) -> float:
+        # A blocking call on purpose: nothing else needs the event loop while it runs.
+        assert self.client is not None
+        t0 = time.perf_counter_ns()
+        r = self.client.post(self._path, content=self._body,
+                             headers={"Content-Type": "application/json"})
+        elapsed = now_ms(t0)
+        if r.status_code != 200:
+            raise RuntimeError(f"POST {self._path}: {r.status_code} {r.text[:500]}")
+        body = r.json()
+        if body.get("status") != "ok" or body.get("result") != EXPECTED:
+            raise RuntimeError(f"kernelmode answered {body!r}")
+        return elapsed
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            if self.sid is not None:
+                with contextlib.suppress(Exception):
+                    self.client.delete(f"/v1/sessions/{self.sid}")
+            self.client.close()
+        if self.server is not None:
+            try:
+                self.server.stop(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.server.proc.kill()
+                self.server.proc.wait(10)
+            if self.server.proc.stdout is not None:
+                self.server.proc.stdout.close()
+            shutil.rmtree(self.server.data_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.server.log_path.unlink()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class StockGateway:
+    """`python -m kernel_gateway` with default settings and its default python3 kernel."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.token = secrets.token_urlsafe(24)
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.kernel_id: str | None = None
+        self.ws: Any = None
+        self.log_path = tmp / "stock-kg.log"
+        self._session = JupyterSession(key=b"", username="kmbench")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"token {self.token}"}
+
+    async def start(self) -> None:
+        home = self.tmp / "home"
+        home.mkdir(mode=0o700)
+        env = {  # minimal: no secret of ours reaches the gateway or its kernel
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LANG": "C.UTF-8",
+            "HOME": str(home),
+            "PYTHONUNBUFFERED": "1",
+            "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+            "JUPYTER_DATA_DIR": str(home / "data"),
+            "JUPYTER_CONFIG_DIR": str(home / "config"),
+            "JUPYTER_PLATFORM_DIRS": "1",
+        }
+        self.port = _free_port()
+        self.proc = self._spawn(env, home)
+        async with httpx.AsyncClient(base_url=self.url, headers=self._headers(), timeout=10) as c:
+            deadline = time.monotonic() + 60
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"stock kernel gateway exited:\n{self.log_tail()}")
+                try:
+                    r = await c.get("/api/kernelspecs")
+                    if r.status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"stock kernel gateway not ready:\n{self.log_tail()}")
+                await asyncio.sleep(0.1)
+            r = await c.post("/api/kernels", json={"name": "python3"}, timeout=60)
+            if r.status_code != 201:
+                raise RuntimeError(f"stock gateway POST /api/kernels: {r.status_code} {r.text}")
+            self.kernel_id = r.json()["id"]
+        url = (f"ws://127.0.0.1:{self.port}/api/kernels/{self.kernel_id}/channels"
+               f"?session_id={uuid.uuid4().hex}")
+        self.ws = await websockets.connect(url, additional_headers=self._headers(),
+                                           compression=None, ping_interval=None, open_timeout=30,
+                                           max_size=None)
+        # Wait until the kernel answers (kernel_info round trip).
+        msg = self._session.msg("kernel_info_request", {})
+        msg["channel"] = "shell"
+        await self.ws.send(json.dumps(msg, default=json_default))
+        while True:
+            reply = json.loads(await asyncio.wait_for(self.ws.recv(), 60))
+            if reply.get("msg_type") == "kernel_info_reply" and \
+                    reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                break
+
+    def _spawn(self, env: dict[str, str], home: Path) -> subprocess.Popen[bytes]:
+        with open(self.log_path, "wb") as logf:
+            return subprocess.Popen(
+                [sys.executable, "-m", "kernel_gateway",
+                 "--KernelGatewayApp.ip=127.0.0.1", f"--KernelGatewayApp.port={self.port}",
+                 "--KernelGatewayApp.port_retries=0", f"--KernelGatewayApp.auth_token={self.token}"],
+                env=env, cwd=str(home), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                start_new_session=True,
+            )
+
+    def log_tail(self, n: int = 3000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_bytes()[-n:].decode(errors="replace")
+        return ""
+
+    async def roundtrip(self) -> float:
+        t0 = time.perf_counter_ns()
+        msg = self._session.msg("execute_request", {
+            "code": CODE, "silent": False, "store_history": True, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": True,
+        })
+        msg["channel"] = "shell"
+        msg_id = msg["header"]["msg_id"]
+        await self.ws.send(json.dumps(msg, default=json_default))
+        got_reply = got_idle = False
+        result = None
+        while not (got_reply and got_idle):
+            m = json.loads(await asyncio.wait_for(self.ws.recv(), MSG_TIMEOUT))
+            if m["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind = m["msg_type"]
+            if kind == "execute_reply":
+                got_reply = True
+            elif kind == "execute_result":
+                result = m["content"]["data"].get("text/plain")
+            elif kind == "status" and m["content"]["execution_state"] == "idle":
+                got_idle = True
+        elapsed = now_ms(t0)
+        if result != EXPECTED:
+            raise RuntimeError(f"stock gateway kernel answered {result!r}, not {EXPECTED!r}")
+        return elapsed
+
+    async def stop(self) -> None:
+        if self.ws is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.ws.close(), 5)
+        if self.proc is None:
+            return
+        if self.kernel_id is not None and self.proc.poll() is None:
+            with contextlib.suppress(Exception):
+                async with httpx.AsyncClient(base_url=self.url, headers=self._headers()) as c:
+                    await c.delete(f"/api/kernels/{self.kernel_id}", timeout=15)
+        if self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: the gateway shuts its kernels down
+            try:
+                await asyncio.to_thread(self.proc.wait, 15)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # anything left in its process group
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+
+
+# -- statistics and reporting ------------------------------------------------------------------------
+
+
+@dataclass
+class Stats:
+    name: str
+    samples: list[float] = field(default_factory=list)
+
+    def pct(self, p: float) -> float:
+        xs = sorted(self.samples)
+        if len(xs) == 1:
+            return xs[0]
+        # linear interpolation between closest ranks (numpy's default)
+        k = (len(xs) - 1) * p / 100
+        lo = int(k)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples)
+
+
+LABELS = {
+    "direct": "direct (jupyter_client -> ipykernel, unsandboxed)",
+    "rest": "rest (kernelmode REST API, bwrap sandbox)",
+    "stock_kg": "stock_kg (stock Kernel Gateway websocket, Nagle on)",
+}
+
+
+def table(stats: dict[str, Stats], markdown: bool) -> str:
+    direct = stats["direct"].median
+    head = ["path", "N", "median ms", "p95 ms", "p99 ms", "min ms", "mean ms", "median / direct"]
+    rows = []
+    for name in PATHS:
+        s = stats[name]
+        rows.append([LABELS[name] if markdown else name, str(s.n), f"{s.median:.3f}",
+                     f"{s.pct(95):.3f}", f"{s.pct(99):.3f}", f"{min(s.samples):.3f}",
+                     f"{s.mean:.3f}", f"{s.median / direct:.2f}x"])
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:{'<' if i == 0 else '>'}{w}}}" for i, w in enumerate(widths))
+    out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*r) for r in rows]
+    return "\n".join(out)
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_info(rest: RestSession) -> dict[str, str]:
+    mem = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                kb = int(line.split()[1])
+                mem = f"{kb / 1024 / 1024:.1f} GiB ({kb} kB MemTotal)"
+                break
+    cpu = platform.processor() or "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    kpy = subprocess.run([str(KERNEL_PYTHON), "-c",
+                          "import sys, ipykernel; print(sys.version.split()[0], ipykernel.__version__)"],
+                         capture_output=True, text=True, timeout=30).stdout.split()
+    sandbox = rest.ready.get("sandbox", {}) if isinstance(rest.ready.get("sandbox"), dict) else {}
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "nproc": str(os.cpu_count()),
+        "memory": mem,
+        "cpu": cpu,
+        "kernel": f"{platform.system()} {platform.release()}",
+        "python (manager, gateways, stock kernel)": platform.python_version(),
+        "python / ipykernel (kernel-venv: direct and kernelmode kernels)":
+            " / ".join(kpy) if kpy else "?",
+        "jupyter_client": _version("jupyter_client"),
+        "ipykernel (venv)": _version("ipykernel"),
+        "jupyter_kernel_gateway": _version("jupyter_kernel_gateway"),
+        "jupyter_server": _version("jupyter_server"),
+        "tornado": _version("tornado"),
+        "websockets": _version("websockets"),
+        "httpx": _version("httpx"),
+        "pyzmq": _version("pyzmq"),
+        "kernelmode sandbox backend": (
+            f"{rest.session_sandbox or sandbox.get('backend', '?')}"
+            + (f" ({sandbox.get('detail')}; limits: {sandbox.get('limits')})" if sandbox.get("detail") else "")
+        ),
+    }
+
+
+def summary_line(stats: dict[str, Stats]) -> str:
+    d, r, k = (stats[p].median for p in PATHS)
+    return (f"SUMMARY rest/direct={r / d:.2f}x stock_kg/direct={k / d:.1f}x "
+            f"(median ms: direct={d:.3f} rest={r:.3f} stock_kg={k:.3f})")
+
+
+def write_markdown(path: Path, stats: dict[str, Stats], info: dict[str, str],
+                   args: argparse.Namespace, wall_s: float) -> None:
+    d, r, k = (stats[p].median for p in PATHS)
+    ratio = r / d
+    verdict = ("**met**" if ratio <= GOAL else "**not met**")
+    machine = "\n".join(f"| {key} | {val} |" for key, val in info.items())
+    text = f"""# Round-trip latency: kernelmode REST vs direct ipykernel
+
+Generated by `bench/roundtrip.py` (`{' '.join(['bench/roundtrip.py', *sys.argv[1:]])}`), {info['date']},
+{stats['direct'].n} samples per path, interleaved in batches of {args.batch}, after {args.warmup}
+warm-up runs per path; wall time {wall_s:.0f} s.
+
+## Result
+
+{table(stats, markdown=True)}
+
+- **REST / direct (median): {ratio:.2f}x** — the project's goal is REST median <= {GOAL}x the direct
+  round trip: {verdict} ({r - d:.3f} ms added per call on top of {d:.3f} ms).
+- stock Kernel Gateway / direct (median): {k / d:.1f}x.
+
+`{summary_line(stats)}`
+
+## Method
+
+Every sample is one warm execution of `{CODE}` in an already running kernel, timed with
+`time.perf_counter_ns()` in the benchmark process, from just before the request is built/sent to
+the moment the last required message has arrived:
+
+- **direct** — the floor. An unsandboxed ipykernel (`.kernel-venv/bin/python -m ipykernel_launcher`,
+  the same Python environment the sandboxed kernels use) started with jupyter_client's
+  `AsyncKernelManager` (ZMQ transport: {args.direct_transport}; kernelmode's gateway uses ipc too), driven by `AsyncKernelClient`: `execute()`
+  until the shell `execute_reply` **and** the iopub `status: idle` of that request have both
+  arrived (and the `execute_result` is `'2'`). No gateway, no sandbox, no HTTP.
+- **rest** — `POST /v1/sessions/{{id}}/execute {{"code": "1+1"}}` on a real `kernelmode serve`
+  (started by `tests.conftest.start_server`, sandbox backend bwrap), through one persistent
+  keep-alive `httpx.Client`; timed until the whole JSON response is read (status 200,
+  `result == '2'`). The server itself answers only after execute_reply + idle, so this is the direct
+  round trip plus: HTTP request parsing/auth/validation, the session manager (lock, output
+  collection, the SQLite run record), the manager -> gateway websocket (Nagle disabled by
+  `kernelmode/gateway/kg_extensions.py`), the gateway's websocket <-> ZMQ bridge (ipc transport),
+  and the bubblewrap sandbox around the kernel.
+- **stock_kg** — for context: a stock `python -m kernel_gateway` with default settings (only ip,
+  port, token set; minimal environment) and its default `python3` kernel (the venv's ipykernel),
+  driven with the `websockets` library over the kernel websocket until execute_reply + idle. Its
+  tornado websocket leaves Nagle's algorithm on, so a request answered by several messages waits
+  for the client's delayed ACK (~40 ms on Linux) — the pitfall kernelmode's gateway extension fixes.
+
+The three paths run in one process, one after the other, round-robin in batches of {args.batch}
+samples with the order of the paths rotated each round, so that load and frequency changes on the
+machine fall on all paths alike. Percentiles are linear interpolation between closest ranks.
+
+What the numbers mean: `direct` is what executing code costs at all; `rest - direct` is
+kernelmode's own overhead per call (two extra hops — HTTP and the gateway websocket — plus the
+manager's bookkeeping); `stock_kg` shows what an untuned gateway costs for the same exchange.
+On a {info['nproc']}-CPU machine the manager, the gateway and the kernel share the CPUs, so
+scheduling wake-ups are part of every hop.
+
+## Machine
+
+| | |
+|---|---|
+{machine}
+"""
+    path.write_text(text)
+
+
+# -- main --------------------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="kmbench-", dir="/tmp"))
+    direct = DirectKernel(tmp / "direct", args.direct_transport)
+    (tmp / "direct").mkdir()
+    rest = RestSession()
+    stock = StockGateway(tmp)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(shutil.rmtree, tmp, True)
+        stack.push_async_callback(direct.stop)
+        stack.push_async_callback(stock.stop)
+        stack.push_async_callback(rest.stop)
+
+        print("starting: direct kernel, stock kernel gateway, kernelmode serve ...", flush=True)
+        await asyncio.gather(direct.start(), stock.start())
+        await rest.start()
+        paths: dict[str, Callable[[], Awaitable[float]]] = {
+            "direct": direct.roundtrip, "rest": rest.roundtrip, "stock_kg": stock.roundtrip,
+        }
+        print(f"warming up ({args.warmup} runs each) ...", flush=True)
+        for _ in range(args.warmup):
+            for name in PATHS:
+                await paths[name]()
+
+        stats = {name: Stats(name) for name in PATHS}
+        rounds = -(-args.samples // args.batch)
+        print(f"measuring: {args.samples} samples each, {rounds} rounds of {args.batch} ...", flush=True)
+        for rnd in range(rounds):
+            order = PATHS[rnd % 3:] + PATHS[:rnd % 3]
+            n = min(args.batch, args.samples - rnd * args.batch)
+            for name in order:
+                fn, out = paths[name], stats[name].samples
+                for _ in range(n):
+                    out.append(await fn())
+            if (rnd + 1) % max(1, rounds // 5) == 0:
+                print(f"  round {rnd + 1}/{rounds}: medians so far "
+                      + ", ".join(f"{p}={stats[p].median:.3f}" for p in PATHS), flush=True)
+
+        info = machine_info(rest)
+    # everything is stopped here
+    wall = time.monotonic() - started
+    print()
+    print(table(stats, markdown=False))
+    print()
+    for key, val in info.items():
+        print(f"  {key}: {val}")
+    if not args.no_write:
+        out = REPO / "bench" / "RESULTS.md"
+        write_markdown(out, stats, info, args, wall)
+        print(f"\nwrote {out.relative_to(REPO)}")
+    ratio = stats["rest"].median / stats["direct"].median
+    print(f"goal REST median <= {GOAL}x direct: {'met' if ratio <= GOAL else 'NOT met'} ({ratio:.2f}x)")
+    print(summary_line(stats), flush=True)
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samples", type=int, default=None, help="samples per path (default 300)")
+    p.add_argument("--quick", action="store_true", help="60 samples per path, fewer warm-ups")
+    p.add_argument("--batch", type=int, default=10, help="samples per path per round (default 10)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up runs per path (default 30)")
+    p.add_argument("--direct-transport", choices=["ipc", "tcp"], default="ipc",
+                   help="ZMQ transport of the direct kernel (default ipc, as kernelmode's gateway uses)")
+    p.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
+    args = p.parse_args()
+    if args.samples is None:
+        args.samples = 60 if args.quick else 300
+    if args.warmup is None:
+        args.warmup = 10 if args.quick else 30
+    if args.samples < 1 or args.batch < 1 or args.warmup < 0:
+        p.error("--samples and --batch must be >= 1, --warmup >= 0")
+    if not KERNEL_PYTHON.is_file():
+        p.error(f"{KERNEL_PYTHON} not found (run `make setup`)")
+
+    async def guarded() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await run(args)
+
+    try:
+        return asyncio.run(guarded())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted; everything started was stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the system packages kernelmode needs, only when missing: bubblewrap (the sandbox)
+# and Debian's python3 + venv (the kernel environment). Debian/Ubuntu (apt); elsewhere it says
+# what to install by hand.
+set -euo pipefail
+
+need=()
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+if ! /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  need+=(python3 python3-venv)
+fi
+[ ${#need[@]} -eq 0 ] && exit 0
+
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "kernelmode: please install: ${need[*]} (no apt-get on this machine)" >&2
+  exit 1
+fi
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { echo "kernelmode: run as root or install sudo to install ${need[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+echo "kernelmode: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${need[@]}"

@@ -1,0 +1,131 @@
+"""Fixtures that start the real thing: `kernelmode serve` (a real Kernel Gateway, real
+ipykernels in the real bubblewrap sandbox) as a subprocess, and HTTP clients for it."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CANARY = "KM_CANARY_" + secrets.token_hex(8)
+
+
+@dataclass
+class Server:
+    url: str
+    token: str
+    data_dir: Path
+    proc: subprocess.Popen[str]
+    log_path: Path
+    sessions: list[str] = field(default_factory=list)
+
+    def client(self, token: str | None = None, timeout: float = 120) -> httpx.Client:
+        tok = self.token if token is None else token
+        headers = {"Authorization": f"Bearer {tok}"} if tok else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None = None,
+                 args: list[str] | None = None) -> Server:
+    """Start `kernelmode serve` on a free port; its data dir must be reachable by sandbox uids."""
+    if data_dir is None:
+        data_dir = Path(tempfile.mkdtemp(prefix="kmtest-", dir="/tmp"))
+    data_dir.chmod(0o711)
+    token = secrets.token_urlsafe(16)
+    env = {
+        **os.environ,
+        "KERNELMODE_TOKEN": token,
+        "KERNELMODE_SESSIONS__REAP_INTERVAL_SECONDS": "0.5",
+        # Canary secrets in the server's environment: no kernel may ever see them.
+        "KM_SECRET_CANARY": CANARY,
+        "AWS_SECRET_ACCESS_KEY": CANARY,
+        **(env_extra or {}),
+    }
+    log_path = data_dir.with_suffix(".log")
+    logf = open(log_path, "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernelmode.cli", "serve", "--port", "0", "--data-dir", str(data_dir),
+         *(args or [])],
+        stdout=subprocess.PIPE, stderr=logf, text=True, env=env, cwd=str(REPO),
+    )
+    deadline = time.monotonic() + 120
+    url = None
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        m = re.search(r"serving on (http://\S+)", line)
+        if m:
+            url = m.group(1)
+            break
+    if url is None:
+        proc.kill()
+        raise RuntimeError(f"kernelmode serve did not start:\n{log_path.read_text()[-4000:]}")
+    return Server(url=url, token=token, data_dir=data_dir, proc=proc, log_path=log_path)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    srv = start_server()
+    yield srv
+    srv.stop()
+    shutil.rmtree(srv.data_dir, ignore_errors=True)
+
+
+@pytest.fixture()
+def api(server: Server) -> Iterator[httpx.Client]:
+    with server.client() as c:
+        yield c
+
+
+@pytest.fixture()
+def session_factory(server: Server) -> Iterator[Callable[..., str]]:
+    """Create sessions (REST) that are deleted after the test."""
+    created: list[str] = []
+    client = server.client()
+
+    def make(**body: object) -> str:
+        r = client.post("/v1/sessions", json=body)
+        assert r.status_code == 201, r.text
+        sid = r.json()["session_id"]
+        created.append(sid)
+        return sid
+
+    yield make
+    for sid in created:
+        client.delete(f"/v1/sessions/{sid}")
+    client.close()
+
+
+@pytest.fixture()
+def run(api: httpx.Client) -> Callable[..., dict]:
+    """run(session_id, code, **opts) -> RunResult dict (asserts HTTP 200)."""
+
+    def _run(sid: str, code: str, **opts: object) -> dict:
+        r = api.post(f"/v1/sessions/{sid}/execute", json={"code": code, **opts})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    return _run

@@ -205,6 +205,70 @@ class RestSession:
                 self.server.log_path.unlink()
 
 
+class WsKernel:
+    """A kernel driven over a Kernel Gateway's kernel websocket with the `websockets` library."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self._session = JupyterSession(key=b"", username="kmbench")
+
+    @classmethod
+    async def open(cls, http_url: str, token: str, kernel_id: str) -> WsKernel:
+        url = (f"ws{http_url[len('http'):]}/api/kernels/{kernel_id}/channels"
+               f"?session_id={uuid.uuid4().hex}")
+        ws = await websockets.connect(url, additional_headers={"Authorization": f"token {token}"},
+                                      compression=None, ping_interval=None, open_timeout=30,
+                                      max_size=None)
+        self = cls(ws)
+        try:  # wait until the kernel answers (kernel_info round trip)
+            msg = self._session.msg("kernel_info_request", {})
+            msg["channel"] = "shell"
+            await ws.send(json.dumps(msg, default=json_default))
+            while True:
+                reply = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                if reply.get("msg_type") == "kernel_info_reply" and \
+                        reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                    return self
+        except BaseException:
+            await self.close()
+            raise
+
+    async def roundtrip(self) -> float:
+        t0 = time.perf_counter_ns()
+        msg = self._session.msg("execute_request", {
+            "code": CODE, "silent": False, "store_history": True, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": True,
+        })
+        msg["channel"] = "shell"
+        await self.ws.send(json.dumps(msg, default=json_default))
+        result = await asyncio.wait_for(self._collect(msg["header"]["msg_id"]), MSG_TIMEOUT)
+        elapsed = now_ms(t0)
+        if result != EXPECTED:
+            raise RuntimeError(f"kernel behind the websocket answered {result!r}, not {EXPECTED!r}")
+        return elapsed
+
+    async def _collect(self, msg_id: str) -> str | None:
+        """Read until the execute_reply and the idle status of ``msg_id``; the text result."""
+        got_reply = got_idle = False
+        result = None
+        while not (got_reply and got_idle):
+            m = json.loads(await self.ws.recv())
+            if m["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind = m["msg_type"]
+            if kind == "execute_reply":
+                got_reply = True
+            elif kind == "execute_result":
+                result = m["content"]["data"].get("text/plain")
+            elif kind == "status" and m["content"]["execution_state"] == "idle":
+                got_idle = True
+        return result
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(), 5)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -220,9 +284,8 @@ class StockGateway:
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.kernel_id: str | None = None
-        self.ws: Any = None
+        self.ws: WsKernel | None = None
         self.log_path = tmp / "stock-kg.log"
-        self._session = JupyterSession(key=b"", username="kmbench")
 
     @property
     def url(self) -> str:
@@ -264,20 +327,7 @@ class StockGateway:
             if r.status_code != 201:
                 raise RuntimeError(f"stock gateway POST /api/kernels: {r.status_code} {r.text}")
             self.kernel_id = r.json()["id"]
-        url = (f"ws://127.0.0.1:{self.port}/api/kernels/{self.kernel_id}/channels"
-               f"?session_id={uuid.uuid4().hex}")
-        self.ws = await websockets.connect(url, additional_headers=self._headers(),
-                                           compression=None, ping_interval=None, open_timeout=30,
-                                           max_size=None)
-        # Wait until the kernel answers (kernel_info round trip).
-        msg = self._session.msg("kernel_info_request", {})
-        msg["channel"] = "shell"
-        await self.ws.send(json.dumps(msg, default=json_default))
-        while True:
-            reply = json.loads(await asyncio.wait_for(self.ws.recv(), 60))
-            if reply.get("msg_type") == "kernel_info_reply" and \
-                    reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-                break
+        self.ws = await WsKernel.open(self.url, self.token, self.kernel_id)
 
     def _spawn(self, env: dict[str, str], home: Path) -> subprocess.Popen[bytes]:
         with open(self.log_path, "wb") as logf:
@@ -295,36 +345,12 @@ class StockGateway:
         return ""
 
     async def roundtrip(self) -> float:
-        t0 = time.perf_counter_ns()
-        msg = self._session.msg("execute_request", {
-            "code": CODE, "silent": False, "store_history": True, "user_expressions": {},
-            "allow_stdin": False, "stop_on_error": True,
-        })
-        msg["channel"] = "shell"
-        msg_id = msg["header"]["msg_id"]
-        await self.ws.send(json.dumps(msg, default=json_default))
-        got_reply = got_idle = False
-        result = None
-        while not (got_reply and got_idle):
-            m = json.loads(await asyncio.wait_for(self.ws.recv(), MSG_TIMEOUT))
-            if m["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind = m["msg_type"]
-            if kind == "execute_reply":
-                got_reply = True
-            elif kind == "execute_result":
-                result = m["content"]["data"].get("text/plain")
-            elif kind == "status" and m["content"]["execution_state"] == "idle":
-                got_idle = True
-        elapsed = now_ms(t0)
-        if result != EXPECTED:
-            raise RuntimeError(f"stock gateway kernel answered {result!r}, not {EXPECTED!r}")
-        return elapsed
+        assert self.ws is not None
+        return await self.ws.roundtrip()
 
     async def stop(self) -> None:
         if self.ws is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.ws.close(), 5)
+            await self.ws.close()
         if self.proc is None:
             return
         if self.kernel_id is not None and self.proc.poll() is None:
@@ -572,9 +598,9 @@ async def run(args: argparse.Namespace) -> int:
     for key, val in info.items():
         print(f"  {key}: {val}")
     if not args.no_write:
-        out = REPO / "bench" / "RESULTS.md"
-        write_markdown(out, stats, info, args, wall)
-        print(f"\nwrote {out.relative_to(REPO)}")
+        results_path = REPO / "bench" / "RESULTS.md"
+        write_markdown(results_path, stats, info, args, wall)
+        print(f"\nwrote {results_path.relative_to(REPO)}")
     ratio = stats["rest"].median / stats["direct"].median
     print(f"goal REST median <= {GOAL}x direct: {'met' if ratio <= GOAL else 'NOT met'} ({ratio:.2f}x)")
     print(summary_line(stats), flush=True)

@@ -111,7 +111,7 @@ class OpenAPIHandler(BaseHandler):
 
 class SessionsHandler(BaseHandler):
     async def get(self) -> None:
-        self.send(SessionList(sessions=self.app.sessions.list()))
+        self.send(SessionList(sessions=self.app.sessions.all()))
 
     async def post(self) -> None:
         req = self.body_model(SessionCreate)

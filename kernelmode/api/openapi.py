@@ -38,7 +38,8 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 @lru_cache(maxsize=1)
 def openapi_document() -> dict[str, Any]:
-    _, defs = models_json_schema([(m, "validation") for m in _MODELS],
+    pairs: list[tuple[Any, Any]] = [(m, "validation") for m in _MODELS]
+    _, defs = models_json_schema(pairs,
                                  ref_template="#/components/schemas/{model}")
     sid = {"name": "session_id", "in": "path", "required": True,
            "schema": {"type": "string", "pattern": SESSION_ID_PATTERN}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 
 
-class NoDelayWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignore[misc]
+class NoDelayWebsocketConnection(ZMQChannelsWebsocketConnection):
     """Turns Nagle off on each kernel websocket.
 
     tornado re-enables Nagle after every HTTP request and nothing turns it off for websockets,
@@ -13,6 +13,6 @@ class NoDelayWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignor
     pitfall 1).
     """
 
-    def connect(self):  # type: ignore[no-untyped-def]
+    def connect(self):  # noqa: ANN201 (same signature as the parent)
         self.websocket_handler.set_nodelay(True)
         return super().connect()

@@ -38,7 +38,7 @@ def kernel_environment(path: str, extra: dict[str, str] | None = None) -> dict[s
     return env
 
 
-class KernelmodeProvisioner(LocalProvisioner):  # type: ignore[misc]
+class KernelmodeProvisioner(LocalProvisioner):
     """A LocalProvisioner that knows kernelmode's per-kernel parameters."""
 
     runtime_dir = Unicode(
@@ -99,6 +99,7 @@ class KernelmodeProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def _pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         km = self.parent
+        assert km is not None, "a provisioner always has its kernel manager as parent"
         env: dict[str, str] = dict(kwargs.get("env") or {})
         limits = Limits.model_validate_json(self.default_limits or "{}")
         self.params = KernelParams.pop_from_env(env, limits)

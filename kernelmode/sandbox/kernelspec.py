@@ -97,8 +97,8 @@ def check_bwrap(bwrap: str, kernel_python: Path, data_dir: Path) -> str:
         spec: dict[str, object] = {}
         if os.getuid() == 0:
             spec = {"uid": 65534, "gid": 65534}
-            for p in (kdir, kdir / "etc", ws):
-                os.chown(p, 65534, 65534)
+            for d in (kdir, kdir / "etc", ws):
+                os.chown(d, 65534, 65534)
         argv = bwrap_argv(
             bwrap=exe, kernel_dir=kdir, workspace=ws, ro_paths=ro_paths, tmp_bytes=1 << 20,
             env={"PATH": "/usr/bin:/bin"},

@@ -31,7 +31,7 @@ from ..errors import (
 )
 from ..gateway.client import KERNEL_DEAD, GatewayClient, KernelConnection, next_message
 from ..gateway.execution import OutputCollector
-from ..models import DeathCause, RunError, RunResult, SessionCreate, SessionInfo
+from ..models import DeathCause, RunError, RunResult, RunStatus, SessionCreate, SessionInfo
 from ..sandbox.spec import KernelParams, pop_death_record
 from .store import SessionStore
 
@@ -100,7 +100,7 @@ class SessionManager:
         self._live.clear()
 
     # -- queries -----------------------------------------------------------------------------------
-    def list(self) -> list[SessionInfo]:
+    def all(self) -> list[SessionInfo]:
         live = {sid: s.info for sid, s in self._live.items()}
         return [live.get(i.session_id, i) for i in self.store.all()]
 
@@ -278,7 +278,7 @@ class SessionManager:
         loop = asyncio.get_running_loop()
         try:
             outcome = await self._collect(queue, collector, loop.time() + timeout)
-            status: str
+            status: RunStatus
             if outcome == "done":
                 status = "ok" if collector.reply_status == "ok" else "error"
                 if status == "error" and s.interrupt_requested and collector.error and \
@@ -305,7 +305,7 @@ class SessionManager:
         finally:
             s.conn.forget(queue)
         return RunResult(
-            run_id=run_id, session_id=s.info.session_id, status=status,  # type: ignore[arg-type]
+            run_id=run_id, session_id=s.info.session_id, status=status,
             stdout=collector.stdout, stderr=collector.stderr, result=collector.result,
             outputs=collector.outputs, error=collector.error,
             execution_count=collector.execution_count, truncated=collector.truncated,

@@ -160,7 +160,7 @@ def test_concurrent_calls_run_one_at_a_time_in_arrival_order(server, session_fac
         t.join(60)
     assert all(results[i]["status"] == "ok" for i in range(4))
     spans = sorted(eval(results[i]["result"]) for i in range(4))  # (start, end) per run
-    for (_, end), (start, _) in zip(spans, spans[1:]):
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
         assert start >= end  # no overlap
     with server.client() as c:
         r = c.post(f"/v1/sessions/{sid}/execute", json={"code": "order"}).json()

@@ -1,0 +1,123 @@
+"""Whole-service behaviour: caps, clean shutdown, sessions after a restart, backend choice."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.conftest import REPO, start_server
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Host pids whose command line or cwd mention ``text`` (the test's data dir)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if text in cmdline or text in cwd:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_cap_shutdown_and_lost_sessions_after_restart():
+    data_dir = Path(tempfile.mkdtemp(prefix="kmlife-", dir="/tmp"))
+    srv = start_server({"KERNELMODE_SESSIONS__MAX_SESSIONS": "2"}, data_dir=data_dir)
+    try:
+        with srv.client() as c:
+            for sid in ("one", "two"):
+                assert c.post("/v1/sessions", json={"session_id": sid}).status_code == 201
+            r = c.post("/v1/sessions", json={"session_id": "three"})
+            assert r.status_code == 429
+            assert r.json()["error"]["code"] == "too_many_sessions"
+            assert c.post("/v1/sessions/one/execute", json={"code": "x = 1"}).json()["status"] == "ok"
+        # Kernels, sandboxes and the gateway all run with the data dir in their command line.
+        assert len(_processes_mentioning(str(data_dir))) >= 3
+        assert srv.stop() == 0
+        deadline = time.monotonic() + 15
+        while _processes_mentioning(str(data_dir)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_mentioning(str(data_dir)) == []
+
+        srv = start_server(data_dir=data_dir)
+        with srv.client() as c:
+            info = c.get("/v1/sessions/one").json()
+            assert info["status"] == "lost"
+            r = c.post("/v1/sessions/one/execute", json={"code": "x"})
+            assert r.status_code == 503
+            assert r.json()["error"]["code"] == "kernel_unavailable"
+            assert c.delete("/v1/sessions/one").status_code == 204
+            assert c.get("/v1/sessions/one").status_code == 404
+            # The id is free again.
+            assert c.post("/v1/sessions", json={"session_id": "one"}).status_code == 201
+    finally:
+        srv.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_sigkill_of_the_manager_leaves_no_kernel():
+    data_dir = Path(tempfile.mkdtemp(prefix="kmkill-", dir="/tmp"))
+    srv = start_server(data_dir=data_dir)
+    try:
+        with srv.client() as c:
+            assert c.post("/v1/sessions", json={}).status_code == 201
+        srv.proc.kill()
+        srv.proc.wait(10)
+        deadline = time.monotonic() + 30
+        while _processes_mentioning(str(data_dir)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_mentioning(str(data_dir)) == []
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_sandbox_none_must_be_asked_for_and_warns():
+    data_dir = Path(tempfile.mkdtemp(prefix="kmnone-", dir="/tmp"))
+    srv = start_server(data_dir=data_dir, args=["--sandbox", "none"])
+    try:
+        with srv.client() as c:
+            sid = c.post("/v1/sessions", json={}).json()["session_id"]
+            r = c.post(f"/v1/sessions/{sid}/execute", json={"code": "import os\nx = 2\nos.getcwd()"}).json()
+            assert r["status"] == "ok"
+            assert r["result"].strip("'").endswith(f"workspaces/{sid}")
+            assert c.post(f"/v1/sessions/{sid}/execute", json={"code": "x * 21"}).json()["result"] == "42"
+            assert c.get(f"/v1/sessions/{sid}").json()["sandbox"] == "none"
+        assert "SANDBOX DISABLED" in srv.log()
+    finally:
+        srv.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_missing_bubblewrap_refuses_to_start_with_install_hint():
+    data_dir = Path(tempfile.mkdtemp(prefix="kmnobw-", dir="/tmp"))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kernelmode.cli", "serve", "--port", "0", "--data-dir", str(data_dir)],
+            env={**os.environ, "KERNELMODE_SANDBOX__BWRAP_PATH": "/nonexistent/bwrap"},
+            capture_output=True, text=True, timeout=60, cwd=str(REPO),
+        )
+        assert proc.returncode == 2
+        assert "apt-get install bubblewrap" in proc.stderr
+        assert "serving on" not in proc.stdout
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_bad_config_key_is_named_with_its_line(tmp_path):
+    cfg = tmp_path / "kernelmode.yaml"
+    cfg.write_text("server:\n  port: 9000\nsessions:\n  max_sesions: 3\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernelmode.cli", "serve", "--config", str(cfg)],
+        capture_output=True, text=True, timeout=60, cwd=str(REPO),
+    )
+    assert proc.returncode == 2
+    assert "sessions.max_sesions (line 4): unknown key" in proc.stderr

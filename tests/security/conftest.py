@@ -1,0 +1,83 @@
+"""Helpers of the attack suite: run probe code in a kernel and read back its JSON report."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Server
+
+# Prepended to every probe: the kernel's own directory on the host path (it is bound there),
+# read from the `-f <connection file>` argument of the kernel's command line.
+PRELUDE = """\
+import errno as _errno, json as _json, os as _os
+def _kernel_dir():
+    argv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')
+    f = argv[argv.index(b'-f') + 1].decode()
+    return _os.path.dirname(f)
+def _err(e):
+    return _errno.errorcode.get(getattr(e, 'errno', None) or 0, type(e).__name__)
+"""
+
+
+def report(result: dict) -> dict:
+    """The JSON object a probe printed on its last stdout line."""
+    assert result["status"] == "ok", result
+    lines = result["stdout"].strip().splitlines()
+    assert lines, result
+    return json.loads(lines[-1])
+
+
+@pytest.fixture()
+def probe(run: Callable[..., dict]) -> Callable[..., dict]:
+    """probe(sid, code, **opts): run dedented `code` (after PRELUDE) and return its JSON report."""
+
+    def _probe(sid: str, code: str, **opts: object) -> dict:
+        opts.setdefault("timeout_seconds", 60)
+        return report(run(sid, PRELUDE + textwrap.dedent(code), **opts))
+
+    return _probe
+
+
+@pytest.fixture(scope="module")
+def shared_sid(server: Server) -> Iterator[str]:
+    """One default session shared by the read-only probes of a module."""
+    with server.client() as c:
+        r = c.post("/v1/sessions", json={})
+        assert r.status_code == 201, r.text
+        sid = r.json()["session_id"]
+        yield sid
+        c.delete(f"/v1/sessions/{sid}")
+
+
+def gateway_port(server: Server) -> int | None:
+    m = re.search(r"kernel gateway ready on http://127\.0\.0\.1:(\d+)", server.log())
+    return int(m.group(1)) if m else None
+
+
+def host_kernel_procs(server: Server) -> dict[int, dict]:
+    """Host-side view of this server's sandbox processes: pid -> {cmdline, uids, gids}."""
+    procs: dict[int, dict] = {}
+    marker = str(server.data_dir).encode()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes()
+            status = (d / "status").read_text()
+        except OSError:
+            continue
+        if marker not in cmdline:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        procs[int(d.name)] = {
+            "cmdline": cmdline.replace(b"\0", b" ").decode(errors="replace"),
+            "uids": [int(x) for x in fields["Uid"].split()],
+            "gids": [int(x) for x in fields["Gid"].split()],
+        }
+    return procs

@@ -121,3 +121,14 @@ def test_bad_config_key_is_named_with_its_line(tmp_path):
     )
     assert proc.returncode == 2
     assert "sessions.max_sesions (line 4): unknown key" in proc.stderr
+
+
+def test_rest_quickstart_example_runs(server):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "rest_quickstart.py")],
+        env={**os.environ, "KERNELMODE_URL": server.url, "KERNELMODE_TOKEN": server.token},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "2: ok -> 22.5" in proc.stdout
+    assert "3: error AttributeError" in proc.stdout

@@ -26,6 +26,7 @@ $(VENV)/.stamp: pyproject.toml
 $(KVENV)/.stamp: kernel-image/requirements.txt .stamp-system
 	test -x $(KVENV)/bin/python || $(KERNEL_PYTHON) -m venv $(KVENV)
 	$(KVENV)/bin/pip install $(PIP_FLAGS) -r kernel-image/requirements.txt
+	chmod -R a+rX $(KVENV)  # the sandboxed kernels run as other uids
 	@touch $@
 
 run: setup

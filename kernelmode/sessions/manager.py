@@ -59,6 +59,7 @@ class LiveSession:
     interrupt_requested: bool = False
     kernel_state: str = "alive"  # alive | restarting | dead (from the gateway)
     pending_cause: DeathCause | None = None
+    closed: bool = False  # deleted: a run in progress must not wait for its kernel
 
     def touch(self) -> None:
         now = _now()
@@ -197,6 +198,7 @@ class SessionManager:
             if self.store.get(session_id) is None:
                 raise SessionNotFound(f"no session {session_id!r}")
         else:
+            s.closed = True
             if s.conn:
                 await s.conn.close()
             with contextlib.suppress(KernelmodeError):
@@ -238,6 +240,8 @@ class SessionManager:
                 if s.info.status == "busy":
                     s.info.status = "idle"
             result.duration_ms = round((time.monotonic() - started) * 1000, 3)
+            if session_id not in self._live:  # deleted (or reaped) while the code ran
+                raise SessionNotFound(f"session {session_id!r} was deleted while the code ran")
             if result.execution_count is not None:
                 s.info.execution_count = result.execution_count
             self.store.add_run(code, result)
@@ -299,7 +303,7 @@ class SessionManager:
                 s.state_lost_pending = False
             else:  # the kernel died, or its websocket closed under us
                 status, state_lost = "kernel_died", True
-                cause = await self._death_cause(s)
+                cause = DeathCause(kind="unknown") if s.closed else await self._death_cause(s)
                 s.state_lost_pending = True
                 s.needs_ready = True
         finally:

@@ -277,3 +277,26 @@ def test_idle_session_is_reaped_after_ttl(api, session_factory):
     while time.monotonic() < deadline and api.get(f"/v1/sessions/{sid}").status_code == 200:
         time.sleep(0.5)
     assert api.get(f"/v1/sessions/{sid}").status_code == 404
+
+
+def test_delete_during_a_run_ends_the_run_and_the_session_stays_gone(server, api):
+    import threading
+    import time
+
+    sid = api.post("/v1/sessions", json={}).json()["session_id"]
+    box: dict[str, object] = {}
+
+    def call() -> None:
+        with server.client() as c:
+            box["r"] = c.post(f"/v1/sessions/{sid}/execute",
+                              json={"code": "import time\ntime.sleep(30)", "timeout_seconds": 60})
+
+    t = threading.Thread(target=call)
+    t.start()
+    time.sleep(1.0)
+    assert api.delete(f"/v1/sessions/{sid}").status_code == 204
+    t.join(30)
+    assert not t.is_alive()
+    assert box["r"].status_code == 404  # type: ignore[union-attr]
+    assert api.get(f"/v1/sessions/{sid}").status_code == 404
+    assert sid not in [s["session_id"] for s in api.get("/v1/sessions").json()["sessions"]]

@@ -34,6 +34,9 @@ c.KernelManager.transport = "ipc"
 # Notice a dead kernel quickly (default 3 s) so a run reports kernel_died promptly.
 c.KernelRestarter.time_to_dead = float(env.get("KERNELMODE_GW_POLL_INTERVAL", "0.5"))
 c.KernelRestarter.stable_start_time = 5.0
+# Restart a dead kernel on the same ipc socket paths: new "random ports" would leave open
+# websockets talking to sockets that no longer exist.
+c.KernelRestarter.random_ports_until_alive = False
 c.MappingKernelManager.cull_idle_timeout = 0  # the manager reaps sessions itself
 c.KernelManager.shutdown_wait_time = 2.0
 

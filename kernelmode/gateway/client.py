@@ -17,6 +17,10 @@ from typing import Any
 import websockets
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session as JupyterSession
+from jupyter_server.services.kernels.connection.base import (
+    deserialize_msg_from_ws_v1,
+    serialize_msg_to_ws_v1,
+)
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from websockets.asyncio.client import ClientConnection
 
@@ -28,6 +32,29 @@ log = logging.getLogger("kernelmode.gateway")
 # restarting failed for good.
 KERNEL_RESTARTING = "restarting"
 KERNEL_DEAD = "dead"
+# The binary websocket protocol: the gateway forwards the kernel's frames without decoding and
+# re-encoding them as JSON, which the legacy protocol does for every message.
+WS_PROTOCOL = "v1.kernel.websocket.jupyter.org"
+
+
+def _pack(obj: Any) -> bytes:
+    return json.dumps(obj, default=json_default).encode()
+
+
+def _decode(raw: str | bytes) -> dict[str, Any]:
+    """A websocket frame (v1 binary or legacy JSON) as a message dict."""
+    if isinstance(raw, str):
+        return dict(json.loads(raw))
+    channel, parts = deserialize_msg_from_ws_v1(raw)
+    header = json.loads(parts[0])
+    return {
+        "channel": channel,
+        "header": header,
+        "msg_type": header.get("msg_type"),
+        "parent_header": json.loads(parts[1]),
+        "metadata": json.loads(parts[2]),
+        "content": json.loads(parts[3]),
+    }
 
 
 class GatewayClient:
@@ -106,6 +133,7 @@ class KernelConnection:
         self._ws: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
         self._listeners: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+        self._binary = False
 
     @property
     def is_open(self) -> bool:
@@ -117,6 +145,7 @@ class KernelConnection:
             self._ws = await websockets.connect(
                 url,
                 additional_headers={"Authorization": f"token {self.client.token}"},
+                subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]
                 max_size=256 * 1024 * 1024,  # output is capped by the manager, not by framing
                 compression=None,
                 open_timeout=30,
@@ -124,6 +153,7 @@ class KernelConnection:
             )
         except (OSError, websockets.WebSocketException, asyncio.TimeoutError) as e:
             raise KernelUnavailable(f"cannot open the websocket of kernel {self.kernel_id}: {e}") from e
+        self._binary = self._ws.subprotocol == WS_PROTOCOL
         self._reader = asyncio.create_task(self._read(), name=f"ws-{self.kernel_id}")
 
     async def close(self) -> None:
@@ -140,7 +170,7 @@ class KernelConnection:
         assert self._ws is not None
         try:
             async for raw in self._ws:
-                msg = json.loads(raw)
+                msg = _decode(raw)
                 parent = (msg.get("parent_header") or {}).get("msg_id")
                 if parent is None or parent == "":
                     if msg.get("msg_type") == "status":
@@ -166,11 +196,14 @@ class KernelConnection:
         if not self.is_open or self._ws is None:
             raise KernelUnavailable(f"the websocket of kernel {self.kernel_id} is closed")
         msg = self._session.msg(msg_type, content)
-        msg["channel"] = channel
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._listeners[msg["header"]["msg_id"]] = queue
+        if self._binary:
+            frame: str | bytes = serialize_msg_to_ws_v1(msg, channel, _pack)
+        else:
+            frame = json.dumps({**msg, "channel": channel}, default=json_default)
         try:
-            await self._ws.send(json.dumps(msg, default=json_default))
+            await self._ws.send(frame)
         except websockets.WebSocketException as e:
             self._listeners.pop(msg["header"]["msg_id"], None)
             raise KernelUnavailable(f"cannot send to kernel {self.kernel_id}: {e}") from e

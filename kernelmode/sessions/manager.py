@@ -29,7 +29,7 @@ from ..errors import (
     TooManySessions,
     ValidationError,
 )
-from ..gateway.client import KERNEL_DEAD, GatewayClient, KernelConnection, next_message
+from ..gateway.client import KERNEL_DEAD, GatewayClient, KernelConnection
 from ..gateway.execution import OutputCollector
 from ..models import DeathCause, RunError, RunResult, RunStatus, SessionCreate, SessionInfo
 from ..sandbox.spec import KernelParams, pop_death_record
@@ -54,7 +54,7 @@ class LiveSession:
     workspace: Path
     conn: KernelConnection | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    needs_ready: bool = False  # the kernel restarted: wait for kernel_info before running
+    needs_ready: bool = False  # the kernel restarted: reconnect and wait for kernel_info
     state_lost_pending: bool = False  # tell the next result that variables are gone
     interrupt_requested: bool = False
     kernel_state: str = "alive"  # alive | restarting | dead (from the gateway)
@@ -259,12 +259,10 @@ class SessionManager:
             await self.gateway.restart_kernel(s.kernel_id, timeout)
             s.state_lost_pending = True
             await self._connect(s, timeout)
-        elif s.conn is None or not s.conn.is_open:
+        elif s.conn is None or not s.conn.is_open or s.needs_ready:
+            # After a restart, a fresh websocket: the gateway then opens its ZMQ channels to the
+            # new kernel's sockets instead of reusing ones bound to the old process.
             await self._connect(s, timeout)
-        elif s.needs_ready:
-            await s.conn.kernel_info(timeout)
-            s.needs_ready = False
-            s.kernel_state = "alive"
 
     async def _run(self, s: LiveSession, run_id: str, code: str, timeout: float) -> RunResult:
         assert s.conn is not None
@@ -318,12 +316,22 @@ class SessionManager:
 
     @staticmethod
     async def _collect(queue: asyncio.Queue[dict[str, Any]], collector: OutputCollector, deadline: float) -> str:
-        """Read until execute_reply and idle: 'done', 'timeout', 'died' or 'restarted'."""
+        """Read until execute_reply and idle: 'done', 'timeout', 'died' or 'restarted'.
+
+        One timer for the whole run (not one per message); what arrived before the deadline
+        stays in ``collector``.
+        """
+        remaining = max(deadline - asyncio.get_running_loop().time(), 0.001)
+        try:
+            return await asyncio.wait_for(SessionManager._drain(queue, collector), remaining)
+        except asyncio.TimeoutError:
+            return "timeout"
+
+    @staticmethod
+    async def _drain(queue: asyncio.Queue[dict[str, Any]], collector: OutputCollector) -> str:
         got_reply = got_idle = False
         while not (got_reply and got_idle):
-            msg = await next_message(queue, deadline)
-            if msg is None:
-                return "timeout"
+            msg = await queue.get()
             kind = msg.get("msg_type")
             if kind == _KERNEL_STATUS:
                 return "restarted" if msg.get("state") == "restarted" else "died"

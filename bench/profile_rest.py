@@ -9,9 +9,12 @@ like bench/roundtrip.py, and the CPU time each process spends per request (from
   direct       jupyter_client -> ipykernel (kernel-venv, unsandboxed, ipc)       [the floor]
   ws_none      websocket -> kernelmode's gateway config (NoDelay, ipc) -> kernel, sandbox none
   ws_bwrap     websocket -> kernelmode's gateway config -> kernel in bwrap         (+ sandbox)
+  ws_bwrap_v1  as ws_bwrap, with the binary "v1.kernel.websocket.jupyter.org" subprotocol
+               (the gateway then forwards message parts without JSON re-serialization)
   manager      SessionManager.execute() in this process -> its gateway -> bwrap kernel
                                                             (+ the manager's own work)
   rest         POST /v1/sessions/{id}/execute on a `kernelmode serve` subprocess  (+ HTTP)
+  rest_stdlib  as rest, with the standard library's http.client instead of httpx
   rest_get     GET /v1/sessions/{id} on the same server: HTTP + auth + JSON, no kernel
 
 The ws_* and manager paths use KernelmodeApp instances started in this process (like
@@ -27,17 +30,28 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import http.client
 import io
+import json
 import logging
 import os
 import pstats
+import re
 import secrets
 import shutil
+import signal
+import socket
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
+
+import websockets
+from jupyter_client.session import Session as JupyterSession
+from websockets.typing import Subprotocol
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -109,19 +123,118 @@ def cpu_ns(pid: int) -> int:
     return total
 
 
+# -- the v1 kernel websocket protocol (binary frames, no JSON re-serialization in the gateway) ----
+
+V1 = "v1.kernel.websocket.jupyter.org"
+
+
+class WsKernelV1:
+    """Like roundtrip.WsKernel, with the "v1.kernel.websocket.jupyter.org" subprotocol.
+
+    With it the gateway forwards the kernel's message parts as they are (framed with offsets)
+    instead of deserializing, date-parsing and re-encoding every message as JSON.
+    """
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self._session = JupyterSession(key=b"", username="kmbench")
+
+    @classmethod
+    async def open(cls, http_url: str, token: str, kernel_id: str) -> WsKernelV1:
+        url = (f"ws{http_url[len('http'):]}/api/kernels/{kernel_id}/channels"
+               f"?session_id={uuid.uuid4().hex}")
+        ws = await websockets.connect(url, additional_headers={"Authorization": f"token {token}"},
+                                      subprotocols=[Subprotocol(V1)], compression=None,
+                                      ping_interval=None, open_timeout=30, max_size=None)
+        self = cls(ws)
+        if ws.subprotocol != V1:
+            await self.close()
+            raise RuntimeError(f"the gateway did not accept {V1} (got {ws.subprotocol!r})")
+        try:
+            msg_id = await self._send("kernel_info_request", {})
+            while True:
+                channel, header, parent, content = self._parse(await asyncio.wait_for(self.ws.recv(), 60))
+                if header["msg_type"] == "kernel_info_reply" and parent.get("msg_id") == msg_id:
+                    return self
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _send(self, msg_type: str, content: dict[str, Any]) -> str:
+        msg = self._session.msg(msg_type, content)
+        pack = self._session.pack
+        parts = [pack(msg["header"]), pack(msg["parent_header"]), pack(msg["metadata"]),
+                 pack(msg["content"])]
+        channel = b"shell"
+        offsets = [8 * (1 + 1 + len(parts) + 1)]
+        offsets.append(offsets[-1] + len(channel))
+        for part in parts:
+            offsets.append(offsets[-1] + len(part))
+        frame = b"".join([len(offsets).to_bytes(8, "little"),
+                          *(o.to_bytes(8, "little") for o in offsets), channel, *parts])
+        await self.ws.send(frame)
+        return str(msg["header"]["msg_id"])
+
+    @staticmethod
+    def _parse(frame: bytes) -> tuple[str, dict[str, Any], dict[str, Any], bytes]:
+        n = int.from_bytes(frame[:8], "little")
+        offs = [int.from_bytes(frame[8 * (i + 1):8 * (i + 2)], "little") for i in range(n)]
+        parts = [frame[offs[i]:offs[i + 1]] for i in range(1, n - 1)]
+        # parts: header, parent_header, metadata, content, buffers...
+        return (frame[offs[0]:offs[1]].decode(), json.loads(parts[0]), json.loads(parts[1]),
+                parts[3])
+
+    async def roundtrip(self) -> float:
+        t0 = time.perf_counter_ns()
+        msg_id = await self._send("execute_request", {
+            "code": CODE, "silent": False, "store_history": True, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": True,
+        })
+        result = await asyncio.wait_for(self._collect(msg_id), 30)
+        elapsed = now_ms(t0)
+        if result != EXPECTED:
+            raise RuntimeError(f"v1 websocket kernel answered {result!r}")
+        return elapsed
+
+    async def _collect(self, msg_id: str) -> str | None:
+        got_reply = got_idle = False
+        result = None
+        while not (got_reply and got_idle):
+            _, header, parent, content = self._parse(await self.ws.recv())
+            if parent.get("msg_id") != msg_id:
+                continue
+            kind = header["msg_type"]
+            if kind == "execute_reply":
+                got_reply = True
+            elif kind == "execute_result":
+                result = json.loads(content)["data"].get("text/plain")
+            elif kind == "status" and json.loads(content)["execution_state"] == "idle":
+                got_idle = True
+        return result
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(), 5)
+
+
 # -- the in-process kernelmode app -------------------------------------------------------------------
 
 
 class InProcessApp:
     """A KernelmodeApp (gateway child + SessionManager) running in this process."""
 
-    def __init__(self, backend: str, tmp: Path) -> None:
+    def __init__(self, backend: str, tmp: Path, config_dir: Path | None = None,
+                 bare_kernels: bool = True) -> None:
         self.backend = backend
         self.tmp = tmp
+        self.config_dir = config_dir
+        self.bare_kernels = bare_kernels
         self.app: KernelmodeApp | None = None
         self.sid = ""
         self.bare_kernel_id = ""
+        self.v1_kernel_id = ""
         self.ws: WsKernel | None = None
+        self.ws_v1: WsKernelV1 | None = None
 
     async def start(self) -> None:
         settings = Settings()
@@ -129,10 +242,14 @@ class InProcessApp:
         settings.server.token = secrets.token_urlsafe(16)
         settings.server.data_dir = self.tmp
         settings.sandbox.backend = self.backend  # type: ignore[assignment]
+        if self.config_dir is not None:
+            settings.gateway.config_dir = self.config_dir
         self.app = KernelmodeApp(settings)
         await self.app.start()
         info = await self.app.sessions.create(SessionCreate())
         self.sid = info.session_id
+        if not self.bare_kernels:
+            return
         # A bare kernel with a session's parameters, for the raw websocket path.
         workspace = self.app.sessions.workspaces / "kmbench-raw"
         workspace.mkdir(mode=0o700)
@@ -140,8 +257,18 @@ class InProcessApp:
                               session_id="kmbench-raw")
         assert self.app.gateway is not None and self.app.gateway_process is not None
         self.bare_kernel_id = await self.app.gateway.start_kernel(params.to_env(), 60)
-        self.ws = await WsKernel.open(self.app.gateway_process.url, self.app.gateway_process.token,
-                                      self.bare_kernel_id)
+        gw = self.app.gateway_process
+        self.ws = await WsKernel.open(gw.url, gw.token, self.bare_kernel_id)
+        if self.backend != "bwrap":
+            return
+        # A second bare kernel for the v1 protocol (one connection per kernel: a kernel's
+        # iopub messages go to every websocket connected to it).
+        workspace = self.app.sessions.workspaces / "kmbench-v1"
+        workspace.mkdir(mode=0o700)
+        params = KernelParams(workspace=workspace, limits=settings.sandbox.limits,
+                              session_id="kmbench-v1")
+        self.v1_kernel_id = await self.app.gateway.start_kernel(params.to_env(), 60)
+        self.ws_v1 = await WsKernelV1.open(gw.url, gw.token, self.v1_kernel_id)
 
     @property
     def gateway_pid(self) -> int:
@@ -157,6 +284,10 @@ class InProcessApp:
         assert self.ws is not None
         return await self.ws.roundtrip()
 
+    async def ws_v1_roundtrip(self) -> float:
+        assert self.ws_v1 is not None
+        return await self.ws_v1.roundtrip()
+
     async def manager_roundtrip(self) -> float:
         assert self.app is not None
         t0 = time.perf_counter_ns()
@@ -167,12 +298,14 @@ class InProcessApp:
         return elapsed
 
     async def stop(self) -> None:
-        if self.ws is not None:
-            await self.ws.close()
+        for ws in (self.ws, self.ws_v1):
+            if ws is not None:
+                await ws.close()
         if self.app is not None:
-            if self.bare_kernel_id and self.app.gateway is not None:
-                with contextlib.suppress(Exception):
-                    await self.app.gateway.shutdown_kernel(self.bare_kernel_id)
+            for kid in (self.bare_kernel_id, self.v1_kernel_id):
+                if kid and self.app.gateway is not None:
+                    with contextlib.suppress(Exception):
+                        await self.app.gateway.shutdown_kernel(kid)
             with contextlib.suppress(Exception):
                 await self.app.sessions.delete(self.sid)
             await self.app.stop()
@@ -191,10 +324,100 @@ def rest_get(rest: RestSession) -> Callable[[], Awaitable[float]]:
     return get
 
 
-# -- main --------------------------------------------------------------------------------------------
+class RawHttp:
+    """The same POST as `rest`, with the standard library's http.client (a lighter client)."""
+
+    def __init__(self, rest: RestSession) -> None:
+        assert rest.server is not None
+        host, port = rest.server.url.removeprefix("http://").rsplit(":", 1)
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        self.conn.connect()
+        assert self.conn.sock is not None
+        self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.path = f"/v1/sessions/{rest.sid}/execute"
+        self.headers = {"Authorization": f"Bearer {rest.server.token}",
+                        "Content-Type": "application/json"}
+        self.body = json.dumps({"code": CODE}).encode()
+
+    async def roundtrip(self) -> float:
+        t0 = time.perf_counter_ns()
+        self.conn.request("POST", self.path, body=self.body, headers=self.headers)
+        resp = self.conn.getresponse()
+        data = resp.read()
+        elapsed = now_ms(t0)
+        if resp.status != 200 or json.loads(data).get("result") != EXPECTED:
+            raise RuntimeError(f"http.client POST: {resp.status} {data[:300]!r}")
+        return elapsed
+
+    def close(self) -> None:
+        self.conn.close()
 
 
-PATHS = ("direct", "ws_none", "ws_bwrap", "manager", "rest", "rest_get")
+# -- profiling -----------------------------------------------------------------------------------
+
+GATEWAY_PROFILER = """
+# --- added by bench/profile_rest.py: SIGUSR1 starts cProfile in this gateway, the next SIGUSR1
+# stops it and writes $HOME/gateway.prof ---
+import cProfile as _cProfile, os as _os, signal as _signal
+_kmbench = {"prof": None}
+def _kmbench_toggle(signum, frame):
+    if _kmbench["prof"] is None:
+        _kmbench["prof"] = _cProfile.Profile()
+        _kmbench["prof"].enable()
+    else:
+        _kmbench["prof"].disable()
+        _kmbench["prof"].dump_stats(_os.environ["HOME"] + "/gateway.prof.tmp")
+        _os.rename(_os.environ["HOME"] + "/gateway.prof.tmp", _os.environ["HOME"] + "/gateway.prof")
+        _kmbench["prof"] = None
+_signal.signal(_signal.SIGUSR1, _kmbench_toggle)
+# ---
+"""
+
+
+def profiled_gateway_config(dest: Path) -> Path:
+    """A copy of gateway-config/ whose gateway runs under cProfile (the repo is not touched)."""
+    shutil.copytree(REPO / "gateway-config", dest)
+    cfg = dest / "kernel_gateway_config.py"
+    cfg.write_text(GATEWAY_PROFILER + cfg.read_text())
+    return dest
+
+
+def profile_rows(st: pstats.Stats, n_exec: int, pattern: str, limit: int) -> list[list[str]]:
+    """The functions matching ``pattern`` with the most cumulative time, per execution."""
+    rows = []
+    raw: dict[Any, Any] = st.stats  # type: ignore[attr-defined]
+    for (file, line, func), (_cc, nc, tt, ct, _callers) in raw.items():
+        where = f"{file}:{line}({func})"
+        if re.search(pattern, where) is None:
+            continue
+        short = re.sub(r".*/site-packages/|.*/work/main/|.*/lib/python3\.\d+/", "", where)
+        rows.append((ct, [short, f"{nc / n_exec:.1f}", f"{tt / n_exec * 1e3:.3f}",
+                          f"{ct / n_exec * 1e3:.3f}"]))
+    rows.sort(key=lambda r: -r[0])
+    return [r for _, r in rows[:limit]]
+
+
+def md_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+PATHS = ("direct", "ws_none", "ws_bwrap", "ws_bwrap_v1", "manager", "rest", "rest_stdlib",
+         "rest_get")
+CHAIN = ("direct", "ws_none", "ws_bwrap", "manager", "rest")  # each adds one thing to the last
+ROLES = ("client", "manager", "gateway", "kernel")
+DESCRIPTIONS = {
+    "direct": "jupyter_client -> ipykernel, unsandboxed (the floor)",
+    "ws_none": "raw websocket -> kernelmode's gateway -> unsandboxed kernel (+ gateway hop)",
+    "ws_bwrap": "raw websocket -> kernelmode's gateway -> bwrap kernel (+ sandbox)",
+    "ws_bwrap_v1": "as ws_bwrap, binary v1 websocket subprotocol (not in the chain)",
+    "manager": "SessionManager.execute() in-process (+ manager's own work)",
+    "rest": "POST /execute on `kernelmode serve` (+ HTTP hop, separate process)",
+    "rest_stdlib": "as rest, with http.client instead of httpx as the client (not in the chain)",
+    "rest_get": "GET /v1/sessions/{id} with httpx: HTTP + auth + JSON only (not in the chain)",
+}
 
 
 def setup_tmp() -> Path:
@@ -216,6 +439,7 @@ async def run(args: argparse.Namespace) -> None:
     app_none = InProcessApp("none", tmp / "app-none")
     app_bwrap = InProcessApp("bwrap", tmp / "app-bwrap")
     rest = RestSession()
+    md: list[str] = []
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, True)
         stack.callback(lambda: tmp.with_suffix(".log").unlink(missing_ok=True))
@@ -243,15 +467,21 @@ async def run(args: argparse.Namespace) -> None:
                         "kernel": kernel_pid(app_none.gateway_pid, app_none.bare_kernel_id)},
             "ws_bwrap": {"client": me, "gateway": app_bwrap.gateway_pid,
                          "kernel": kernel_pid(app_bwrap.gateway_pid, app_bwrap.bare_kernel_id)},
+            "ws_bwrap_v1": {"client": me, "gateway": app_bwrap.gateway_pid,
+                            "kernel": kernel_pid(app_bwrap.gateway_pid, app_bwrap.v1_kernel_id)},
             "manager": {"client": me, "gateway": app_bwrap.gateway_pid,
                         "kernel": kernel_pid(app_bwrap.gateway_pid, app_bwrap.session_kernel_id())},
             "rest": {"client": me, "manager": srv, "gateway": srv_gw, "kernel": srv_kernel},
+            "rest_stdlib": {"client": me, "manager": srv, "gateway": srv_gw, "kernel": srv_kernel},
             "rest_get": {"client": me, "manager": srv},
         }
+        raw_http = RawHttp(rest)
+        stack.callback(raw_http.close)
         paths: dict[str, Callable[[], Awaitable[float]]] = {
             "direct": direct.roundtrip, "ws_none": app_none.ws_roundtrip,
-            "ws_bwrap": app_bwrap.ws_roundtrip, "manager": app_bwrap.manager_roundtrip,
-            "rest": rest.roundtrip, "rest_get": rest_get(rest),
+            "ws_bwrap": app_bwrap.ws_roundtrip, "ws_bwrap_v1": app_bwrap.ws_v1_roundtrip,
+            "manager": app_bwrap.manager_roundtrip, "rest": rest.roundtrip,
+            "rest_stdlib": raw_http.roundtrip, "rest_get": rest_get(rest),
         }
         print(f"warming up ({args.warmup} each) ...", flush=True)
         for _ in range(args.warmup):
@@ -272,38 +502,108 @@ async def run(args: argparse.Namespace) -> None:
                 for r, pid in roles[name].items():
                     cpu[name][r] += cpu_ns(pid) - before[r]
 
-        print()
-        cols = ["client", "manager", "gateway", "kernel"]
-        head = f"{'path':<9} {'N':>4} {'median':>8} {'p95':>8} {'min':>8} {'+median':>8}   CPU ms/request: " \
-            + " ".join(f"{c:>8}" for c in cols) + f" {'total':>8}"
-        print(head)
-        print("-" * len(head))
+        head = ["path", "N", "median", "p95", "min", "+median", *(f"CPU {r}" for r in ROLES),
+                "CPU total"]
+        rows = []
         prev = None
         for name in PATHS:
-            s = stats[name]
-            delta = "" if prev is None or name == "rest_get" else f"{s.median - prev:+.3f}"
-            if name != "rest_get":
-                prev = s.median
-            per = {r: v / 1e6 / s.n for r, v in cpu[name].items()}
-            cells = " ".join(f"{per[c]:8.3f}" if c in per else f"{'-':>8}" for c in cols)
-            print(f"{name:<9} {s.n:>4} {s.median:8.3f} {s.pct(95):8.3f} {min(s.samples):8.3f} "
-                  f"{delta:>8}   {'':16}{cells} {sum(per.values()):8.3f}")
-        print("\n(ms; '+median' = added to the previous line's median; for ws_*/manager the "
-              "'client' column is this process, which for 'manager' runs the SessionManager too)")
+            st = stats[name]
+            delta = ""
+            if name in CHAIN:
+                delta = "" if prev is None else f"{st.median - prev:+.3f}"
+                prev = st.median
+            per = {r: v / 1e6 / st.n for r, v in cpu[name].items()}
+            rows.append([name, str(st.n), f"{st.median:.3f}", f"{st.pct(95):.3f}",
+                         f"{min(st.samples):.3f}", delta,
+                         *(f"{per[r]:.3f}" if r in per else "-" for r in ROLES),
+                         f"{sum(per.values()):.3f}"])
+        widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+        fmt = "  ".join(f"{{:{'<' if i == 0 else '>'}{w}}}" for i, w in enumerate(widths))
+        print()
+        print(fmt.format(*head))
+        print(fmt.format(*("-" * w for w in widths)))
+        for row in rows:
+            print(fmt.format(*row))
+        print("\n(all ms; latency per request, CPU per request per process; '+median' = added to the"
+              " previous chain step; for in-process paths 'client' is this process, which for"
+              " 'manager' also runs the SessionManager)")
+        md += ["## Latency and CPU per request", "",
+               md_table(head, rows), "",
+               "\n".join(f"- `{k}`: {v}" for k, v in DESCRIPTIONS.items()), ""]
 
         if args.cprofile:
-            n = args.samples
+            n_exec = args.samples
             prof = cProfile.Profile()
             prof.enable()
-            for _ in range(n):
+            for _ in range(n_exec):
                 await app_bwrap.manager_roundtrip()
             prof.disable()
-            buf = io.StringIO()
-            st = pstats.Stats(prof, stream=buf)
-            st.sort_stats("tottime").print_stats(30)
-            st.sort_stats("cumulative").print_stats(45)
-            print(f"\ncProfile of {n} SessionManager.execute() calls (this process only):")
-            print(buf.getvalue())
+            mst = pstats.Stats(prof, stream=io.StringIO())
+            mrows = profile_rows(mst, n_exec, r"kernelmode/|websockets/|sqlite3|logging/|pydantic|"
+                                 r"json/|asyncio/tasks", 25)
+            print(f"\ncProfile, this process, {n_exec} SessionManager.execute() calls "
+                  "(ms per execute, inflated by the profiler):")
+            for row in mrows:
+                print(f"  {row[3]:>7} cum {row[2]:>7} self {row[1]:>5} calls  {row[0]}")
+            md += [f"## cProfile: the manager ({n_exec} in-process `SessionManager.execute()`)", "",
+                   "Per execute, in ms (cProfile roughly doubles Python's costs: compare shares, "
+                   "not absolute values).", "",
+                   md_table(["function", "calls", "self ms", "cumulative ms"], mrows), ""]
+
+            print("\nstarting a gateway under cProfile ...", flush=True)
+            gw_dir = tmp / "app-gwprof"
+            app_prof = InProcessApp("bwrap", gw_dir, profiled_gateway_config(tmp / "gwcfg"),
+                                    bare_kernels=False)
+            prof_file = gw_dir / "gateway" / "gateway.prof"
+            try:
+                await app_prof.start()
+                for _ in range(args.warmup):
+                    await app_prof.manager_roundtrip()
+                os.kill(app_prof.gateway_pid, signal.SIGUSR1)  # start profiling
+                await asyncio.sleep(0.2)
+                for _ in range(n_exec):
+                    await app_prof.manager_roundtrip()
+                os.kill(app_prof.gateway_pid, signal.SIGUSR1)  # stop and write
+                for _ in range(100):
+                    if prof_file.exists():
+                        break
+                    await asyncio.sleep(0.1)
+                gst = pstats.Stats(str(prof_file), stream=io.StringIO())
+            finally:
+                await app_prof.stop()
+            grows = profile_rows(gst, n_exec, r"jupyter_client/|jupyter_server/|tornado/websocket|"
+                                 r"tornado/iostream|zmq/eventloop|dateutil|json/__init__|kernelmode/", 30)
+            print(f"\ncProfile, kernelmode's gateway process, {n_exec} executions through the manager"
+                  " (ms per execute, inflated by the profiler):")
+            for row in grows:
+                print(f"  {row[3]:>7} cum {row[2]:>7} self {row[1]:>5} calls  {row[0]}")
+            md += [f"## cProfile: kernelmode's Kernel Gateway ({n_exec} executions through the manager)",
+                   "", "Per execute, in ms, the whole gateway process while the manager ran them "
+                   "(profiling switched on and off by SIGUSR1; cProfile inflation as above).", "",
+                   md_table(["function", "calls", "self ms", "cumulative ms"], grows), ""]
+
+    if not args.no_write:
+        out = REPO / "bench" / "PROFILE.md"
+        out.write_text("\n".join([
+            "# Where the REST round trip's time goes",
+            "",
+            f"Generated by `bench/profile_rest.py {' '.join(sys.argv[1:])}` on "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}; see bench/RESULTS.md for the headline "
+            "numbers and the machine. Warm `1+1`, interleaved round-robin; CPU time per request "
+            "from /proc/<pid>/task/*/schedstat (all threads of each process).",
+            "",
+            "How to read it: each line of the chain `direct -> ws_none -> ws_bwrap -> manager -> rest`"
+            " adds one thing to the line before it; `+median` is what that thing adds to the median."
+            " The CPU columns show where the work is: the hops are Python processes handing each"
+            " message on, so on a machine with few CPUs their CPU time, more than the network,"
+            " makes the latency. `ws_bwrap_v1`, `rest_stdlib` and `rest_get` are side measurements:"
+            " the gateway hop with the binary v1 websocket subprotocol (the gateway then forwards"
+            " message parts without decoding and re-encoding them), the REST call with a lighter"
+            " HTTP client than httpx, and the bare cost of an HTTP request to the server.",
+            "",
+            *md,
+        ]))
+        print(f"\nwrote {out.relative_to(REPO)}")
 
 
 def main() -> int:
@@ -311,7 +611,9 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=300)
     p.add_argument("--batch", type=int, default=10)
     p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--cprofile", action="store_true", help="then profile the manager path")
+    p.add_argument("--cprofile", action="store_true",
+                   help="then profile the manager (in-process) and a gateway (under cProfile)")
+    p.add_argument("--no-write", action="store_true", help="do not write bench/PROFILE.md")
     args = p.parse_args()
     try:
         asyncio.run(run(args))

@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import http.client
 import json
 import os
 import platform
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import websockets
@@ -63,7 +65,7 @@ KERNEL_PYTHON = REPO / ".kernel-venv" / "bin" / "python"
 CODE = "1+1"
 EXPECTED = "2"
 GOAL = 1.3  # the project's goal: REST median <= 1.3x the direct round trip
-PATHS = ("direct", "rest", "stock_kg")
+PATHS = ("direct", "rest", "rest_httpx", "stock_kg")
 MSG_TIMEOUT = 30.0
 
 
@@ -164,6 +166,7 @@ class RestSession:
     def __init__(self) -> None:
         self.server: Server | None = None
         self.client: httpx.Client | None = None
+        self.conn: http.client.HTTPConnection | None = None
         self.sid: str | None = None
         self.ready: dict[str, Any] = {}
         self.session_sandbox = ""
@@ -185,6 +188,26 @@ class RestSession:
         self._path = f"/v1/sessions/{self.sid}/execute"
 
     async def roundtrip(self) -> float:
+        """The REST call through a lean keep-alive client (the standard library's http.client)."""
+        if self.conn is None:
+            assert self.server is not None
+            u = urlsplit(self.server.url)
+            self.conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=60)
+        assert self.server is not None
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.server.token}"}
+        t0 = time.perf_counter_ns()
+        self.conn.request("POST", self._path, body=self._body, headers=headers)
+        resp = self.conn.getresponse()
+        data = resp.read()
+        elapsed = now_ms(t0)
+        if resp.status != 200:
+            raise RuntimeError(f"POST {self._path}: {resp.status} {data[:500]!r}")
+        body = json.loads(data)
+        if body.get("status") != "ok" or body.get("result") != EXPECTED:
+            raise RuntimeError(f"kernelmode answered {body!r}")
+        return elapsed
+
+    async def roundtrip_httpx(self) -> float:
         # A blocking call on purpose: nothing else needs the event loop while it runs.
         assert self.client is not None
         t0 = time.perf_counter_ns()
@@ -199,6 +222,8 @@ class RestSession:
         return elapsed
 
     async def stop(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
         if self.client is not None:
             if self.sid is not None:
                 with contextlib.suppress(Exception):
@@ -490,14 +515,15 @@ def machine_info(rest: RestSession) -> dict[str, str]:
 
 
 def summary_line(stats: dict[str, Stats]) -> str:
-    d, r, k = (stats[p].median for p in PATHS)
-    return (f"SUMMARY rest/direct={r / d:.2f}x stock_kg/direct={k / d:.1f}x "
-            f"(median ms: direct={d:.3f} rest={r:.3f} stock_kg={k:.3f})")
+    d, r, h, k = (stats[p].median for p in PATHS)
+    return (f"SUMMARY rest/direct={r / d:.2f}x rest_httpx/direct={h / d:.2f}x "
+            f"stock_kg/direct={k / d:.1f}x "
+            f"(median ms: direct={d:.3f} rest={r:.3f} rest_httpx={h:.3f} stock_kg={k:.3f})")
 
 
 def write_markdown(path: Path, stats: dict[str, Stats], info: dict[str, str],
                    args: argparse.Namespace, wall_s: float) -> None:
-    d, r, k = (stats[p].median for p in PATHS)
+    d, r, h, k = (stats[p].median for p in PATHS)
     ratio = r / d
     verdict = ("**met**" if ratio <= GOAL else "**not met**")
     machine = "\n".join(f"| {key} | {val} |" for key, val in info.items())
@@ -513,6 +539,8 @@ warm-up runs per path; wall time {wall_s:.0f} s.
 
 - **REST / direct (median): {ratio:.2f}x** — the project's goal is REST median <= {GOAL}x the direct
   round trip: {verdict} ({r - d:.3f} ms added per call on top of {d:.3f} ms).
+- the same REST call through httpx instead of http.client: {h / d:.2f}x (httpx spends ~0.5 ms
+  more CPU per request in the client; see bench/PROFILE.md).
 - stock Kernel Gateway / direct (median): {k / d:.1f}x.
 
 `{summary_line(stats)}`
@@ -531,7 +559,9 @@ the moment the last required message has arrived:
   arrived (and the `execute_result` is `'2'`). No gateway, no sandbox, no HTTP.
 - **rest** — `POST /v1/sessions/{{id}}/execute {{"code": "1+1"}}` on a real `kernelmode serve`
   (started by `tests.conftest.start_server`, sandbox backend bwrap), through one persistent
-  keep-alive `httpx.Client`; timed until the whole JSON response is read (status 200,
+  keep-alive `http.client.HTTPConnection` (a lean client, so that the figure is the service's
+  cost rather than the client library's); `rest_httpx` is the same through a keep-alive
+  `httpx.Client`. Timed until the whole JSON response is read (status 200,
   `result == '2'`). The server itself answers only after execute_reply + idle, so this is the direct
   round trip plus: HTTP request parsing/auth/validation, the session manager (lock, output
   collection, the SQLite run record), the manager -> gateway websocket (Nagle disabled by
@@ -543,7 +573,7 @@ the moment the last required message has arrived:
   tornado websocket leaves Nagle's algorithm on, so a request answered by several messages waits
   for the client's delayed ACK (~40 ms on Linux) — the pitfall kernelmode's gateway extension fixes.
 
-The three paths run in one process, one after the other, round-robin in batches of {args.batch}
+The paths run in one process, one after the other, round-robin in batches of {args.batch}
 samples with the order of the paths rotated each round, so that load and frequency changes on the
 machine fall on all paths alike. Percentiles are linear interpolation between closest ranks.
 
@@ -585,7 +615,8 @@ async def run(args: argparse.Namespace) -> int:
         await asyncio.gather(direct.start(), stock.start())
         await rest.start()
         paths: dict[str, Callable[[], Awaitable[float]]] = {
-            "direct": direct.roundtrip, "rest": rest.roundtrip, "stock_kg": stock.roundtrip,
+            "direct": direct.roundtrip, "rest": rest.roundtrip, "rest_httpx": rest.roundtrip_httpx,
+            "stock_kg": stock.roundtrip,
         }
         print(f"warming up ({args.warmup} runs each) ...", flush=True)
         for _ in range(args.warmup):
@@ -596,7 +627,8 @@ async def run(args: argparse.Namespace) -> int:
         rounds = -(-args.samples // args.batch)
         print(f"measuring: {args.samples} samples each, {rounds} rounds of {args.batch} ...", flush=True)
         for rnd in range(rounds):
-            order = PATHS[rnd % 3:] + PATHS[:rnd % 3]
+            k = rnd % len(PATHS)
+            order = PATHS[k:] + PATHS[:k]
             n = min(args.batch, args.samples - rnd * args.batch)
             for name in order:
                 fn, out = paths[name], stats[name].samples

@@ -92,6 +92,7 @@ def server() -> Iterator[Server]:
     yield srv
     srv.stop()
     shutil.rmtree(srv.data_dir, ignore_errors=True)
+    srv.log_path.unlink(missing_ok=True)
 
 
 @pytest.fixture()

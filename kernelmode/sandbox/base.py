@@ -8,7 +8,6 @@ host uid) is kept in a registry keyed by kernel id.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,9 @@ from .spec import KernelParams, cause_from_exit, write_death_record
 
 log = logging.getLogger("kernelmode.sandbox")
 
-# Environment variables a kernel gets; nothing else of the gateway's or manager's environment.
-def kernel_environment(path: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {
+def kernel_environment(path: str) -> dict[str, str]:
+    """The whole environment of a kernel: nothing of the gateway's or the manager's."""
+    return {
         "PATH": path,
         "HOME": "/tmp",
         "LANG": "C.UTF-8",
@@ -34,19 +33,17 @@ def kernel_environment(path: str, extra: dict[str, str] | None = None) -> dict[s
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         "TERM": "xterm-256color",
     }
-    env.update(extra or {})
-    return env
 
 
 class KernelmodeProvisioner(LocalProvisioner):
     """A LocalProvisioner that knows kernelmode's per-kernel parameters."""
 
     runtime_dir = Unicode(
-        os.environ.get("KERNELMODE_RUNTIME_DIR", ""), config=True,
+        "", config=True,
         help="Parent of the per-kernel directories (connection file, ipc sockets).",
     )
     state_dir = Unicode(
-        os.environ.get("KERNELMODE_STATE_DIR", ""), config=True,
+        "", config=True,
         help="Where death records are written for the manager.",
     )
     default_limits = Unicode("{}", config=True, help="JSON of the default Limits.")

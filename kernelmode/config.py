@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from .errors import ConfigError
@@ -70,11 +70,49 @@ class GatewaySettings(_Section):
     poll_interval_seconds: float = Field(0.5, gt=0)
 
 
+class ToolSettings(_Section):
+    """A Python callable of the manager's environment, callable from kernels as tools.NAME."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    function: str = Field(description="'package.module:callable'", pattern=r"^[\w.]+:[\w.]+$")
+    description: str | None = None
+
+
+class McpServerSettings(_Section):
+    """An upstream MCP server whose tools kernels call as tools.NAME.TOOL: stdio or HTTP."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    connect_timeout_seconds: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerSettings:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give either 'command' (stdio) or 'url' (streamable HTTP), not both")
+        return self
+
+
+class ToolBrokerSettings(_Section):
+    call_timeout_seconds: float = Field(30.0, gt=0)
+    rate_per_second: float = Field(200.0, gt=0, description="Per-session tool calls per second.")
+    rate_burst: int = Field(1000, ge=1)
+    max_argument_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_result_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+
+
 class Settings(_Section):
     server: ServerSettings = Field(default_factory=ServerSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     sessions: SessionSettings = Field(default_factory=SessionSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    tools: list[ToolSettings] = Field(default_factory=list)
+    mcp_servers: list[McpServerSettings] = Field(default_factory=list)
+    tool_calls: ToolBrokerSettings = Field(default_factory=ToolBrokerSettings)
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -1,0 +1,36 @@
+"""What every host tool is: a spec the kernel and the model can read, and an async call."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pydantic import BaseModel, Field
+
+
+class ToolInfo(BaseModel):
+    """A tool as listed by ``GET /v1/tools`` and sent to kernels (``tools.help()``)."""
+
+    name: str = Field(description="Full name: 'add', or 'server.tool' for an upstream MCP server's tool.")
+    namespace: str | None = Field(None, description="The upstream MCP server's name, if any.")
+    description: str = ""
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}},
+        description="JSON Schema of the keyword arguments.",
+    )
+    signature: str = Field("", description="Python signature, e.g. 'add(a: int, b: int = 0)'.")
+
+
+class ToolFailed(Exception):
+    """A tool could not give a result; the message is shown to kernel code as ToolError."""
+
+
+class Tool(Protocol):
+    info: ToolInfo
+
+    async def call(self, arguments: dict[str, Any], timeout: float) -> Any:
+        """Run the tool with keyword ``arguments``; return plain JSON-able data.
+
+        Raises ToolFailed (with a message fit for the caller) on any failure, including the
+        timeout.
+        """
+        ...

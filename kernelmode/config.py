@@ -103,6 +103,7 @@ class ToolBrokerSettings(_Section):
     rate_burst: int = Field(1000, ge=1)
     max_argument_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_result_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_recorded_calls: int = Field(1000, ge=1, description="Calls listed in one RunResult.")
 
 
 class Settings(_Section):

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .tools.base import ToolInfo
+
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
 RunStatus = Literal["ok", "error", "timeout", "kernel_died", "running", "interrupted"]
@@ -52,6 +54,11 @@ class SessionCreate(_Strict):
         None, ge=10, le=30 * 24 * 3600, description="Idle time after which the session is reaped."
     )
     limits: LimitsPatch | None = None
+    tools: list[str] | None = Field(
+        None, max_length=1000,
+        description="Allow-list of host tools (names, or MCP server names for all their tools); "
+        "default: all.",
+    )
 
 
 class SessionInfo(BaseModel):
@@ -64,6 +71,7 @@ class SessionInfo(BaseModel):
     limits: Limits
     execution_count: int = 0
     sandbox: str = Field(description="Sandbox backend of the kernel (bwrap or none).")
+    tools: list[str] | None = Field(None, description="Tool allow-list (None: all tools).")
 
 
 class SessionList(BaseModel):
@@ -93,6 +101,17 @@ class DeathCause(BaseModel):
     signal: int | None = None
 
 
+class ToolCall(BaseModel):
+    """One host-tool call made by kernel code during a run."""
+
+    tool: str
+    ok: bool
+    error: str | None = None
+    duration_ms: float
+    bytes_in: int = Field(description="Size of the request (arguments).")
+    bytes_out: int = Field(description="Size of the reply (result or error).")
+
+
 class RunResult(BaseModel):
     run_id: str
     session_id: str
@@ -111,6 +130,8 @@ class RunResult(BaseModel):
         False, description="The kernel was restarted (timeout, death): variables are gone."
     )
     cause: DeathCause | None = Field(None, description="Why the kernel died (status kernel_died).")
+    tool_calls: list[ToolCall] = Field(default_factory=list, description="Host tools the code called.")
+    tool_calls_truncated: bool = Field(False, description="More calls were made than are listed.")
 
 
 class ErrorDetail(BaseModel):
@@ -126,3 +147,7 @@ class ErrorBody(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "unavailable"]
     checks: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolList(BaseModel):
+    tools: list[ToolInfo]

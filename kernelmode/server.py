@@ -22,6 +22,8 @@ from .sandbox import cgroups
 from .sandbox.kernelspec import check_bwrap, install_kernelspec
 from .sessions import SessionManager
 from .sessions.store import SessionStore
+from .tools.broker import ToolBroker
+from .tools.registry import ToolRegistry
 
 log = logging.getLogger("kernelmode")
 
@@ -29,8 +31,11 @@ log = logging.getLogger("kernelmode")
 class KernelmodeApp:
     """One running service: what `kernelmode serve` starts and stops."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tools: ToolRegistry | None = None) -> None:
+        """``tools``: a registry with the host application's own callables (library mode); the
+        tools and MCP servers of the settings are added to it."""
         self.settings = settings
+        self.tools = tools if tools is not None else ToolRegistry()
         self.token = settings.server.token or secrets.token_urlsafe(24)
         self.token_generated = settings.server.token is None
         self.data_dir = settings.server.data_dir.resolve()
@@ -69,6 +74,7 @@ class KernelmodeApp:
 
     async def start(self) -> None:
         s = self.settings
+        self.tools.add_from_settings(s.tools, s.mcp_servers)  # a bad tool fails before anything runs
         dirs = self._prepare_dirs()
         self._check_sandbox()
         install_kernelspec(dirs["kernels"], s.sandbox.backend, s.sandbox.kernel_python,
@@ -98,8 +104,9 @@ class KernelmodeApp:
         self.gateway = GatewayClient(self.gateway_process.url, self.gateway_process.token,
                                      request_timeout=s.sessions.kernel_start_timeout_seconds + 10)
         self.store = SessionStore(self.data_dir / "sessions.sqlite3")
+        await self.tools.start()
         self.sessions = SessionManager(s, self.gateway, self.store, self.data_dir, dirs["state"],
-                                       s.sandbox.backend)
+                                       s.sandbox.backend, ToolBroker(self.tools, s.tool_calls))
         await self.sessions.start()
         app = web.Application(routes, kernelmode=self, default_handler_class=NotFoundHandler)
         self.http = httpserver.HTTPServer(app, max_body_size=s.server.max_body_bytes, xheaders=False)
@@ -129,13 +136,14 @@ class KernelmodeApp:
             await self.sessions.stop()
         if self.gateway_process is not None:
             await self.gateway_process.stop()
+        await self.tools.stop()
         if self.store is not None:
             self.store.close()
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, tools: ToolRegistry | None = None) -> int:
     """Run until SIGINT/SIGTERM; everything started is stopped before returning."""
-    app = KernelmodeApp(settings)
+    app = KernelmodeApp(settings, tools)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

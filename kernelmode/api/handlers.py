@@ -12,7 +12,14 @@ from pydantic import ValidationError as PydanticValidationError
 from tornado import web
 
 from ..errors import BadJSON, KernelmodeError, SessionNotFound, Unauthorized, ValidationError
-from ..models import SESSION_ID_PATTERN, ExecuteRequest, Health, SessionCreate, SessionList
+from ..models import (
+    SESSION_ID_PATTERN,
+    ExecuteRequest,
+    Health,
+    SessionCreate,
+    SessionList,
+    ToolList,
+)
 from .openapi import openapi_document
 
 log = logging.getLogger("kernelmode.api")
@@ -146,6 +153,11 @@ class RestartHandler(BaseHandler):
         self.send(await self.app.sessions.restart(session_id))
 
 
+class ToolsHandler(BaseHandler):
+    async def get(self) -> None:
+        self.send(ToolList(tools=self.app.tools.infos()))
+
+
 class NotFoundHandler(BaseHandler):
     def prepare(self) -> None:
         super().prepare()
@@ -159,6 +171,7 @@ routes = [
     (r"/healthz", HealthHandler),
     (r"/readyz", ReadyHandler),
     (r"/openapi.json", OpenAPIHandler),
+    (r"/v1/tools", ToolsHandler),
     (r"/v1/sessions", SessionsHandler),
     (rf"/v1/sessions/({SID})", SessionHandler),
     (rf"/v1/sessions/({SID})/execute", ExecuteHandler),

@@ -17,9 +17,10 @@ from ..models import (
     SessionCreate,
     SessionInfo,
     SessionList,
+    ToolList,
 )
 
-_MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health]
+_MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health, ToolList]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -48,6 +49,8 @@ def openapi_document() -> dict[str, Any]:
         "/healthz": {"get": {"summary": "Liveness", "security": [], "responses": {"200": _json("Health", "Up")}}},
         "/readyz": {"get": {"summary": "Readiness (gateway up, sandbox usable)", "security": [],
                             "responses": {"200": _json("Health", "Ready"), "503": _json("Health", "Not ready")}}},
+        "/v1/tools": {"get": {"summary": "Host tools callable from kernel code as tools.NAME(...)",
+                              "responses": {"200": _json("ToolList", "Tools"), **_errors(401)}}},
         "/v1/sessions": {
             "get": {"summary": "List sessions", "responses": {"200": _json("SessionList", "Sessions"), **_errors(401)}},
             "post": {"summary": "Create a session", "requestBody": body("SessionCreate"),

@@ -191,13 +191,15 @@ class KernelConnection:
         for queue in self._listeners.values():
             queue.put_nowait(event)
 
-    async def send(self, channel: str, msg_type: str, content: dict[str, Any]) -> asyncio.Queue[dict[str, Any]]:
+    async def send(self, channel: str, msg_type: str, content: dict[str, Any],
+                   expect_reply: bool = True) -> asyncio.Queue[dict[str, Any]]:
         """Send a request; the returned queue receives every message that answers it."""
         if not self.is_open or self._ws is None:
             raise KernelUnavailable(f"the websocket of kernel {self.kernel_id} is closed")
         msg = self._session.msg(msg_type, content)
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._listeners[msg["header"]["msg_id"]] = queue
+        if expect_reply:
+            self._listeners[msg["header"]["msg_id"]] = queue
         if self._binary:
             frame: str | bytes = serialize_msg_to_ws_v1(msg, channel, _pack)
         else:

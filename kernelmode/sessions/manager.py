@@ -14,6 +14,7 @@ import logging
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -31,8 +32,18 @@ from ..errors import (
 )
 from ..gateway.client import KERNEL_DEAD, GatewayClient, KernelConnection
 from ..gateway.execution import OutputCollector
-from ..models import DeathCause, RunError, RunResult, RunStatus, SessionCreate, SessionInfo
+from ..kernel.preamble import MARKER, boot_code
+from ..models import (
+    DeathCause,
+    RunError,
+    RunResult,
+    RunStatus,
+    SessionCreate,
+    SessionInfo,
+    ToolCall,
+)
 from ..sandbox.spec import KernelParams, pop_death_record
+from ..tools.broker import ToolBroker
 from .store import SessionStore
 
 log = logging.getLogger("kernelmode.sessions")
@@ -60,6 +71,7 @@ class LiveSession:
     kernel_state: str = "alive"  # alive | restarting | dead (from the gateway)
     pending_cause: DeathCause | None = None
     closed: bool = False  # deleted: a run in progress must not wait for its kernel
+    tools_installed: str | None = None  # the tool specs (JSON) the kernel's preamble holds
 
     def touch(self) -> None:
         now = _now()
@@ -69,8 +81,9 @@ class LiveSession:
 
 class SessionManager:
     def __init__(self, settings: Settings, gateway: GatewayClient, store: SessionStore, data_dir: Path,
-                 state_dir: Path, sandbox: str) -> None:
+                 state_dir: Path, sandbox: str, broker: ToolBroker) -> None:
         self.settings = settings
+        self.broker = broker
         self.gateway = gateway
         self.store = store
         self.workspaces = data_dir / "workspaces"
@@ -139,6 +152,7 @@ class SessionManager:
                 f"the server holds its maximum of {self.settings.sessions.max_sessions} sessions; "
                 "delete one or wait for idle sessions to expire"
             )
+        self.broker.registry.check_allow_list(req.tools)
         base = self.settings.sandbox.limits
         limits = req.limits.apply(base) if req.limits else base
         ttl = req.ttl_seconds or self.settings.sessions.ttl_seconds
@@ -156,7 +170,7 @@ class SessionManager:
             info = SessionInfo(
                 session_id=sid, status="idle", created_at=now, last_activity=now,
                 expires_at=now + timedelta(seconds=ttl), ttl_seconds=ttl, limits=limits,
-                sandbox=self.sandbox,
+                sandbox=self.sandbox, tools=req.tools,
             )
             s = LiveSession(info=info, kernel_id=kernel_id, workspace=workspace)
             await self._connect(s, timeout)
@@ -181,8 +195,31 @@ class SessionManager:
             await s.conn.close()
         s.conn = await self.gateway.connect(s.kernel_id, lambda state: self._on_kernel_status(s, state))
         await s.conn.kernel_info(timeout)
+        s.tools_installed = None  # a new or restarted kernel has no preamble yet
+        await self._install_preamble(s, timeout)
         s.needs_ready = False
         s.kernel_state = "alive"
+
+    async def _install_preamble(self, s: LiveSession, timeout: float) -> None:
+        """Define ``tools`` in the kernel (again when the set of tools changed)."""
+        specs = [info.model_dump() for info in self.broker.registry.infos(s.info.tools)]
+        digest = json.dumps(specs, sort_keys=True)
+        if digest == s.tools_installed:
+            return
+        assert s.conn is not None
+        queue = await s.conn.send("shell", "execute_request", {
+            "code": boot_code(specs), "silent": True, "store_history": False,
+            "user_expressions": {}, "allow_stdin": False, "stop_on_error": False,
+        })
+        collector = OutputCollector(self.settings.sessions.max_output_bytes)
+        try:
+            outcome = await self._collect(queue, collector, asyncio.get_running_loop().time() + timeout)
+        finally:
+            s.conn.forget(queue)
+        if outcome != "done" or collector.reply_status != "ok":
+            detail = collector.error.evalue if collector.error else outcome
+            raise KernelUnavailable(f"could not set up the kernel's tools: {detail}")
+        s.tools_installed = digest
 
     def _on_kernel_status(self, s: LiveSession, state: str) -> None:
         """The gateway saw the kernel die (and is restarting it, or gave up)."""
@@ -204,6 +241,7 @@ class SessionManager:
             with contextlib.suppress(KernelmodeError):
                 await self.gateway.shutdown_kernel(s.kernel_id)
             pop_death_record(self.state_dir, s.kernel_id)
+            self.broker.forget_session(session_id)
         self.store.delete(session_id)
         shutil.rmtree(self.workspaces / session_id, ignore_errors=True)
         log.info("session %s deleted", session_id)
@@ -234,6 +272,7 @@ class SessionManager:
             s.info.status = "busy"
             try:
                 await self._ensure_ready(s)
+                await self._install_preamble(s, self.settings.sessions.kernel_start_timeout_seconds)
                 result = await self._run(s, run_id, code, timeout)
             finally:
                 s.touch()
@@ -273,13 +312,23 @@ class SessionManager:
         cause = s.pending_cause
         s.pending_cause = None
         collector = OutputCollector(cfg.max_output_bytes)
+        tool_calls: list[ToolCall] = []
+        answering: set[asyncio.Task[None]] = set()
+
+        def on_input(msg: dict[str, Any]) -> None:
+            task = asyncio.create_task(self._answer_input(s, run_id, msg, tool_calls))
+            answering.add(task)
+            task.add_done_callback(answering.discard)
+
+        # allow_stdin: tool calls come back as input_requests (the preamble makes a plain
+        # input() fail inside the kernel).
         queue = await s.conn.send("shell", "execute_request", {
             "code": code, "silent": False, "store_history": True, "user_expressions": {},
-            "allow_stdin": False, "stop_on_error": True,
+            "allow_stdin": True, "stop_on_error": True,
         })
         loop = asyncio.get_running_loop()
         try:
-            outcome = await self._collect(queue, collector, loop.time() + timeout)
+            outcome = await self._collect(queue, collector, loop.time() + timeout, on_input)
             status: RunStatus
             if outcome == "done":
                 status = "ok" if collector.reply_status == "ok" else "error"
@@ -288,7 +337,7 @@ class SessionManager:
                     status = "interrupted"
             elif outcome == "timeout":
                 status = "timeout"
-                state_lost |= await self._stop_runaway(s, queue, collector)
+                state_lost |= await self._stop_runaway(s, queue, collector, on_input)
                 collector.error = RunError(
                     ename="TimeoutError",
                     evalue=f"the run exceeded its timeout of {timeout:g} s and was "
@@ -306,16 +355,36 @@ class SessionManager:
                 s.needs_ready = True
         finally:
             s.conn.forget(queue)
+            for task in list(answering):
+                task.cancel()
         return RunResult(
             run_id=run_id, session_id=s.info.session_id, status=status,
             stdout=collector.stdout, stderr=collector.stderr, result=collector.result,
             outputs=collector.outputs, error=collector.error,
             execution_count=collector.execution_count, truncated=collector.truncated,
             state_lost=state_lost, cause=cause if status == "kernel_died" else None,
+            tool_calls=tool_calls,
+            tool_calls_truncated=len(tool_calls) >= self.settings.tool_calls.max_recorded_calls,
         )
 
+    async def _answer_input(self, s: LiveSession, run_id: str, msg: dict[str, Any],
+                            tool_calls: list[ToolCall]) -> None:
+        """Answer an input_request of the run: a tool call from the preamble, else nothing."""
+        prompt = str(msg.get("content", {}).get("prompt", ""))
+        if prompt.startswith(MARKER):
+            reply, record = await self.broker.handle(
+                s.info.session_id, run_id, s.info.tools, prompt[len(MARKER):])
+            if len(tool_calls) < self.settings.tool_calls.max_recorded_calls:
+                tool_calls.append(record)
+        else:
+            reply = ""  # only a kernel that bypassed the preamble asks for typed input
+        if s.conn is not None and s.conn.is_open:
+            with contextlib.suppress(KernelmodeError):
+                await s.conn.send("stdin", "input_reply", {"value": reply}, expect_reply=False)
+
     @staticmethod
-    async def _collect(queue: asyncio.Queue[dict[str, Any]], collector: OutputCollector, deadline: float) -> str:
+    async def _collect(queue: asyncio.Queue[dict[str, Any]], collector: OutputCollector, deadline: float,
+                       on_input: Callable[[dict[str, Any]], None] | None = None) -> str:
         """Read until execute_reply and idle: 'done', 'timeout', 'died' or 'restarted'.
 
         One timer for the whole run (not one per message); what arrived before the deadline
@@ -323,12 +392,13 @@ class SessionManager:
         """
         remaining = max(deadline - asyncio.get_running_loop().time(), 0.001)
         try:
-            return await asyncio.wait_for(SessionManager._drain(queue, collector), remaining)
+            return await asyncio.wait_for(SessionManager._drain(queue, collector, on_input), remaining)
         except asyncio.TimeoutError:
             return "timeout"
 
     @staticmethod
-    async def _drain(queue: asyncio.Queue[dict[str, Any]], collector: OutputCollector) -> str:
+    async def _drain(queue: asyncio.Queue[dict[str, Any]], collector: OutputCollector,
+                     on_input: Callable[[dict[str, Any]], None] | None) -> str:
         got_reply = got_idle = False
         while not (got_reply and got_idle):
             msg = await queue.get()
@@ -340,13 +410,18 @@ class SessionManager:
             if kind == "status":
                 got_idle = msg["content"].get("execution_state") == "idle"
                 continue
+            if kind == "input_request":
+                if on_input is not None:
+                    on_input(msg)
+                continue
             if kind == "execute_reply":
                 got_reply = True
             collector.add(msg)
         return "done"
 
     async def _stop_runaway(self, s: LiveSession, queue: asyncio.Queue[dict[str, Any]],
-                            collector: OutputCollector) -> bool:
+                            collector: OutputCollector,
+                            on_input: Callable[[dict[str, Any]], None] | None) -> bool:
         """Interrupt a run past its timeout; restart the kernel if that does not stop it.
 
         Returns True when the kernel was restarted (the session's state is lost).
@@ -355,7 +430,8 @@ class SessionManager:
         loop = asyncio.get_running_loop()
         with contextlib.suppress(KernelmodeError):
             await self.gateway.interrupt_kernel(s.kernel_id)
-            outcome = await self._collect(queue, collector, loop.time() + cfg.interrupt_grace_seconds)
+            outcome = await self._collect(queue, collector, loop.time() + cfg.interrupt_grace_seconds,
+                                          on_input)
             if outcome == "done":
                 return False
         log.warning("session %s: interrupt did not stop the run; restarting its kernel", s.info.session_id)

@@ -67,7 +67,8 @@ def test_input_fails_fast_instead_of_hanging(session_factory, run):
     sid = session_factory()
     r = run(sid, "input('name? ')", timeout_seconds=20)
     assert r["status"] == "error"
-    assert r["error"]["ename"] == "StdinNotImplementedError"
+    assert r["error"]["ename"] == "NoInteractiveInput"
+    assert "no interactive input" in r["error"]["evalue"]
 
 
 def test_output_over_cap_is_truncated(session_factory, run):

@@ -29,6 +29,10 @@ class ToolError(Exception):
     """A host tool failed, does not exist, or is not allowed in this session."""
 
 
+class UnknownToolError(ToolError, AttributeError):
+    """No such tool in this session (also an AttributeError, so hasattr() works)."""
+
+
 class NoInteractiveInput(EOFError):
     """input()/getpass() called in a kernel that nobody types into."""
 
@@ -115,13 +119,15 @@ class _Group:
         members = self.__dict__.get("_members", {})
         if name in members:
             return members[name]
-        raise AttributeError(f"unknown tool {self._qualified(name)!r}: {self._known()}")
+        if name.startswith("__") or name.startswith("_repr_") or name.startswith("_ipython"):
+            raise AttributeError(name)  # Python and IPython probing for protocols
+        raise UnknownToolError(f"unknown tool {self._qualified(name)!r}: {self._known()}")
 
     def __getitem__(self, name: str) -> Any:
         node: Any = self
         for part in name.split("."):
             if not isinstance(node, _Group) or part not in node._members:
-                raise KeyError(f"unknown tool {self._qualified(name)!r}: {self._known()}")
+                raise UnknownToolError(f"unknown tool {self._qualified(name)!r}: {self._known()}")
             node = node._members[part]
         return node
 
@@ -134,7 +140,7 @@ class _Group:
     def __contains__(self, name: object) -> bool:
         try:
             self[str(name)]
-        except KeyError:
+        except UnknownToolError:
             return False
         return True
 

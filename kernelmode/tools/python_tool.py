@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any, get_type_hints
 
@@ -13,6 +15,28 @@ from pydantic import ValidationError as PydanticValidationError
 
 from ..errors import ConfigError
 from .base import ToolFailed, ToolInfo
+
+
+def _in_daemon_thread(func: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+    """Run a sync tool in its own daemon thread. On timeout the caller gets its answer at once;
+    a tool that never returns cannot hold up shutdown (executor threads are joined at exit)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            future.set_result(value) if ok else future.set_exception(value)
+
+    def work() -> None:
+        try:
+            outcome = (True, func(**kwargs))
+        except BaseException as e:  # handed to the awaiting coroutine
+            outcome = (False, e)
+        with contextlib.suppress(RuntimeError):  # the loop may be closed by now
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=work, name=f"tool-{getattr(func, '__name__', 'call')}", daemon=True).start()
+    return future
 
 
 def _format_signature(name: str, sig: inspect.Signature) -> str:
@@ -71,9 +95,7 @@ class PythonTool:
             if self._is_async:
                 result = await asyncio.wait_for(self.func(**kwargs), timeout)
             else:
-                # A sync tool runs in a worker thread; on timeout the caller gets its answer at
-                # once, while the thread itself finishes in the background.
-                result = await asyncio.wait_for(asyncio.to_thread(self.func, **kwargs), timeout)
+                result = await asyncio.wait_for(_in_daemon_thread(self.func, kwargs), timeout)
         except asyncio.TimeoutError:
             raise ToolFailed(f"timed out after {timeout:g} s") from None
         except ToolFailed:

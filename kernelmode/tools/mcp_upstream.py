@@ -25,6 +25,7 @@ Call results become plain data (see :func:`call_result_to_data`):
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import math
 import os
@@ -35,6 +36,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from typing import Any, Generic, TextIO, TypeVar
 
 import anyio
+import anyio.to_thread
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -77,6 +79,19 @@ _MAX_TOOL_PAGES = 100
 _SHUTDOWN_GRACE_SECONDS = 10.0
 
 _T = TypeVar("_T")
+
+
+def _preload_validation() -> None:
+    """Import what the SDK's client imports lazily on the first tool result.
+
+    ``ClientSession.validate_tool_result`` imports jsonschema (~1.3 s, with format checkers)
+    inside the first ``call_tool``, which would block the event loop; do it in a thread first.
+    """
+    for module in ("jsonschema", "jsonschema.validators", "referencing", "referencing.exceptions"):
+        try:
+            importlib.import_module(module)
+        except Exception:  # the SDK will report it where it matters
+            logger.debug("could not preload %s", module, exc_info=True)
 
 
 # --------------------------------------------------------------------------- signatures
@@ -313,6 +328,7 @@ class _Connection:
     def __init__(self) -> None:
         self.client: Client | None = None
         self.lost = anyio.Event()
+        self.connected_at: float | None = None  # time.monotonic() when the session came up
 
 
 # --------------------------------------------------------------------------- tools
@@ -408,6 +424,7 @@ class UpstreamMcpServer:
         if self._task is not None:
             return
         self._stopping = False
+        self._first_attempt = anyio.Event()
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"mcp-upstream-{self.name}"
         )
@@ -431,6 +448,8 @@ class UpstreamMcpServer:
             logger.warning("MCP server %s did not shut down in time; cancelling", self.name)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        except Exception:  # the owner task died of a bug; stop() still must not raise
+            logger.exception("MCP server %s: connection task failed", self.name)
         self._task = None
         self._scope = None
         self._mark_down()
@@ -490,11 +509,14 @@ class UpstreamMcpServer:
     # ---- the connection owner
 
     def _lose(self, conn: _Connection, why: str) -> None:
-        if conn is self._conn and not conn.lost.is_set():
+        """Mark a live connection as lost so its owner tears it down and reconnects."""
+        if conn is not self._conn or conn.lost.is_set():
+            return
+        if conn.client is not None and not self._stopping:
             logger.warning("MCP server %s: %s; reconnecting", self.name, why)
             self._last_error = why
-            self._mark_down()
-            conn.lost.set()
+        self._mark_down()
+        conn.lost.set()
 
     def _mark_down(self) -> None:
         self._available = False
@@ -527,9 +549,8 @@ class UpstreamMcpServer:
                 break
         return tools
 
-    async def _session(self) -> None:
+    async def _session(self, conn: _Connection) -> None:
         """Connect, list tools, and hold the session until it is lost or stop() is called."""
-        conn = _Connection()
         self._conn = conn
         timeout = self.settings.connect_timeout_seconds
 
@@ -550,8 +571,9 @@ class UpstreamMcpServer:
                     tools = await self._list_tools(client)
                     scope.deadline = math.inf
                     if conn.lost.is_set():  # died right after listing
-                        return
+                        raise ConnectionError("the server closed the connection while connecting")
                     conn.client = client
+                    conn.connected_at = time.monotonic()
                     self._tools = [UpstreamTool(self, t) for t in tools]
                     self._available = True
                     self._last_error = None
@@ -569,22 +591,24 @@ class UpstreamMcpServer:
     async def _run(self) -> None:
         delay = self._initial_backoff
         with anyio.CancelScope() as self._scope:
+            await anyio.to_thread.run_sync(_preload_validation, abandon_on_cancel=True)
             while not self._stopping:
-                started = time.monotonic()
+                conn = _Connection()
+                error: str | None = None
                 try:
-                    await self._session()
-                    connected = True
-                except Exception as e:  # connection failures of every kind
-                    connected = False
+                    await self._session(conn)
+                except Exception as e:  # connection failures of every kind (and HTTP drops)
                     error = _describe(e)
-                    log = logger.warning if error != self._last_error else logger.debug
-                    log("MCP server %s is unavailable (%s); retrying in %.1f s", self.name, error, delay)
-                    self._last_error = error
                 self._first_attempt.set()
                 if self._stopping:
                     break
-                if connected and time.monotonic() - started >= self._max_backoff:
+                up_since = conn.connected_at
+                if up_since is not None and time.monotonic() - up_since >= self._max_backoff:
                     delay = self._initial_backoff  # it was up for a while: not a crash loop
+                if error is not None:
+                    log = logger.warning if error != self._last_error else logger.debug
+                    log("MCP server %s is unavailable (%s); retrying in %.1f s", self.name, error, delay)
+                    self._last_error = error
                 await anyio.sleep(delay)
                 delay = min(delay * 2, self._max_backoff)
         self._conn = None

@@ -166,7 +166,9 @@ class _Group:
             return "No host tools are available in this session."
         lines = ["Host tools (they run outside the sandbox; call them like functions):", ""]
         for t in tools:
-            lines.append(f"  tools.{t.spec.get('signature') or t.spec['name']}")
+            name = t.spec["name"]
+            prefix = name.rsplit(".", 1)[0] + "." if "." in name else ""
+            lines.append(f"  tools.{prefix}{t.spec.get('signature') or name.rsplit('.', 1)[-1]}")
             desc = (t.spec.get("description") or "").strip()
             if desc:
                 lines.extend("      " + line for line in desc.splitlines())

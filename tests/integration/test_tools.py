@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.conftest import Server, start_server
+from tests.tools.test_mcp_upstream import SERVER as MCP_SERVER
+from tests.tools.test_mcp_upstream import HttpServer
+
+TOOL_SECRET = "KM_TOOL_SECRET_" + __import__("secrets").token_hex(6)
 
 CONFIG = """
 tools:
@@ -17,6 +23,13 @@ tools:
   - {name: fail, function: "tests.integration.host_tools:fail"}
   - {name: hang, function: "tests.integration.host_tools:hang"}
   - {name: big, function: "tests.integration.host_tools:big"}
+mcp_servers:
+  - name: up
+    command: @PYTHON@
+    args: [@MCP_SERVER@, stdio]
+    env: {KM_TEST_VAR: "${KM_TOOL_SECRET}"}
+  - name: web
+    url: @URL@
 tool_calls:
   call_timeout_seconds: 2
   rate_per_second: 2
@@ -37,11 +50,15 @@ json.loads(reply)
 
 @pytest.fixture(scope="module")
 def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    web = HttpServer()
+    web.start()
     cfg = tmp_path_factory.mktemp("cfg") / "kernelmode.yaml"
-    cfg.write_text(CONFIG)
-    srv = start_server(args=["--config", str(cfg)])
+    cfg.write_text(CONFIG.replace("@PYTHON@", json.dumps(sys.executable))
+                   .replace("@MCP_SERVER@", json.dumps(MCP_SERVER)).replace("@URL@", web.url))
+    srv = start_server({"KM_TOOL_SECRET": TOOL_SECRET}, args=["--config", str(cfg)])
     yield srv
     srv.stop()
+    web.kill()
     shutil.rmtree(srv.data_dir, ignore_errors=True)
     srv.log_path.unlink(missing_ok=True)
 
@@ -100,14 +117,16 @@ def test_help_dir_and_signatures(tapi):
     r = _run(tapi, sid, "tools.help()\nprint(dir(tools))\nimport inspect\nprint(inspect.signature(tools.add))\nhelp(tools.weather)")
     assert "tools.add(a: int, b: int = 0) -> int" in r["stdout"]
     assert "Add two integers." in r["stdout"]
-    assert "['add', 'big', 'fail', 'hang', 'weather']" in r["stdout"]
+    assert "['add', 'big', 'fail', 'hang', 'up', 'weather', 'web']" in r["stdout"]
     assert "(a, b=0)" in r["stdout"]
     assert "The weather in a city" in r["stdout"]
 
 
 def test_get_tools_lists_schema_and_signature(tapi):
     tools = {t["name"]: t for t in tapi.get("/v1/tools").json()["tools"]}
-    assert set(tools) == {"add", "weather", "fail", "hang", "big"}
+    assert {"add", "weather", "fail", "hang", "big", "up.add", "web.echo"} <= set(tools)
+    assert tools["up.add"]["namespace"] == "up"
+    assert tools["up.add"]["signature"] == "add(a: int, b: int)"
     assert tools["add"]["signature"] == "add(a: int, b: int = 0) -> int"
     assert tools["add"]["parameters"]["required"] == ["a"]
     assert tools["add"]["parameters"]["properties"]["b"]["default"] == 0
@@ -179,3 +198,48 @@ def test_many_calls_in_one_cell(tapi):
     r = _run(tapi, sid, "sum(tools.add(i, 1) for i in range(25))")
     assert r["result"] == str(sum(range(25)) + 25)
     assert len(r["tool_calls"]) == 25 and r["tool_calls_truncated"] is False
+
+
+def test_upstream_mcp_tools_under_their_namespace(tapi):
+    sid = _new(tapi)
+    r = _run(tapi, sid, "(tools.up.add(2, 3), tools.web.echo(text='hi'), tools['up.structured'](3), "
+                        "tools.web.add(a=1, b=1))")
+    assert r["status"] == "ok", r
+    assert r["result"] == "(5, 'hi', {'n': 3, 'squares': [0, 1, 4]}, 2)"
+    assert [c["tool"] for c in r["tool_calls"]] == ["up.add", "web.echo", "up.structured", "web.add"]
+    r = _run(tapi, sid, "tools.up.fail('bad day')")
+    assert r["error"]["ename"] == "ToolError" and "bad day" in r["error"]["evalue"]
+    assert "tools.up.add(a: int, b: int)" in _run(tapi, sid, "tools.help()")["stdout"]
+
+
+def test_namespace_allow_list(tapi):
+    sid = _new(tapi, tools=["up"])
+    assert _run(tapi, sid, "tools.up.add(1, 2)")["result"] == "3"
+    assert _run(tapi, sid, "dir(tools)")["result"] == "['up']"
+    assert _run(tapi, sid, "tools.add(1)")["error"]["ename"] == "UnknownToolError"
+
+
+def test_config_secrets_reach_the_upstream_server_but_never_the_kernel(tapi):
+    sid = _new(tapi)
+    code = (
+        "import os, glob\n"
+        f"seen = [p for p in glob.glob('/proc/*/environ') if {TOOL_SECRET!r} in open(p, errors='replace').read()]\n"
+        f"(tools.up.env_value('KM_TEST_VAR') == {TOOL_SECRET!r}, {TOOL_SECRET!r} in str(dict(os.environ)), seen)"
+    )
+    r = _run(tapi, sid, code)
+    assert r["result"] == "(True, False, [])", r
+
+
+def test_a_crashed_upstream_server_gives_errors_then_comes_back(tapi):
+    sid = _new(tapi)
+    r = _run(tapi, sid, "tools.up.crash()")
+    assert r["error"]["ename"] == "ToolError"
+    assert "unavailable" in r["error"]["evalue"] or "Connection closed" in r["error"]["evalue"]
+    assert r["duration_ms"] < 10_000
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        r = _run(tapi, sid, "tools.up.add(20, 22)")
+        if r["status"] == "ok":
+            break
+        time.sleep(0.5)
+    assert r["result"] == "42", r

@@ -243,3 +243,15 @@ def test_a_crashed_upstream_server_gives_errors_then_comes_back(tapi):
             break
         time.sleep(0.5)
     assert r["result"] == "42", r
+
+
+def test_library_mode_example_runs():
+    import subprocess
+
+    from tests.conftest import REPO
+
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "library_mode.py")],
+                          capture_output=True, text=True, timeout=180, cwd=str(REPO))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "stock value: 42473 EUR; 14 products out of stock" in proc.stdout
+    assert "900 tool calls" in proc.stdout

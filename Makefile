@@ -10,7 +10,7 @@ KVENV := .kernel-venv
 PIP_FLAGS ?= -q --disable-pip-version-check
 ARGS ?=
 
-.PHONY: setup run test lint unit bench clean
+.PHONY: setup run test lint bench bench-quick clean
 
 setup: .stamp-system $(VENV)/.stamp $(KVENV)/.stamp
 
@@ -41,6 +41,9 @@ test: setup lint
 
 bench: setup
 	$(VENV)/bin/python bench/roundtrip.py
+
+bench-quick: setup
+	$(VENV)/bin/python bench/roundtrip.py --quick --no-write
 
 clean:
 	rm -rf $(VENV) $(KVENV) .kernelmode .stamp-system

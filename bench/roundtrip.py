@@ -24,6 +24,7 @@ last line printed is a one-line SUMMARY.
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 import contextlib
 import datetime as dt
@@ -175,7 +176,11 @@ class RestSession:
 
     async def start(self) -> None:
         # start_server blocks (reads the child's stdout); nothing else runs yet.
-        self.server = start_server(args=["--sandbox", "bwrap"])
+        # One trivial host tool, for the tool-call round trip from kernel code.
+        self._config = Path(tempfile.mkstemp(prefix="kmbench-", suffix=".yaml")[1])
+        self._config.write_text('tools:\n  - {name: add, function: "tests.integration.host_tools:add"}\n'
+                                'tool_calls: {rate_per_second: 1000000, rate_burst: 1000000}\n')
+        self.server = start_server(args=["--sandbox", "bwrap", "--config", str(self._config)])
         self.client = self.server.client(timeout=60)
         r = self.client.get("/readyz")
         self.ready = r.json().get("checks", {})
@@ -206,6 +211,21 @@ class RestSession:
         if body.get("status") != "ok" or body.get("result") != EXPECTED:
             raise RuntimeError(f"kernelmode answered {body!r}")
         return elapsed
+
+    async def tool_calls(self, n: int) -> list[float]:
+        """Per-call latency (ms) of ``n`` calls of a trivial host tool, timed inside the kernel."""
+        assert self.client is not None
+        code = (
+            "import json as _j, time as _t\n_ts = []\n"
+            f"for _i in range({n}):\n"
+            "    _s = _t.perf_counter(); tools.add(_i, 1); _ts.append((_t.perf_counter() - _s) * 1000)\n"
+            "_j.dumps(_ts)"
+        )
+        r = self.client.post(f"/v1/sessions/{self.sid}/execute", json={"code": code, "timeout_seconds": 600})
+        body = r.json()
+        if body.get("status") != "ok":
+            raise RuntimeError(f"tool-call cell failed: {body!r}"[:2000])
+        return [float(x) for x in json.loads(ast.literal_eval(body["result"]))]
 
     async def roundtrip_httpx(self) -> float:
         # A blocking call on purpose: nothing else needs the event loop while it runs.
@@ -238,6 +258,8 @@ class RestSession:
             if self.server.proc.stdout is not None:
                 self.server.proc.stdout.close()
             shutil.rmtree(self.server.data_dir, ignore_errors=True)
+        if getattr(self, "_config", None) is not None:
+            self._config.unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 self.server.log_path.unlink()
 
@@ -440,6 +462,7 @@ class Stats:
 LABELS = {
     "direct": "direct (jupyter_client -> ipykernel, unsandboxed)",
     "rest": "rest (kernelmode REST API, bwrap sandbox)",
+    "rest_httpx": "rest_httpx (the same through httpx)",
     "stock_kg": "stock_kg (stock Kernel Gateway websocket, Nagle on)",
 }
 
@@ -514,10 +537,17 @@ def machine_info(rest: RestSession) -> dict[str, str]:
     }
 
 
+def _tool_table(s: Stats) -> str:
+    return ("| N | median ms | p95 ms | p99 ms | min ms | mean ms |\n|---|---|---|---|---|---|\n"
+            f"| {s.n} | {s.median:.3f} | {s.pct(95):.3f} | {s.pct(99):.3f} | {min(s.samples):.3f} | "
+            f"{s.mean:.3f} |")
+
+
 def summary_line(stats: dict[str, Stats]) -> str:
     d, r, h, k = (stats[p].median for p in PATHS)
     return (f"SUMMARY rest/direct={r / d:.2f}x rest_httpx/direct={h / d:.2f}x "
             f"stock_kg/direct={k / d:.1f}x "
+            f"tool_call={stats['tool_call'].median:.3f}ms "
             f"(median ms: direct={d:.3f} rest={r:.3f} rest_httpx={h:.3f} stock_kg={k:.3f})")
 
 
@@ -542,6 +572,15 @@ warm-up runs per path; wall time {wall_s:.0f} s.
 - the same REST call through httpx instead of http.client: {h / d:.2f}x (httpx spends ~0.5 ms
   more CPU per request in the client; see bench/PROFILE.md).
 - stock Kernel Gateway / direct (median): {k / d:.1f}x.
+
+### Tool calls from kernel code
+
+{_tool_table(stats['tool_call'])}
+
+Each sample is one call `tools.add(i, 1)` of a trivial Python host tool, timed with
+`time.perf_counter()` inside the sandboxed kernel, in cells of consecutive calls: the kernel's
+request travels as a stdin `input_request` through the gateway websocket to the manager, which
+validates it, runs the tool and answers with an `input_reply`. Goal: median <= 3 ms per call.
 
 `{summary_line(stats)}`
 
@@ -638,6 +677,11 @@ async def run(args: argparse.Namespace) -> int:
                 print(f"  round {rnd + 1}/{rounds}: medians so far "
                       + ", ".join(f"{p}={stats[p].median:.3f}" for p in PATHS), flush=True)
 
+        print("tool calls from kernel code ...", flush=True)
+        tool = Stats("tool_call")
+        for _ in range(3 if args.quick else 5):
+            tool.samples += await rest.tool_calls(200 if args.quick else 1000)
+        stats["tool_call"] = tool
         info = machine_info(rest)
     # everything is stopped here
     wall = time.monotonic() - started
@@ -650,6 +694,9 @@ async def run(args: argparse.Namespace) -> int:
         results_path = REPO / "bench" / "RESULTS.md"
         write_markdown(results_path, stats, info, args, wall)
         print(f"\nwrote {results_path.relative_to(REPO)}")
+    t = stats["tool_call"]
+    print(f"tool call from kernel code: median {t.median:.3f} ms, p95 {t.pct(95):.3f}, "
+          f"p99 {t.pct(99):.3f} (N={t.n}); goal <= 3 ms: {'met' if t.median <= 3 else 'NOT met'}")
     ratio = stats["rest"].median / stats["direct"].median
     print(f"goal REST median <= {GOAL}x direct: {'met' if ratio <= GOAL else 'NOT met'} ({ratio:.2f}x)")
     print(summary_line(stats), flush=True)

@@ -9,6 +9,7 @@ The agent-written code below runs in a sandboxed kernel without network; `tools.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -55,6 +56,7 @@ async def main() -> None:
         await app.sessions.delete(session.session_id)
     finally:
         await app.stop()
+        shutil.rmtree(settings.server.data_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

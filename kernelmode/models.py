@@ -24,7 +24,7 @@ class _Strict(BaseModel):
 class Limits(_Strict):
     """Resource limits of one sandboxed kernel."""
 
-    memory_mb: int = Field(1024, ge=16, le=1_048_576, description="Memory cap (cgroup, else RLIMIT_AS).")
+    memory_mb: int = Field(1024, ge=128, le=1_048_576, description="Memory cap (cgroup, else RLIMIT_AS); a kernel needs ~60 MB to start.")
     cpu_seconds: int = Field(600, ge=1, le=31_536_000, description="CPU time cap (RLIMIT_CPU).")
     pids: int = Field(128, ge=8, le=65_536, description="Process/thread cap (cgroup pids, else RLIMIT_NPROC).")
     disk_mb: int = Field(1024, ge=1, le=1_048_576, description="Largest file a kernel may write (RLIMIT_FSIZE).")
@@ -34,7 +34,7 @@ class Limits(_Strict):
 class LimitsPatch(_Strict):
     """Per-session overrides of the configured limits (absent keys keep the default)."""
 
-    memory_mb: int | None = Field(None, ge=16, le=1_048_576)
+    memory_mb: int | None = Field(None, ge=128, le=1_048_576)
     cpu_seconds: int | None = Field(None, ge=1, le=31_536_000)
     pids: int | None = Field(None, ge=8, le=65_536)
     disk_mb: int | None = Field(None, ge=1, le=1_048_576)

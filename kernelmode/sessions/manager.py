@@ -159,6 +159,7 @@ class SessionManager:
         workspace = self.workspaces / sid
         self._creating.add(sid)
         kernel_id: str | None = None
+        s: LiveSession | None = None
         try:
             if workspace.exists():
                 shutil.rmtree(workspace)  # left behind by a session that no longer exists
@@ -176,13 +177,16 @@ class SessionManager:
             await self._connect(s, timeout)
         except BaseException as e:
             self._creating.discard(sid)
+            if s is not None and s.conn is not None:
+                await s.conn.close()
+            cause = None
             if kernel_id is not None:
                 cause = pop_death_record(self.state_dir, kernel_id)
                 with contextlib.suppress(KernelmodeError):
                     await self.gateway.shutdown_kernel(kernel_id)
-                if cause is not None and isinstance(e, KernelmodeError):
-                    raise KernelUnavailable(f"the kernel died while starting ({cause.kind}): {e}") from e
             shutil.rmtree(workspace, ignore_errors=True)
+            if cause is not None and isinstance(e, KernelmodeError):
+                raise KernelUnavailable(f"the kernel died while starting ({cause.kind}): {e}") from e
             raise
         self._creating.discard(sid)
         self._live[sid] = s

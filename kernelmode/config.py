@@ -54,6 +54,7 @@ class SandboxSettings(_Section):
 class SessionSettings(_Section):
     ttl_seconds: int = Field(1800, ge=10)
     max_sessions: int = Field(50, ge=1)
+    pool_size: int = Field(2, ge=0, description="Warm kernels kept ready (not counted in max_sessions).")
     reap_interval_seconds: float = Field(15.0, gt=0)
     default_timeout_seconds: float = Field(60.0, gt=0)
     max_timeout_seconds: float = Field(3600.0, gt=0)

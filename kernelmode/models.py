@@ -72,6 +72,7 @@ class SessionInfo(BaseModel):
     execution_count: int = 0
     sandbox: str = Field(description="Sandbox backend of the kernel (bwrap or none).")
     tools: list[str] | None = Field(None, description="Tool allow-list (None: all tools).")
+    from_pool: bool = Field(False, description="The kernel came ready from the warm pool.")
 
 
 class SessionList(BaseModel):

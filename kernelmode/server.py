@@ -124,6 +124,8 @@ class KernelmodeApp:
                           and await self.gateway.ping())
         return {
             "gateway": {"ok": gateway_ok},
+            "pool": {"ok": True, "ready": self.sessions.pool_size if getattr(self, "sessions", None) else 0,
+                     "size": self.settings.sessions.pool_size},
             "sandbox": {"ok": bool(self.sandbox_report), "backend": self.settings.sandbox.backend,
                         "detail": self.sandbox_report, "limits": getattr(self, "limits_mechanism", "")},
         }

@@ -91,10 +91,13 @@ class GatewayClient:
             raise GatewayUnavailable(f"the kernel gateway is unreachable: {e}") from e
         return json.loads(resp.body) if resp.body else None
 
-    async def start_kernel(self, env: dict[str, str], timeout: float) -> str:
+    async def start_kernel(self, kernel_id: str, env: dict[str, str], timeout: float) -> None:
+        """Start a kernel under an id of our choosing (it names the kernel's workspace too)."""
         # "env" must be present: without it the gateway gives the kernel its whole environment.
-        model = await self._request("POST", "/api/kernels", {"name": "kernelmode", "env": env}, timeout)
-        return str(model["id"])
+        body = {"name": "kernelmode", "kernel_id": kernel_id, "env": env}
+        model = await self._request("POST", "/api/kernels", body, timeout)
+        if model.get("id") != kernel_id:
+            raise GatewayError(f"the gateway started kernel {model.get('id')} instead of {kernel_id}")
 
     async def shutdown_kernel(self, kernel_id: str) -> None:
         with contextlib.suppress(KernelUnavailable):
@@ -216,20 +219,38 @@ class KernelConnection:
         self._listeners.pop(getattr(queue, "msg_id", ""), None)
 
     async def kernel_info(self, timeout: float) -> dict[str, Any]:
-        """Round trip on the shell channel: proves the kernel is up and answering."""
-        queue = await self.send("shell", "kernel_info_request", {})
-        deadline = asyncio.get_running_loop().time() + timeout
-        try:
-            while True:
-                msg = await next_message(queue, deadline)
-                if msg is None:
-                    raise KernelUnavailable(f"kernel {self.kernel_id} did not answer within {timeout:.0f} s")
-                if msg.get("msg_type") == "kernel_info_reply":
-                    return dict(msg["content"])
-                if msg.get("msg_type") == "kernelmode_disconnected":
-                    raise KernelUnavailable(f"kernel {self.kernel_id} disconnected")
-        finally:
-            self.forget(queue)
+        """Wait until the kernel answers on shell AND its IOPub output reaches us.
+
+        A reply on shell alone is not enough: ZMQ's PUB/SUB drops what a kernel publishes
+        before the gateway's subscription is in place (the "slow joiner"), and a run whose
+        final ``status: idle`` was dropped would wait for its whole timeout. So, like
+        jupyter_server's nudge, ask again until the request's IOPub status arrives too.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            queue = await self.send("shell", "kernel_info_request", {})
+            reply: dict[str, Any] | None = None
+            iopub_seen = False
+            attempt_end = min(deadline, loop.time() + 1.0)
+            try:
+                while not (reply is not None and iopub_seen):
+                    msg = await next_message(queue, attempt_end if reply is not None else deadline)
+                    if msg is None:
+                        break
+                    kind = msg.get("msg_type")
+                    if kind == "kernel_info_reply":
+                        reply = dict(msg["content"])
+                    elif kind == "status":
+                        iopub_seen = True
+                    elif kind == "kernelmode_disconnected":
+                        raise KernelUnavailable(f"kernel {self.kernel_id} disconnected")
+            finally:
+                self.forget(queue)
+            if reply is not None and iopub_seen:
+                return reply
+            if loop.time() >= deadline:
+                raise KernelUnavailable(f"kernel {self.kernel_id} did not answer within {timeout:.0f} s")
 
 
 async def next_message(queue: asyncio.Queue[dict[str, Any]], deadline: float) -> dict[str, Any] | None:

@@ -35,6 +35,7 @@ from ..gateway.execution import OutputCollector
 from ..kernel.preamble import MARKER, boot_code
 from ..models import (
     DeathCause,
+    Limits,
     RunError,
     RunResult,
     RunStatus,
@@ -92,6 +93,10 @@ class SessionManager:
         self._live: dict[str, LiveSession] = {}
         self._creating: set[str] = set()
         self._reaper: asyncio.Task[None] | None = None
+        # Warm pool: started, sandboxed, preamble-ready kernels that no session has used yet.
+        self._pool: list[LiveSession] = []
+        self._pool_task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -100,18 +105,100 @@ class SessionManager:
             log.info("%d session(s) of a previous run are marked lost", lost)
         self.workspaces.mkdir(parents=True, exist_ok=True)
         self.workspaces.chmod(0o711)
+        # Workspaces of kernels that belong to no session (a previous run's pool) are litter.
+        keep = self.store.kernel_ids()
+        for d in self.workspaces.iterdir():
+            if d.name not in keep:
+                shutil.rmtree(d, ignore_errors=True)
         self._reaper = asyncio.create_task(self._reap_forever(), name="reaper")
+        self._refill_pool()
 
     async def stop(self) -> None:
-        if self._reaper:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+        self._stopping = True
+        for task in (self._reaper, self._pool_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for s in list(self._live.values()):
             if s.conn:
                 await s.conn.close()
-            self.store.save(s.info.model_copy(update={"status": "lost", "expires_at": None}), None)
+            self.store.mark_lost(s.info)
         self._live.clear()
+        for s in self._pool:
+            await self._discard(s)
+        self._pool.clear()
+
+    # -- warm pool ---------------------------------------------------------------------------------
+    @property
+    def pool_size(self) -> int:
+        return len(self._pool)
+
+    def _refill_pool(self) -> None:
+        if self._stopping or self.settings.sessions.pool_size <= 0:
+            return
+        if self._pool_task is None or self._pool_task.done():
+            self._pool_task = asyncio.create_task(self._fill_pool(), name="pool")
+
+    async def _fill_pool(self) -> None:
+        backoff = 0.5
+        while len(self._pool) < self.settings.sessions.pool_size and not self._stopping:
+            now = _now()
+            placeholder = SessionInfo(
+                session_id="pool", status="idle", created_at=now, last_activity=now,
+                ttl_seconds=self.settings.sessions.ttl_seconds, limits=self.settings.sandbox.limits,
+                sandbox=self.sandbox,
+            )
+            try:
+                self._pool.append(await self._new_kernel(placeholder))
+                backoff = 0.5
+            except KernelmodeError as e:
+                log.warning("warm pool: could not start a kernel (%s); retrying in %.1f s", e, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def _take_warm(self, limits: Limits) -> LiveSession | None:
+        """A pool kernel for a session with the default limits; never one that ran any code."""
+        if limits != self.settings.sandbox.limits:
+            return None
+        while self._pool:
+            s = self._pool.pop(0)
+            if s.kernel_state == "alive" and not s.needs_ready and s.conn is not None and s.conn.is_open:
+                return s
+            asyncio.create_task(self._discard(s))  # died while waiting: replaced by the refill
+        return None
+
+    async def _new_kernel(self, info: SessionInfo) -> LiveSession:
+        """Start a sandboxed kernel with its own workspace, connect, install the preamble."""
+        kernel_id = str(uuid.uuid4())
+        workspace = self.workspaces / kernel_id
+        workspace.mkdir(mode=0o700)
+        s = LiveSession(info=info, kernel_id=kernel_id, workspace=workspace)
+        timeout = self.settings.sessions.kernel_start_timeout_seconds
+        started = False
+        try:
+            params = KernelParams(workspace=workspace, limits=info.limits, session_id=info.session_id)
+            await self.gateway.start_kernel(kernel_id, params.to_env(), timeout)
+            started = True
+            await self._connect(s, timeout)
+        except BaseException as e:
+            cause = pop_death_record(self.state_dir, kernel_id) if started else None
+            await self._discard(s, shutdown=started)
+            if cause is not None and isinstance(e, KernelmodeError):
+                raise KernelUnavailable(f"the kernel died while starting ({cause.kind}): {e}") from e
+            raise
+        return s
+
+    async def _discard(self, s: LiveSession, shutdown: bool = True) -> None:
+        """Close, shut down and forget a kernel and its workspace."""
+        s.closed = True
+        if s.conn is not None:
+            await s.conn.close()
+        if shutdown:
+            with contextlib.suppress(KernelmodeError):
+                await self.gateway.shutdown_kernel(s.kernel_id)
+        pop_death_record(self.state_dir, s.kernel_id)
+        shutil.rmtree(s.workspace, ignore_errors=True)
 
     # -- queries -----------------------------------------------------------------------------------
     def all(self) -> list[SessionInfo]:
@@ -156,42 +243,32 @@ class SessionManager:
         base = self.settings.sandbox.limits
         limits = req.limits.apply(base) if req.limits else base
         ttl = req.ttl_seconds or self.settings.sessions.ttl_seconds
-        workspace = self.workspaces / sid
+        now = _now()
+        info = SessionInfo(
+            session_id=sid, status="idle", created_at=now, last_activity=now,
+            expires_at=now + timedelta(seconds=ttl), ttl_seconds=ttl, limits=limits,
+            sandbox=self.sandbox, tools=req.tools,
+        )
         self._creating.add(sid)
-        kernel_id: str | None = None
-        s: LiveSession | None = None
         try:
-            if workspace.exists():
-                shutil.rmtree(workspace)  # left behind by a session that no longer exists
-            workspace.mkdir(mode=0o700)
-            params = KernelParams(workspace=workspace, limits=limits, session_id=sid)
-            timeout = self.settings.sessions.kernel_start_timeout_seconds
-            kernel_id = await self.gateway.start_kernel(params.to_env(), timeout)
-            now = _now()
-            info = SessionInfo(
-                session_id=sid, status="idle", created_at=now, last_activity=now,
-                expires_at=now + timedelta(seconds=ttl), ttl_seconds=ttl, limits=limits,
-                sandbox=self.sandbox, tools=req.tools,
-            )
-            s = LiveSession(info=info, kernel_id=kernel_id, workspace=workspace)
-            await self._connect(s, timeout)
-        except BaseException as e:
+            s = self._take_warm(limits)
+            if s is not None:
+                info.from_pool = True
+                s.info = info
+                self._refill_pool()
+                if req.tools is not None:  # the pool kernel's preamble offers every tool
+                    try:
+                        await self._install_preamble(s, self.settings.sessions.kernel_start_timeout_seconds)
+                    except BaseException:
+                        await self._discard(s)
+                        raise
+            else:
+                s = await self._new_kernel(info)
+        finally:
             self._creating.discard(sid)
-            if s is not None and s.conn is not None:
-                await s.conn.close()
-            cause = None
-            if kernel_id is not None:
-                cause = pop_death_record(self.state_dir, kernel_id)
-                with contextlib.suppress(KernelmodeError):
-                    await self.gateway.shutdown_kernel(kernel_id)
-            shutil.rmtree(workspace, ignore_errors=True)
-            if cause is not None and isinstance(e, KernelmodeError):
-                raise KernelUnavailable(f"the kernel died while starting ({cause.kind}): {e}") from e
-            raise
-        self._creating.discard(sid)
         self._live[sid] = s
-        self.store.save(info, kernel_id)
-        log.info("session %s created (kernel %s)", sid, kernel_id)
+        self.store.save(info, s.kernel_id)
+        log.info("session %s created (kernel %s)", sid, s.kernel_id)
         return info
 
     async def _connect(self, s: LiveSession, timeout: float) -> None:
@@ -236,18 +313,15 @@ class SessionManager:
     async def delete(self, session_id: str) -> None:
         s = self._live.pop(session_id, None)
         if s is None:
+            kernel_id = self.store.kernel_id(session_id)
             if self.store.get(session_id) is None:
                 raise SessionNotFound(f"no session {session_id!r}")
+            if kernel_id:  # a lost session: only its files are left
+                shutil.rmtree(self.workspaces / kernel_id, ignore_errors=True)
         else:
-            s.closed = True
-            if s.conn:
-                await s.conn.close()
-            with contextlib.suppress(KernelmodeError):
-                await self.gateway.shutdown_kernel(s.kernel_id)
-            pop_death_record(self.state_dir, s.kernel_id)
+            await self._discard(s)
             self.broker.forget_session(session_id)
         self.store.delete(session_id)
-        shutil.rmtree(self.workspaces / session_id, ignore_errors=True)
         log.info("session %s deleted", session_id)
 
     # -- running code ------------------------------------------------------------------------------

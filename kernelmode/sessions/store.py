@@ -58,12 +58,27 @@ class SessionStore:
         self._db.execute("DELETE FROM runs WHERE session_id=?", (session_id,))
         self._db.execute("DELETE FROM sessions WHERE session_id=?", (session_id,))
 
+    def kernel_id(self, session_id: str) -> str | None:
+        row = self._db.execute("SELECT kernel_id FROM sessions WHERE session_id=?", (session_id,)).fetchone()
+        return row[0] if row else None
+
+    def kernel_ids(self) -> set[str]:
+        return {r[0] for r in self._db.execute("SELECT kernel_id FROM sessions") if r[0]}
+
+    def mark_lost(self, info: SessionInfo) -> None:
+        """The session's kernel is gone (with the `serve` that ran it); its files stay."""
+        self._db.execute(
+            "UPDATE sessions SET info=? WHERE session_id=?",
+            (info.model_copy(update={"status": "lost", "expires_at": None}).model_dump_json(),
+             info.session_id),
+        )
+
     def mark_all_lost(self) -> int:
         """Sessions of a previous `serve`: their kernels are gone with its gateway."""
         n = 0
         for info in self.all():
             if info.status != "lost":
-                self.save(info.model_copy(update={"status": "lost", "expires_at": None}), None)
+                self.mark_lost(info)
                 n += 1
         return n
 

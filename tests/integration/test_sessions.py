@@ -203,9 +203,9 @@ def test_restart_endpoint_clears_state(api, session_factory, run):
 
 def test_delete_removes_kernel_and_workspace_then_404(server, api, run):
     sid = api.post("/v1/sessions", json={}).json()["session_id"]
-    run(sid, "open('f.txt', 'w').write('x')")
-    workspace = server.data_dir / "workspaces" / sid
-    assert workspace.exists()
+    run(sid, f"open('f.txt', 'w').write('marker-{sid}')")
+    [workspace] = [f.parent for f in (server.data_dir / "workspaces").glob("*/f.txt")
+                   if f.read_text() == f"marker-{sid}"]
     assert api.delete(f"/v1/sessions/{sid}").status_code == 204
     assert not workspace.exists()
     for method, path in [("GET", ""), ("DELETE", ""), ("POST", "/execute")]:
@@ -301,3 +301,27 @@ def test_delete_during_a_run_ends_the_run_and_the_session_stays_gone(server, api
     assert box["r"].status_code == 404  # type: ignore[union-attr]
     assert api.get(f"/v1/sessions/{sid}").status_code == 404
     assert sid not in [s["session_id"] for s in api.get("/v1/sessions").json()["sessions"]]
+
+
+def test_warm_pool_hands_out_fresh_kernels_only(api, run):
+    import time
+
+    deadline = time.monotonic() + 60
+    while api.get("/readyz").json()["checks"]["pool"]["ready"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    a = api.post("/v1/sessions", json={}).json()
+    assert a["from_pool"] is True
+    run(a["session_id"], "secret_of_a = 1\nopen('a.txt', 'w').write('a')")
+    assert api.delete(f"/v1/sessions/{a['session_id']}").status_code == 204
+    while api.get("/readyz").json()["checks"]["pool"]["ready"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    b = api.post("/v1/sessions", json={}).json()
+    assert b["from_pool"] is True
+    r = run(b["session_id"], "import os\n('secret_of_a' in globals(), os.listdir('.'))")
+    assert r["result"] == "(False, [])" and r["execution_count"] == 1
+    # Non-default limits need a kernel of their own.
+    c = api.post("/v1/sessions", json={"limits": {"pids": 99}}).json()
+    assert c["from_pool"] is False
+    assert run(c["session_id"], "1 + 1")["result"] == "2"
+    for sid in (b["session_id"], c["session_id"]):
+        api.delete(f"/v1/sessions/{sid}")

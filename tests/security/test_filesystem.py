@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.conftest import CANARY, REPO
 
-from .conftest import host_kernel_procs
+from .conftest import host_file_in_workspace, host_kernel_procs
 
 WRITE_PROBE = """
     out = {}
@@ -42,7 +42,7 @@ def test_tmp_and_workspace_writable(server, shared_sid, probe):
     r = probe(shared_sid, _write_probe(paths))
     assert r == {p: "ok" for p in paths}
     # The workspace is the session's own directory on the host; /tmp is private (a tmpfs).
-    assert (server.data_dir / "workspaces" / shared_sid / name).read_text() == "pwned"
+    assert host_file_in_workspace(server, name).read_text() == "pwned"
     assert not (Path("/tmp") / name).exists()
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .conftest import host_kernel_procs
+from .conftest import host_file_in_workspace, host_kernel_procs
 
 
 @pytest.fixture()
@@ -29,13 +29,14 @@ def test_sessions_are_isolated(server, two_sessions, run, probe):
                            "sleeper": sleeper.pid}))
     """)
     assert ra["sockets"], ra
+    a_ws = str(host_file_in_workspace(server, "a.txt").parent)
     host_a = {pid: p for pid, p in host_kernel_procs(server).items() if ra["kdir"] in p["cmdline"]}
     assert host_a, "A's kernel is not visible from the host"
 
     rb = probe(b, f"""
         import glob, socket
         A_KDIR = {ra['kdir']!r}
-        A_WS = {str(server.data_dir / 'workspaces' / a)!r}
+        A_WS = {a_ws!r}
         out = {{"var": 'secret_a' in globals()}}
         for p in ('/mnt/data/a.txt', '/tmp/a.txt', '/dev/shm/a.txt', A_KDIR, A_WS,
                   A_KDIR + '/kernel.json'):
@@ -69,7 +70,7 @@ def test_sessions_are_isolated(server, two_sessions, run, probe):
     """)
     assert rb["var"] is False
     for p in ("/mnt/data/a.txt", "/tmp/a.txt", "/dev/shm/a.txt", ra["kdir"], ra["kdir"] + "/kernel.json",
-              str(server.data_dir / "workspaces" / a)):
+              a_ws):
         assert rb[p] is False, p
     assert rb["run_glob"] == [rb["own_kdir"]]
     assert rb["ws_glob"] == []

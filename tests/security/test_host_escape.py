@@ -1,0 +1,121 @@
+"""The kernel's directory is bound read-write at its host path and owned by the kernel's uid;
+the gateway (root) must never follow a link the kernel planted there when it (re)starts it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+PLANT = """
+kdir = _kernel_dir()
+etc = kdir + '/etc'
+out = {"kdir": kdir}
+try:
+    if MODE == 'file':
+        _os.unlink(etc + '/passwd')
+        _os.symlink(TARGET, etc + '/passwd')
+    else:
+        for name in _os.listdir(etc):
+            _os.unlink(etc + '/' + name)
+        _os.rmdir(etc)
+        _os.symlink(TARGET, etc)
+    out["planted"] = True
+except OSError as e:
+    out["planted"] = _err(e)
+print(_json.dumps(out))
+"""
+
+
+@pytest.fixture()
+def decoy() -> Path:
+    """A root-owned directory with a root-only file: what the kernel must never get to touch."""
+    d = Path(tempfile.mkdtemp(prefix="km-decoy-", dir="/tmp"))
+    d.chmod(0o755)
+    (d / "victim").write_text("ORIGINAL")
+    (d / "victim").chmod(0o600)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="kernels run as separate uids only when root")
+@pytest.mark.xfail(strict=True, reason=(
+    "HOST ESCAPE: kernel_dir/etc is owned by the kernel's uid and bound read-write inside the "
+    "sandbox at its host path, and BwrapProvisioner._write_etc (run as root on every (re)start) "
+    "follows symlinks: etc.mkdir(exist_ok=True) accepts a symlinked dir, write_text/os.chmod "
+    "follow a symlinked file, os.chown(etc) follows a symlinked dir. A kernel can make root "
+    "overwrite+chmod 0444 any host file or chown any host directory to its uid. Fix: keep etc "
+    "root-owned and out of the kernel-writable dir (or feed the files to bwrap with "
+    "--ro-bind-data/--file from memory), and open with O_NOFOLLOW/O_EXCL, lchown."))
+@pytest.mark.parametrize("mode", ["file", "dir"])
+def test_restart_does_not_follow_kernel_planted_symlinks(server, session_factory, run, api, decoy, mode):
+    from .conftest import PRELUDE, report
+
+    sid = session_factory()
+    target = str(decoy / "victim") if mode == "file" else str(decoy)
+    code = f"MODE = {mode!r}\nTARGET = {target!r}\n" + PLANT
+    r = report(run(sid, PRELUDE + code))
+    api.post(f"/v1/sessions/{sid}/restart")  # any outcome: what matters is the host below
+    st = decoy.stat()
+    victim = decoy / "victim"
+    assert (st.st_uid, st.st_gid) == (0, 0), f"root chowned {decoy} to {st.st_uid} ({r})"
+    assert sorted(p.name for p in decoy.iterdir()) == ["victim"], f"root wrote into {decoy}"
+    assert victim.read_text() == "ORIGINAL", f"root overwrote {victim}: {victim.read_text()!r}"
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600, "root chmodded the victim"
+
+
+FD_SCAN = """
+import glob
+mounts = {int(l.split()[0]) for l in open('/proc/self/mountinfo')}
+leaks = []
+for link in glob.glob('/proc/[0-9]*/fd/*'):
+    try:
+        target = _os.readlink(link)
+        fdinfo = open(link.replace('/fd/', '/fdinfo/')).read()
+    except OSError:
+        continue
+    mnt = [int(l.split()[1]) for l in fdinfo.splitlines() if l.startswith('mnt_id:')]
+    # A path on a mount that is not in this sandbox's mount table: a host file or directory.
+    if target.startswith('/') and mnt and mnt[0] not in mounts:
+        leak = {"link": link, "target": target}
+        try:
+            with open(link, 'rb') as f:  # re-open through the magic link, as the kernel's uid
+                data = f.read()
+            leak["read"] = len(data)
+            leak["found"] = bool(SEEK) and SEEK.encode() in data
+        except OSError as e:
+            leak["read"] = _err(e)
+        if link.startswith('/proc/%d/' % _os.getpid()) and MARKER:
+            try:
+                leak["write"] = _os.write(int(link.rsplit('/', 1)[1]), MARKER.encode())
+            except OSError as e:
+                leak["write"] = _err(e)
+        leaks.append(leak)
+print(_json.dumps({"leaks": leaks}))
+"""
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "CROSS-SESSION LEAK: kernels inherit the gateway's own stdout/stderr, i.e. the host file "
+    "data_dir/gateway/gateway.log shared by the gateway and every kernel (LocalProvisioner "
+    "launches with the parent's fds; launcher and bwrap pass them on; ipykernel keeps dups). "
+    "A kernel can append forged lines to it, ftruncate it, and, since it is 0644, re-open it "
+    "read-only via /proc/<pid>/fd/N to read the gateway's log and what other kernels wrote to "
+    "it. Fix: launch each kernel with stdout/stderr on its own pipe (or DEVNULL / a per-kernel "
+    "root-only file) in the provisioner's pre_launch, and create gateway.log 0600."))
+def test_kernels_hold_no_descriptor_to_host_files(server, session_factory, run):
+    from .conftest import PRELUDE, report
+
+    a, b = session_factory(), session_factory()
+    marker = "KM-LEAK-MARKER-" + os.urandom(6).hex()
+    ra = report(run(a, PRELUDE + f"MARKER = {marker!r}\nSEEK = ''\n" + FD_SCAN))
+    rb = report(run(b, PRELUDE + f"MARKER = ''\nSEEK = {marker!r}\n" + FD_SCAN))
+    gateway_log = server.data_dir / "gateway" / "gateway.log"
+    assert not any(leak.get("found") for leak in rb["leaks"]), \
+        "session B read what session A wrote through an inherited descriptor"
+    assert marker not in gateway_log.read_text(errors="replace"), "a kernel wrote into the gateway log"
+    assert ra["leaks"] == [] and rb["leaks"] == [], (ra["leaks"], rb["leaks"])

@@ -55,6 +55,8 @@ class BaseHandler(web.RequestHandler):
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise BadJSON(f"the request body is not valid JSON: {e}") from e
+        except RecursionError as e:
+            raise BadJSON("the request body is nested too deeply") from e
         if not isinstance(data, dict):
             raise ValidationError("the request body must be a JSON object")
         try:

@@ -75,7 +75,8 @@ class GatewayProcess:
             raise GatewayUnavailable(f"gateway config {self.config_file} not found")
         self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.port = _free_port()
-        logf = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 (owned by the child for its life)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        logf = os.fdopen(fd, "ab")
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "kernel_gateway", f"--config={self.config_file}",

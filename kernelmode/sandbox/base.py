@@ -1,13 +1,13 @@
 """Shared part of kernelmode's provisioners: per-kernel directory, scrubbed env, death records.
 
-A provisioner lives in the Kernel Gateway process. jupyter_client makes a new provisioner
-instance for every start (and restart) of a kernel, so what must outlive one start (the kernel's
-host uid) is kept in a registry keyed by kernel id.
+A provisioner lives in the Kernel Gateway process, one instance per kernel, reused when the
+kernel restarts: per-launch state is reset in pre_launch.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,9 @@ def kernel_environment(path: str) -> dict[str, str]:
         "IPYTHONDIR": "/tmp/.ipython",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         "TERM": "xterm-256color",
+        # `python -m ipykernel_launcher` runs in /mnt/data: without this, a file named
+        # ipykernel_launcher.py (or json.py...) there would take over the kernel's start.
+        "PYTHONSAFEPATH": "1",
     }
 
 
@@ -73,15 +76,17 @@ class KernelmodeProvisioner(LocalProvisioner):
             raise RuntimeError("kernelmode provisioner: runtime_dir is not configured")
         return Path(self.runtime_dir) / self.kernel_id
 
-    # jupyter_client makes a new provisioner per (re)start, and between pre_launch and the Popen
-    # it has no process: the gateway's KernelRestarter then thinks the kernel died and starts a
-    # second restart that races the first (seen under load). A launching kernel counts as alive.
+    # Between pre_launch and the Popen of a (re)start there is no process: the gateway's
+    # KernelRestarter then thinks the kernel died and starts a second restart that races the
+    # first (seen under load). A launching kernel counts as alive.
     @property
     def has_process(self) -> bool:
         return self._launching or self.process is not None
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         self._launching = True
+        self._stopping = False  # the same instance serves every restart of its kernel
+        self._death_recorded = False
         try:
             return await self._pre_launch(**kwargs)
         except BaseException:
@@ -89,10 +94,19 @@ class KernelmodeProvisioner(LocalProvisioner):
             raise
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        # The kernel's own stdout/stderr go to a log of its own (root-owned, outside the
+        # sandbox), never to the gateway's log that every kernel would share.
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:
+            kwargs.update(stdout=fd, stderr=fd)
             return await super().launch_kernel(cmd, **kwargs)
         finally:
+            os.close(fd)
             self._launching = False
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.runtime_dir) / f"{self.kernel_id}.log"
 
     async def _pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         km = self.parent
@@ -150,3 +164,4 @@ class KernelmodeProvisioner(LocalProvisioner):
         self.release(restart)
         if not restart:
             shutil.rmtree(self.kernel_dir, ignore_errors=True)
+            self.log_path.unlink(missing_ok=True)

@@ -57,6 +57,7 @@ def bwrap_argv(
     *,
     bwrap: str,
     kernel_dir: Path,
+    etc_dir: Path,
     workspace: Path,
     ro_paths: list[str],
     tmp_bytes: int,
@@ -83,7 +84,7 @@ def bwrap_argv(
     for f in ETC_FILES:
         argv += ["--ro-bind-try", f, f]
     for name in ("passwd", "group", "hosts"):
-        argv += ["--ro-bind", str(kernel_dir / "etc" / name), f"/etc/{name}"]
+        argv += ["--ro-bind", str(etc_dir / name), f"/etc/{name}"]
     for p in ro_paths:
         if not any(p == d or p.startswith(d + "/") for d in SYSTEM_DIRS):
             argv += ["--ro-bind", p, p]
@@ -157,12 +158,13 @@ class BwrapProvisioner(KernelmodeProvisioner):
             ws.mkdir(parents=True, exist_ok=True, mode=0o700)
             if ws.stat().st_uid != uid:
                 _chown_tree(ws, uid, gid)
-        self._write_etc(kdir, uid, gid)
+        etc_dir = self._write_etc()
         venv_bin = str(Path(cmd[0]).parent)
         kenv = kernel_environment(f"{venv_bin}:/usr/local/bin:/usr/bin:/bin")
         argv = bwrap_argv(
             bwrap=bwrap,
             kernel_dir=kdir,
+            etc_dir=etc_dir,
             workspace=self.params.workspace,
             ro_paths=self._ro_paths(cmd),
             tmp_bytes=limits.disk_mb * 1024 * 1024,
@@ -174,19 +176,28 @@ class BwrapProvisioner(KernelmodeProvisioner):
         # the environment it was started with (visible in /proc/1/environ).
         return launcher + argv, {"PATH": "/usr/local/bin:/usr/bin:/bin"}, kdir
 
-    def _write_etc(self, kdir: Path, uid: int, gid: int) -> None:
-        etc = kdir / "etc"
-        etc.mkdir(exist_ok=True)
+    @property
+    def etc_dir(self) -> Path:
+        # Beside the kernel's directory, not in it: the kernel can write its own directory, and
+        # root must never write through a link the kernel planted there.
+        return Path(self.runtime_dir) / f"{self.kernel_id}.etc"
+
+    def _write_etc(self) -> Path:
+        """The sandbox's /etc/passwd, group and hosts: root-owned, read-only, out of reach."""
+        etc = self.etc_dir
+        etc.mkdir(mode=0o755, exist_ok=True)
         files = {
             "passwd": f"root:x:0:0::/root:/usr/sbin/nologin\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:/tmp:/usr/sbin/nologin\n",
             "group": f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\n",
             "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
         }
         for name, text in files.items():
-            (etc / name).write_text(text)
-            os.chmod(etc / name, 0o444)
-        if os.getuid() == 0:
-            os.chown(etc, uid, gid)
+            path = etc / name
+            path.unlink(missing_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        return etc
 
     def oom_killed(self) -> bool:
         return self._cgroup is not None and self._cgroup.oom_kills() > 0
@@ -197,6 +208,7 @@ class BwrapProvisioner(KernelmodeProvisioner):
             self._cgroup = None
         if not restart:
             _uids.pop(self.kernel_id, None)
+            shutil.rmtree(self.etc_dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             for sock in self.kernel_dir.glob("k-*"):
                 sock.unlink()

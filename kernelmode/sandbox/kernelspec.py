@@ -89,18 +89,19 @@ def check_bwrap(bwrap: str, kernel_python: Path, data_dir: Path) -> str:
     with tempfile.TemporaryDirectory(dir=data_dir, prefix="check-") as tmp:
         kdir = Path(tmp) / "k"
         ws = Path(tmp) / "ws"
-        (kdir / "etc").mkdir(parents=True)
+        kdir.mkdir()
+        (Path(tmp) / "etc").mkdir()
         ws.mkdir()
         for name in ("passwd", "group", "hosts"):
-            (kdir / "etc" / name).write_text("")
+            (Path(tmp) / "etc" / name).write_text("")
         os.chmod(tmp, 0o755)
         spec: dict[str, object] = {}
         if os.getuid() == 0:
             spec = {"uid": 65534, "gid": 65534}
-            for d in (kdir, kdir / "etc", ws):
+            for d in (kdir, ws):
                 os.chown(d, 65534, 65534)
         argv = bwrap_argv(
-            bwrap=exe, kernel_dir=kdir, workspace=ws, ro_paths=ro_paths, tmp_bytes=1 << 20,
+            bwrap=exe, kernel_dir=kdir, etc_dir=Path(tmp) / "etc", workspace=ws, ro_paths=ro_paths, tmp_bytes=1 << 20,
             env={"PATH": "/usr/bin:/bin"},
             command=[str(kernel_python), "-c", "import ipykernel, socket; print(socket.if_nameindex())"],
         )

@@ -106,9 +106,9 @@ class SessionManager:
         self.workspaces.mkdir(parents=True, exist_ok=True)
         self.workspaces.chmod(0o711)
         # Workspaces of kernels that belong to no session (a previous run's pool) are litter.
-        keep = self.store.kernel_ids()
+        keep = self.store.workspaces()
         for d in self.workspaces.iterdir():
-            if d.name not in keep:
+            if d not in keep:
                 shutil.rmtree(d, ignore_errors=True)
         self._reaper = asyncio.create_task(self._reap_forever(), name="reaper")
         self._refill_pool()
@@ -267,7 +267,7 @@ class SessionManager:
         finally:
             self._creating.discard(sid)
         self._live[sid] = s
-        self.store.save(info, s.kernel_id)
+        self.store.save(info, s.kernel_id, s.workspace)
         log.info("session %s created (kernel %s)", sid, s.kernel_id)
         return info
 
@@ -313,11 +313,11 @@ class SessionManager:
     async def delete(self, session_id: str) -> None:
         s = self._live.pop(session_id, None)
         if s is None:
-            kernel_id = self.store.kernel_id(session_id)
+            workspace = self.store.workspace(session_id)
             if self.store.get(session_id) is None:
                 raise SessionNotFound(f"no session {session_id!r}")
-            if kernel_id:  # a lost session: only its files are left
-                shutil.rmtree(self.workspaces / kernel_id, ignore_errors=True)
+            if workspace is not None:  # a lost session: only its files are left
+                shutil.rmtree(workspace, ignore_errors=True)
         else:
             await self._discard(s)
             self.broker.forget_session(session_id)
@@ -362,7 +362,7 @@ class SessionManager:
             if result.execution_count is not None:
                 s.info.execution_count = result.execution_count
             self.store.add_run(code, result)
-            self.store.save(s.info, s.kernel_id)
+            self.store.save(s.info, s.kernel_id, s.workspace)
         run_log.info(json.dumps({
             "event": "run", "session_id": session_id, "run_id": run_id, "status": result.status,
             "duration_ms": result.duration_ms, "state_lost": result.state_lost,
@@ -372,10 +372,9 @@ class SessionManager:
     async def _ensure_ready(self, s: LiveSession) -> None:
         timeout = self.settings.sessions.kernel_start_timeout_seconds
         if s.kernel_state == KERNEL_DEAD:
-            # The gateway gave up restarting it; one explicit restart before failing.
-            await self.gateway.restart_kernel(s.kernel_id, timeout)
-            s.state_lost_pending = True
-            await self._connect(s, timeout)
+            # The gateway gave up restarting it (a crash loop) and forgot it: a fresh kernel
+            # for the session, on the same workspace.
+            await self._replace_kernel(s)
         elif s.conn is None or not s.conn.is_open or s.needs_ready:
             # After a restart, a fresh websocket: the gateway then opens its ZMQ channels to the
             # new kernel's sockets instead of reusing ones bound to the old process.
@@ -516,6 +515,21 @@ class SessionManager:
         await self._restart_kernel(s)
         return True
 
+    async def _replace_kernel(self, s: LiveSession) -> None:
+        timeout = self.settings.sessions.kernel_start_timeout_seconds
+        if s.conn is not None:
+            await s.conn.close()
+        with contextlib.suppress(KernelmodeError):
+            await self.gateway.shutdown_kernel(s.kernel_id)
+        pop_death_record(self.state_dir, s.kernel_id)
+        s.kernel_id = str(uuid.uuid4())
+        s.state_lost_pending = True
+        params = KernelParams(workspace=s.workspace, limits=s.info.limits, session_id=s.info.session_id)
+        await self.gateway.start_kernel(s.kernel_id, params.to_env(), timeout)
+        await self._connect(s, timeout)
+        self.store.save(s.info, s.kernel_id, s.workspace)
+        log.warning("session %s: its kernel was replaced (now %s)", s.info.session_id, s.kernel_id)
+
     async def _restart_kernel(self, s: LiveSession) -> None:
         timeout = self.settings.sessions.kernel_start_timeout_seconds
         s.needs_ready = True
@@ -554,7 +568,7 @@ class SessionManager:
         if not s.lock.locked():
             s.info.status = "idle" if s.kernel_state != KERNEL_DEAD else "dead"
         s.touch()
-        self.store.save(s.info, s.kernel_id)
+        self.store.save(s.info, s.kernel_id, s.workspace)
         return s.info
 
     # -- reaping -----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY,
     kernel_id TEXT,
+    workspace TEXT,
     info TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS runs (
@@ -38,11 +39,12 @@ class SessionStore:
     def close(self) -> None:
         self._db.close()
 
-    def save(self, info: SessionInfo, kernel_id: str | None) -> None:
+    def save(self, info: SessionInfo, kernel_id: str, workspace: Path) -> None:
         self._db.execute(
-            "INSERT INTO sessions (session_id, kernel_id, info) VALUES (?, ?, ?) "
-            "ON CONFLICT(session_id) DO UPDATE SET kernel_id=excluded.kernel_id, info=excluded.info",
-            (info.session_id, kernel_id, info.model_dump_json()),
+            "INSERT INTO sessions (session_id, kernel_id, workspace, info) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(session_id) DO UPDATE SET kernel_id=excluded.kernel_id, "
+            "workspace=excluded.workspace, info=excluded.info",
+            (info.session_id, kernel_id, str(workspace), info.model_dump_json()),
         )
 
     def get(self, session_id: str) -> SessionInfo | None:
@@ -58,12 +60,12 @@ class SessionStore:
         self._db.execute("DELETE FROM runs WHERE session_id=?", (session_id,))
         self._db.execute("DELETE FROM sessions WHERE session_id=?", (session_id,))
 
-    def kernel_id(self, session_id: str) -> str | None:
-        row = self._db.execute("SELECT kernel_id FROM sessions WHERE session_id=?", (session_id,)).fetchone()
-        return row[0] if row else None
+    def workspace(self, session_id: str) -> Path | None:
+        row = self._db.execute("SELECT workspace FROM sessions WHERE session_id=?", (session_id,)).fetchone()
+        return Path(row[0]) if row and row[0] else None
 
-    def kernel_ids(self) -> set[str]:
-        return {r[0] for r in self._db.execute("SELECT kernel_id FROM sessions") if r[0]}
+    def workspaces(self) -> set[Path]:
+        return {Path(r[0]) for r in self._db.execute("SELECT workspace FROM sessions") if r[0]}
 
     def mark_lost(self, info: SessionInfo) -> None:
         """The session's kernel is gone (with the `serve` that ran it); its files stay."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import Server, start_server
+from tests.conftest import Server
 
 # Prepended to every probe: the kernel's own directory on the host path (it is bound there),
 # read from the `-f <connection file>` argument of the kernel's command line.
@@ -25,19 +24,6 @@ def _kernel_dir():
 def _err(e):
     return _errno.errorcode.get(getattr(e, 'errno', None) or 0, type(e).__name__)
 """
-
-
-@pytest.fixture(scope="session")
-def server() -> Iterator[Server]:
-    """The security suite's own server: the default configuration, except a shorter kernel start
-    timeout. The attack tests kill and restart many kernels, and the manager race documented by
-    test_crashes.py::test_first_run_after_kernel_death_is_not_lost costs one full start timeout
-    (60 s by default) each time it hits; 15 s keeps the suite's runtime bounded."""
-    srv = start_server({"KERNELMODE_SESSIONS__KERNEL_START_TIMEOUT_SECONDS": "15"})
-    yield srv
-    srv.stop()
-    shutil.rmtree(srv.data_dir, ignore_errors=True)
-    srv.log_path.unlink(missing_ok=True)
 
 
 def report(result: dict) -> dict:
@@ -107,23 +93,10 @@ def host_kernel_procs(server: Server) -> dict[int, dict]:
 
 
 def run_after_restart(api: httpx.Client, sid: str, code: str) -> tuple[dict, bool]:
-    """The first run after a kernel died or was restarted: (result, whether it needed a retry).
+    """The first run after a kernel died or was restarted: (result, False).
 
-    Known manager race (see test_crashes.py::test_first_run_after_kernel_death_is_not_lost):
-    the first exchange with a restarted kernel sometimes loses its iopub messages, so that run
-    hangs to its timeout, or the tools preamble times out (503 kernel_unavailable). It is
-    retried once here so that the attack tests assert what they are about.
-    """
-    def once() -> dict:
-        r = api.post(f"/v1/sessions/{sid}/execute", json={"code": code, "timeout_seconds": 15})
-        if r.status_code == 503 and r.json()["error"]["code"] == "kernel_unavailable":
-            return {"status": "kernel_unavailable", "state_lost": True, "response": r.text}
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    res = once()
-    if res["status"] not in ("timeout", "kernel_unavailable"):
-        return res, False
-    retry = once()
-    retry["state_lost"] = retry["state_lost"] or res["state_lost"]
-    return retry, True
+    (It once retried a run that a manager race had lost; the race is fixed, so a lost run now
+    fails the test. The second value stays for the callers.)"""
+    r = api.post(f"/v1/sessions/{sid}/execute", json={"code": code, "timeout_seconds": 15})
+    assert r.status_code == 200, r.text
+    return r.json(), False

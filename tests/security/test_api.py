@@ -168,10 +168,6 @@ def test_hostile_session_bodies(api, body):
     assert r.json()["error"]["code"] == "invalid_request"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: BaseHandler.body_model catches only ValueError/UnicodeDecodeError around json.loads; "
-    "deeply nested JSON raises RecursionError, answered 500 (and logged as an uncaught "
-    "exception). Fix: also catch RecursionError -> BadJSON (400)."))
 @pytest.mark.parametrize("route", ["/v1/sessions", "/v1/sessions/{sid}/execute"])
 def test_deeply_nested_json_rejected(server, shared_sid, route):
     depth = 100_000

@@ -43,14 +43,6 @@ def decoy() -> Path:
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="kernels run as separate uids only when root")
-@pytest.mark.xfail(strict=True, reason=(
-    "HOST ESCAPE: kernel_dir/etc is owned by the kernel's uid and bound read-write inside the "
-    "sandbox at its host path, and BwrapProvisioner._write_etc (run as root on every (re)start) "
-    "follows symlinks: etc.mkdir(exist_ok=True) accepts a symlinked dir, write_text/os.chmod "
-    "follow a symlinked file, os.chown(etc) follows a symlinked dir. A kernel can make root "
-    "overwrite+chmod 0444 any host file or chown any host directory to its uid. Fix: keep etc "
-    "root-owned and out of the kernel-writable dir (or feed the files to bwrap with "
-    "--ro-bind-data/--file from memory), and open with O_NOFOLLOW/O_EXCL, lchown."))
 @pytest.mark.parametrize("mode", ["file", "dir"])
 def test_restart_does_not_follow_kernel_planted_symlinks(server, session_factory, run, api, decoy, mode):
     from .conftest import PRELUDE, report
@@ -99,14 +91,6 @@ print(_json.dumps({"leaks": leaks}))
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "CROSS-SESSION LEAK: kernels inherit the gateway's own stdout/stderr, i.e. the host file "
-    "data_dir/gateway/gateway.log shared by the gateway and every kernel (LocalProvisioner "
-    "launches with the parent's fds; launcher and bwrap pass them on; ipykernel keeps dups). "
-    "A kernel can append forged lines to it, ftruncate it, and, since it is 0644, re-open it "
-    "read-only via /proc/<pid>/fd/N to read the gateway's log and what other kernels wrote to "
-    "it. Fix: launch each kernel with stdout/stderr on its own pipe (or DEVNULL / a per-kernel "
-    "root-only file) in the provisioner's pre_launch, and create gateway.log 0600."))
 def test_kernels_hold_no_descriptor_to_host_files(server, session_factory, run):
     from .conftest import PRELUDE, report
 

@@ -58,7 +58,8 @@ def test_collector_result_error_and_ansi():
 
 
 def test_bwrap_argv_isolates_everything(tmp_path: Path):
-    argv = bwrap_argv(bwrap="bwrap", kernel_dir=tmp_path / "k", workspace=tmp_path / "ws",
+    argv = bwrap_argv(bwrap="bwrap", kernel_dir=tmp_path / "k", etc_dir=tmp_path / "etc",
+                      workspace=tmp_path / "ws",
                       ro_paths=["/usr", "/opt/venv"], tmp_bytes=1 << 20, env={"A": "1"},
                       command=["python", "-m", "ipykernel_launcher"])
     for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--new-session",

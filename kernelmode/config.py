@@ -55,6 +55,7 @@ class SessionSettings(_Section):
     ttl_seconds: int = Field(1800, ge=10)
     max_sessions: int = Field(50, ge=1)
     pool_size: int = Field(2, ge=0, description="Warm kernels kept ready (not counted in max_sessions).")
+    max_workspace_files: int = Field(10_000, ge=1, description="Files a workspace may hold (uploads).")
     reap_interval_seconds: float = Field(15.0, gt=0)
     default_timeout_seconds: float = Field(60.0, gt=0)
     max_timeout_seconds: float = Field(3600.0, gt=0)
@@ -107,6 +108,32 @@ class ToolBrokerSettings(_Section):
     max_recorded_calls: int = Field(1000, ge=1, description="Calls listed in one RunResult.")
 
 
+class ArtifactSettings(_Section):
+    """Where harvested files and outputs go: ``local`` (under the data dir) or ``s3``."""
+
+    store: Literal["local", "s3"] = "local"
+    link_ttl_seconds: int = Field(7 * 24 * 3600, ge=60, le=7 * 24 * 3600)
+    public_url: str | None = Field(None, description="Base URL of this server as clients reach it "
+                                   "(for local-store links); default http://HOST:PORT.")
+    max_artifact_bytes: int = Field(100 * 1024 * 1024, ge=1024)
+    max_artifacts_per_run: int = Field(50, ge=1)
+    # s3
+    endpoint: str | None = Field(None, description="host:port of the S3 API, e.g. minio:9000")
+    secure: bool = False
+    access_key: str | None = None
+    secret_key: str | None = None
+    bucket: str = "kernelmode"
+    region: str | None = None
+
+    @model_validator(mode="after")
+    def _s3_complete(self) -> ArtifactSettings:
+        if self.store == "s3":
+            missing = [k for k in ("endpoint", "access_key", "secret_key") if not getattr(self, k)]
+            if missing:
+                raise ValueError(f"store s3 needs {', '.join(missing)}")
+        return self
+
+
 class Settings(_Section):
     server: ServerSettings = Field(default_factory=ServerSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
@@ -115,6 +142,7 @@ class Settings(_Section):
     tools: list[ToolSettings] = Field(default_factory=list)
     mcp_servers: list[McpServerSettings] = Field(default_factory=list)
     tool_calls: ToolBrokerSettings = Field(default_factory=ToolBrokerSettings)
+    artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -7,6 +7,7 @@
     ├── ValidationError              (422 invalid_request)   a request that fails validation
     │   └── BadJSON                  (400 bad_json)
     ├── Unauthorized                 (401 unauthorized)
+    ├── Forbidden                    (403 forbidden)          a bad or expired download link
     ├── NotFound                     (404 not_found)
     │   └── SessionNotFound          (404 session_not_found)
     ├── Conflict                     (409 conflict)
@@ -60,6 +61,11 @@ class BadJSON(ValidationError):
 class Unauthorized(KernelmodeError):
     code = "unauthorized"
     http_status = 401
+
+
+class Forbidden(KernelmodeError):
+    code = "forbidden"
+    http_status = 403
 
 
 class NotFound(KernelmodeError):

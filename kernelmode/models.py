@@ -113,6 +113,38 @@ class ToolCall(BaseModel):
     bytes_out: int = Field(description="Size of the reply (result or error).")
 
 
+class Artifact(BaseModel):
+    """A file the run created or changed, or a rich output it displayed, kept in the store."""
+
+    path: str = Field(description="/mnt/data/... for files; outputs/output-N.ext for displays.")
+    name: str
+    size_bytes: int
+    mime_type: str
+    sha256: str
+    download_url: str = Field(description="Absolute link that works without the API token.")
+
+
+class WorkspaceFile(BaseModel):
+    name: str
+    path: str
+    size_bytes: int
+    mime_type: str
+    modified: datetime
+
+
+class FileList(BaseModel):
+    files: list[WorkspaceFile]
+
+
+class ArtifactList(BaseModel):
+    artifacts: list[Artifact]
+
+
+class UploadResult(BaseModel):
+    path: str = Field(description="Where kernel code finds the file, e.g. /mnt/data/sales.csv.")
+    size_bytes: int
+
+
 class RunResult(BaseModel):
     run_id: str
     session_id: str
@@ -133,6 +165,9 @@ class RunResult(BaseModel):
     cause: DeathCause | None = Field(None, description="Why the kernel died (status kernel_died).")
     tool_calls: list[ToolCall] = Field(default_factory=list, description="Host tools the code called.")
     tool_calls_truncated: bool = Field(False, description="More calls were made than are listed.")
+    artifacts: list[Artifact] = Field(default_factory=list, description="Files and outputs kept.")
+    artifacts_truncated: bool = Field(False, description="Some were left out (count or size cap).")
+    artifact_error: str | None = Field(None, description="The store failed; the run itself stands.")
 
 
 class ErrorDetail(BaseModel):

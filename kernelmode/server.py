@@ -14,6 +14,9 @@ from tornado import httpserver, web
 from tornado.netutil import bind_sockets
 
 from .api.handlers import NotFoundHandler, routes
+from .artifacts.base import ArtifactStore, StoreError
+from .artifacts.harvester import Harvester
+from .artifacts.local import LocalStore
 from .config import Settings
 from .errors import KernelmodeError, SandboxUnavailable
 from .gateway.client import GatewayClient
@@ -105,14 +108,38 @@ class KernelmodeApp:
                                      request_timeout=s.sessions.kernel_start_timeout_seconds + 10)
         self.store = SessionStore(self.data_dir / "sessions.sqlite3")
         await self.tools.start()
+        self.artifact_store = await self._start_store()
+        scratch = self.data_dir / "scratch"
+        scratch.mkdir(exist_ok=True, mode=0o700)
+        self.harvester = Harvester(self.artifact_store, s.artifacts, scratch)
         self.sessions = SessionManager(s, self.gateway, self.store, self.data_dir, dirs["state"],
-                                       s.sandbox.backend, ToolBroker(self.tools, s.tool_calls))
+                                       s.sandbox.backend, ToolBroker(self.tools, s.tool_calls),
+                                       self.harvester)
         await self.sessions.start()
         app = web.Application(routes, kernelmode=self, default_handler_class=NotFoundHandler)
         self.http = httpserver.HTTPServer(app, max_body_size=s.server.max_body_bytes, xheaders=False)
         socks = bind_sockets(s.server.port, s.server.host)
         self.port = socks[0].getsockname()[1]
         self.http.add_sockets(socks)
+        self.harvester.public_url = (s.artifacts.public_url or self.url).rstrip("/")
+
+    async def _start_store(self) -> ArtifactStore:
+        cfg = self.settings.artifacts
+        store: ArtifactStore
+        if cfg.store == "s3":
+            from .artifacts.s3 import S3Store
+
+            store = S3Store(cfg)
+        else:
+            store = LocalStore(self.data_dir / "artifacts", cfg.link_ttl_seconds)
+        try:
+            await store.start()
+            self.store_error = None
+        except StoreError as e:
+            # Runs still work; their results say that artifacts could not be kept.
+            self.store_error = str(e)
+            log.error("artifact store unavailable: %s", e)
+        return store
 
     @property
     def url(self) -> str:
@@ -124,6 +151,9 @@ class KernelmodeApp:
                           and await self.gateway.ping())
         return {
             "gateway": {"ok": gateway_ok},
+            "artifacts": {"ok": getattr(self, "store_error", None) is None,
+                          "store": self.settings.artifacts.store,
+                          "error": getattr(self, "store_error", None)},
             "pool": {"ok": True, "ready": self.sessions.pool_size if getattr(self, "sessions", None) else 0,
                      "size": self.settings.sessions.pool_size},
             "sandbox": {"ok": bool(self.sandbox_report), "backend": self.settings.sandbox.backend,
@@ -139,6 +169,8 @@ class KernelmodeApp:
         if self.gateway_process is not None:
             await self.gateway_process.stop()
         await self.tools.stop()
+        if getattr(self, "artifact_store", None) is not None:
+            await self.artifact_store.stop()
         if self.store is not None:
             self.store.close()
 

@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
+import os
 from typing import Any, TypeVar
+from urllib.parse import quote, unquote
 
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 from tornado import web
 
-from ..errors import BadJSON, KernelmodeError, SessionNotFound, Unauthorized, ValidationError
+from ..artifacts.base import StoreError
+from ..artifacts.local import LocalStore
+from ..errors import (
+    BadJSON,
+    Forbidden,
+    KernelmodeError,
+    NotFound,
+    SessionNotFound,
+    Unauthorized,
+    ValidationError,
+)
 from ..models import (
     SESSION_ID_PATTERN,
+    ArtifactList,
     ExecuteRequest,
+    FileList,
     Health,
     SessionCreate,
     SessionList,
@@ -160,6 +175,68 @@ class ToolsHandler(BaseHandler):
         self.send(ToolList(tools=self.app.tools.infos()))
 
 
+# Types a browser would render (and run scripts in): always downloaded, never sniffed.
+_ACTIVE_TYPES = {"text/html", "image/svg+xml", "application/xhtml+xml", "text/xml", "application/xml"}
+
+
+class FilesHandler(BaseHandler):
+    async def get(self, session_id: str) -> None:
+        files = await self.app.sessions.list_files(session_id)
+        self.send(FileList.model_validate({"files": files}))
+
+
+class FileHandler(BaseHandler):
+    async def put(self, session_id: str, path: str) -> None:
+        overwrite = self.get_query_argument("overwrite", "false").lower() in ("1", "true", "yes")
+        result = await self.app.sessions.upload(session_id, path, self.request.body, overwrite)
+        self.send(result, 201)
+
+    async def get(self, session_id: str, path: str) -> None:
+        fd, size, mime = await asyncio.to_thread(self.app.sessions.open_file, session_id, path)
+        self.set_header("Content-Type", mime)
+        self.set_header("Content-Length", str(size))
+        self.set_header("X-Content-Type-Options", "nosniff")
+        name = path.rsplit("/", 1)[-1]
+        if mime in _ACTIVE_TYPES:
+            self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(name)}")
+        with os.fdopen(fd, "rb") as f:
+            while chunk := await asyncio.to_thread(f.read, 1 << 20):
+                self.write(chunk)
+                await self.flush()
+        self.finish()
+
+
+class ArtifactsHandler(BaseHandler):
+    async def get(self, session_id: str) -> None:
+        self.send(ArtifactList(artifacts=await self.app.sessions.artifacts(session_id)))
+
+
+class PublicArtifactHandler(BaseHandler):
+    """Local-store download links: signed and expiring, so they need no bearer token."""
+
+    public = True
+
+    async def get(self, key: str) -> None:
+        store = self.app.artifact_store
+        if not isinstance(store, LocalStore):
+            raise web.HTTPError(404, "artifacts are served by the S3 store's own links")
+        key = unquote(key)
+        if not store.verify(key, self.get_query_argument("expires", ""), self.get_query_argument("sig", "")):
+            raise Forbidden("this download link is invalid or has expired: ask for a fresh one "
+                            "(GET /v1/sessions/{id}/artifacts)")
+        try:
+            data = await store.get(key)
+        except StoreError as e:
+            raise NotFound(str(e)) from e
+        mime = store.content_type(key)
+        self.set_header("Content-Type", mime)
+        self.set_header("X-Content-Type-Options", "nosniff")
+        name = key.rsplit("/", 1)[-1]
+        if mime in _ACTIVE_TYPES:
+            self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(name)}")
+        self.finish(data)
+
+
 class NotFoundHandler(BaseHandler):
     def prepare(self) -> None:
         super().prepare()
@@ -179,4 +256,8 @@ routes = [
     (rf"/v1/sessions/({SID})/execute", ExecuteHandler),
     (rf"/v1/sessions/({SID})/interrupt", InterruptHandler),
     (rf"/v1/sessions/({SID})/restart", RestartHandler),
+    (rf"/v1/sessions/({SID})/files", FilesHandler),
+    (rf"/v1/sessions/({SID})/files/(.+)", FileHandler),
+    (rf"/v1/sessions/({SID})/artifacts", ArtifactsHandler),
+    (r"/v1/artifacts/(.+)", PublicArtifactHandler),
 ]

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import time
 import uuid
@@ -20,6 +21,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from ..artifacts.harvester import Harvester
+from ..artifacts.workspace import FileEntry, Workspace, WorkspaceFull, clean_path, mime_type
 from ..config import Settings
 from ..errors import (
     KernelmodeError,
@@ -34,6 +37,7 @@ from ..gateway.client import KERNEL_DEAD, GatewayClient, KernelConnection
 from ..gateway.execution import OutputCollector
 from ..kernel.preamble import MARKER, boot_code
 from ..models import (
+    Artifact,
     DeathCause,
     Limits,
     RunError,
@@ -42,6 +46,7 @@ from ..models import (
     SessionCreate,
     SessionInfo,
     ToolCall,
+    UploadResult,
 )
 from ..sandbox.spec import KernelParams, pop_death_record
 from ..tools.broker import ToolBroker
@@ -73,6 +78,12 @@ class LiveSession:
     pending_cause: DeathCause | None = None
     closed: bool = False  # deleted: a run in progress must not wait for its kernel
     tools_installed: str | None = None  # the tool specs (JSON) the kernel's preamble holds
+    files: dict[str, FileEntry] = field(default_factory=dict)  # workspace as of the last harvest
+
+    def workspace_view(self) -> Workspace:
+        st = self.workspace.stat()
+        owner = (st.st_uid, st.st_gid) if os.getuid() == 0 and st.st_uid != 0 else None
+        return Workspace(self.workspace, owner)
 
     def touch(self) -> None:
         now = _now()
@@ -82,9 +93,10 @@ class LiveSession:
 
 class SessionManager:
     def __init__(self, settings: Settings, gateway: GatewayClient, store: SessionStore, data_dir: Path,
-                 state_dir: Path, sandbox: str, broker: ToolBroker) -> None:
+                 state_dir: Path, sandbox: str, broker: ToolBroker, harvester: Harvester | None = None) -> None:
         self.settings = settings
         self.broker = broker
+        self.harvester = harvester
         self.gateway = gateway
         self.store = store
         self.workspaces = data_dir / "workspaces"
@@ -267,6 +279,7 @@ class SessionManager:
         finally:
             self._creating.discard(sid)
         self._live[sid] = s
+        self.store.forget_runs(sid)  # runs of an earlier session with this id are not this one's
         self.store.save(info, s.kernel_id, s.workspace)
         log.info("session %s created (kernel %s)", sid, s.kernel_id)
         return info
@@ -356,9 +369,14 @@ class SessionManager:
                 s.touch()
                 if s.info.status == "busy":
                     s.info.status = "idle"
-            result.duration_ms = round((time.monotonic() - started) * 1000, 3)
             if session_id not in self._live:  # deleted (or reaped) while the code ran
                 raise SessionNotFound(f"session {session_id!r} was deleted while the code ran")
+            if self.harvester is not None and result.status == "ok":
+                ws = s.workspace_view()
+                after = await asyncio.to_thread(ws.scan)
+                await self.harvester.harvest(session_id, result, ws, s.files, after)
+                s.files = after
+            result.duration_ms = round((time.monotonic() - started) * 1000, 3)
             if result.execution_count is not None:
                 s.info.execution_count = result.execution_count
             self.store.add_run(code, result)
@@ -549,6 +567,46 @@ class SessionManager:
                 return cause
             await asyncio.sleep(0.05)
         return DeathCause(kind="unknown")
+
+    # -- files -----------------------------------------------------------------------------------
+    async def upload(self, session_id: str, path: str, body: bytes, overwrite: bool) -> UploadResult:
+        s = self._session(session_id)
+        rel = clean_path(path)
+        ws = s.workspace_view()
+        cap = s.info.limits.disk_mb * 1024 * 1024
+        used, count = await asyncio.to_thread(ws.usage)
+        if used + len(body) > cap:
+            raise WorkspaceFull(f"the workspace would exceed its {s.info.limits.disk_mb} MB "
+                                f"({used} bytes used); delete files or ask for a larger disk_mb")
+        if count >= self.settings.sessions.max_workspace_files:
+            raise WorkspaceFull(f"the workspace holds its maximum of {count} files")
+        shown = await asyncio.to_thread(ws.write, rel, body, overwrite)
+        # An upload is an input, not something a run made: not an artifact of the next run.
+        entry = (await asyncio.to_thread(ws.scan)).get(str(rel))
+        if entry is not None:
+            s.files[str(rel)] = entry
+        return UploadResult(path=shown, size_bytes=len(body))
+
+    async def list_files(self, session_id: str) -> list[dict[str, object]]:
+        s = self._session(session_id)
+        files = await asyncio.to_thread(s.workspace_view().scan)
+        return [e.info() for _, e in sorted(files.items())]
+
+    def open_file(self, session_id: str, path: str) -> tuple[int, int, str]:
+        """(fd, size, mime type) of a workspace file, opened without following links."""
+        s = self._session(session_id)
+        rel = clean_path(path)
+        fd, st = s.workspace_view().open_file(rel)
+        return fd, st.st_size, mime_type(rel.name)
+
+    async def artifacts(self, session_id: str) -> list[Artifact]:
+        """Artifacts of the session's runs (also after the session was deleted), fresh links."""
+        if self.harvester is None:
+            return []
+        runs = self.store.runs(session_id)
+        if not runs and session_id not in self._live and self.store.get(session_id) is None:
+            raise SessionNotFound(f"no session or artifacts {session_id!r}")
+        return [await self.harvester.relink(session_id, r.run_id, a) for _, r in runs for a in r.artifacts]
 
     # -- interrupt / restart -----------------------------------------------------------------------
     async def interrupt(self, session_id: str) -> SessionInfo:

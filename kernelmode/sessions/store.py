@@ -57,8 +57,12 @@ class SessionStore:
         return sorted(infos, key=lambda i: i.created_at)
 
     def delete(self, session_id: str) -> None:
-        self._db.execute("DELETE FROM runs WHERE session_id=?", (session_id,))
+        """Forget the session; its runs stay (their artifacts outlive the session)."""
         self._db.execute("DELETE FROM sessions WHERE session_id=?", (session_id,))
+
+    def forget_runs(self, session_id: str) -> None:
+        """A new session takes over an id: the old session's runs are no longer its."""
+        self._db.execute("DELETE FROM runs WHERE session_id=?", (session_id,))
 
     def workspace(self, session_id: str) -> Path | None:
         row = self._db.execute("SELECT workspace FROM sessions WHERE session_id=?", (session_id,)).fetchone()

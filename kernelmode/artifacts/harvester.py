@@ -1,0 +1,109 @@
+"""Harvester: after a successful run, keep new or changed workspace files and the run's rich
+outputs in the artifact store, and describe them (path, size, type, sha256, link)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import logging
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ..config import ArtifactSettings
+from ..errors import KernelmodeError
+from ..models import Artifact, RunResult
+from .base import ArtifactStore, StoreError
+from .workspace import FileEntry, Workspace, mime_type, temp_copy
+
+log = logging.getLogger("kernelmode.artifacts")
+
+# Rich output types kept as files, in order of preference within one display.
+OUTPUT_TYPES = {
+    "image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/svg+xml": "svg",
+    "application/pdf": "pdf", "text/html": "html", "application/json": "json",
+}
+BINARY_TYPES = {"image/png", "image/jpeg", "image/gif", "application/pdf"}
+
+
+class Harvester:
+    def __init__(self, store: ArtifactStore, settings: ArtifactSettings, scratch: Path) -> None:
+        self.store = store
+        self.settings = settings
+        self.scratch = scratch
+        self.public_url = ""
+
+    async def harvest(self, session_id: str, result: RunResult, ws: Workspace,
+                      before: dict[str, FileEntry], after: dict[str, FileEntry]) -> None:
+        """Fill ``result.artifacts`` (never raises: a store failure is ``artifact_error``)."""
+        changed = [e for rel, e in sorted(after.items())
+                   if (b := before.get(rel)) is None or (b.size, b.mtime_ns, b.inode) != (e.size, e.mtime_ns, e.inode)]
+        budget = self.settings.max_artifacts_per_run
+        try:
+            for entry in changed:
+                if len(result.artifacts) >= budget:
+                    result.artifacts_truncated = True
+                    break
+                await self._keep_file(session_id, result, ws, entry)
+            for i, output in enumerate(result.outputs):
+                if len(result.artifacts) >= budget:
+                    result.artifacts_truncated = True
+                    break
+                await self._keep_output(session_id, result, i, output)
+        except StoreError as e:
+            result.artifact_error = f"the artifact store failed, some files were not kept: {e}"
+            log.warning("session %s run %s: %s", session_id, result.run_id, e)
+
+    async def _keep_file(self, session_id: str, result: RunResult, ws: Workspace, entry: FileEntry) -> None:
+        if entry.size > self.settings.max_artifact_bytes:
+            result.artifacts_truncated = True
+            return
+        try:
+            tmp, size, sha = await asyncio.to_thread(
+                temp_copy, ws, PurePosixPath(entry.path), self.scratch, self.settings.max_artifact_bytes)
+        except KernelmodeError:  # gone, replaced by a link, or grew past the cap meanwhile
+            result.artifacts_truncated = True
+            return
+        try:
+            await self._put(session_id, result, f"/mnt/data/{entry.path}", entry.path, tmp, size, sha)
+        finally:
+            tmp.unlink(missing_ok=True)  # noqa: ASYNC240 (a local temp file)
+
+    async def _keep_output(self, session_id: str, result: RunResult, index: int, output: dict[str, Any]) -> None:
+        data = output.get("data", {})
+        mime = next((m for m in OUTPUT_TYPES if m in data), None)
+        if mime is None:
+            return
+        value = data[mime]
+        if mime in BINARY_TYPES:
+            raw = base64.b64decode(value) if isinstance(value, str) else b""
+        elif isinstance(value, str):
+            raw = value.encode()
+        else:
+            raw = json.dumps(value).encode()
+        name = f"output-{index + 1}.{OUTPUT_TYPES[mime]}"
+        with tempfile.NamedTemporaryFile(dir=self.scratch, delete=False) as f:
+            f.write(raw)
+        tmp = Path(f.name)
+        try:
+            await self._put(session_id, result, f"outputs/{name}", f"outputs/{name}", tmp, len(raw),
+                            hashlib.sha256(raw).hexdigest(), mime)
+        finally:
+            tmp.unlink(missing_ok=True)  # noqa: ASYNC240
+
+    async def _put(self, session_id: str, result: RunResult, shown: str, rel: str, tmp: Path,
+                   size: int, sha: str, mime: str | None = None) -> None:
+        key = f"{session_id}/{result.run_id}/{rel}"
+        mime = mime or mime_type(rel)
+        await self.store.put_file(key, tmp, mime)
+        result.artifacts.append(Artifact(
+            path=shown, name=PurePosixPath(rel).name, size_bytes=size, mime_type=mime, sha256=sha,
+            download_url=await self.store.link(key, self.public_url),
+        ))
+
+    async def relink(self, session_id: str, run_id: str, artifact: Artifact) -> Artifact:
+        """The same artifact with a fresh download link (links expire; objects stay)."""
+        key = f"{session_id}/{run_id}/{artifact.path.removeprefix('/mnt/data/')}"
+        return artifact.model_copy(update={"download_url": await self.store.link(key, self.public_url)})

@@ -126,7 +126,10 @@ class Workspace:
         """Write a file atomically (temp file + rename); returns its path in the kernel."""
         if max_total_bytes is not None and self.usage()[0] + size_hint > max_total_bytes:
             raise WorkspaceFull(f"the workspace is full (limit {max_total_bytes} bytes)")
-        dfd = self._open_dir(rel.parts[:-1], create=True)
+        try:
+            dfd = self._open_dir(rel.parts[:-1], create=True)
+        except OSError as e:  # a parent is a file, or a link the kernel planted (ELOOP)
+            raise FileExists(f"a parent of {WORKSPACE_MOUNT}/{rel} is not a directory") from e
         try:
             try:
                 existing = os.stat(rel.name, dir_fd=dfd, follow_symlinks=False)

@@ -1,0 +1,70 @@
+"""kernelmode serve with the S3 store (moto's S3 server on loopback, reached by the minio client)."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+
+import httpx
+
+from tests.conftest import start_server
+
+from .conftest import S3Server, free_port
+
+
+def _s3_env(endpoint: str, bucket: str) -> dict[str, str]:
+    return {
+        "KERNELMODE_ARTIFACTS__STORE": "s3",
+        "KERNELMODE_ARTIFACTS__ENDPOINT": endpoint,
+        "KERNELMODE_ARTIFACTS__ACCESS_KEY": "testing",
+        "KERNELMODE_ARTIFACTS__SECRET_KEY": "testing",
+        "KERNELMODE_ARTIFACTS__BUCKET": bucket,
+        "KERNELMODE_SESSIONS__POOL_SIZE": "0",
+    }
+
+
+def test_runs_harvest_into_s3_with_presigned_links(s3_server: S3Server):
+    bucket = f"km-{uuid.uuid4().hex[:12]}"
+    srv = start_server(_s3_env(s3_server.endpoint, bucket))
+    try:
+        with srv.client() as c:
+            assert c.get("/readyz").json()["checks"]["artifacts"] == {"ok": True, "store": "s3", "error": None}
+            sid = c.post("/v1/sessions", json={}).json()["session_id"]
+            r = c.post(f"/v1/sessions/{sid}/execute", json={"code": (
+                "import matplotlib.pyplot as plt\nopen('report.txt', 'w').write('hello s3')\n"
+                "plt.plot([1, 3, 2])\nplt.show()")}).json()
+            assert r["status"] == "ok" and r["artifact_error"] is None, r
+            arts = {a["path"]: a for a in r["artifacts"]}
+            assert set(arts) == {"/mnt/data/report.txt", "outputs/output-1.png"}
+            url = arts["/mnt/data/report.txt"]["download_url"]
+            assert url.startswith(f"http://{s3_server.endpoint}/{bucket}/{sid}/") and "X-Amz-Signature" in url
+            got = httpx.get(url, trust_env=False)
+            assert got.status_code == 200 and got.text == "hello s3"
+            png = httpx.get(arts["outputs/output-1.png"]["download_url"], trust_env=False)
+            assert png.content[:4] == b"\x89PNG" and png.headers["content-type"] == "image/png"
+            assert c.delete(f"/v1/sessions/{sid}").status_code == 204
+            listed = c.get(f"/v1/sessions/{sid}/artifacts").json()["artifacts"]
+            assert {a["path"] for a in listed} == set(arts)
+            assert httpx.get(listed[0]["download_url"], trust_env=False).status_code == 200
+    finally:
+        srv.stop()
+        shutil.rmtree(srv.data_dir, ignore_errors=True)
+
+
+def test_store_down_gives_an_artifact_error_never_a_lost_run():
+    srv = start_server(_s3_env(f"127.0.0.1:{free_port()}", "nobody-listens"))
+    try:
+        with srv.client() as c:
+            ready = c.get("/readyz")
+            assert ready.status_code == 503
+            assert ready.json()["checks"]["artifacts"]["ok"] is False
+            sid = c.post("/v1/sessions", json={}).json()["session_id"]
+            r = c.post(f"/v1/sessions/{sid}/execute",
+                       json={"code": "open('a.txt', 'w').write('a')\nx = 41\nx + 1"}).json()
+            assert r["status"] == "ok" and r["result"] == "42"
+            assert r["artifacts"] == [] and "artifact store failed" in r["artifact_error"]
+            # The session goes on.
+            assert c.post(f"/v1/sessions/{sid}/execute", json={"code": "x"}).json()["result"] == "41"
+    finally:
+        srv.stop()
+        shutil.rmtree(srv.data_dir, ignore_errors=True)

@@ -76,6 +76,8 @@ class Harvester:
         mime = next((m for m in OUTPUT_TYPES if m in data), None)
         if mime is None:
             return
+        if output.get("type") == "execute_result" and not mime.startswith("image/"):
+            return  # the repr of the last value (a DataFrame's HTML...) is the result, not a file
         value = data[mime]
         if mime in BINARY_TYPES:
             raw = base64.b64decode(value) if isinstance(value, str) else b""

@@ -129,3 +129,23 @@ def test_caps_on_artifacts_and_uploads(api, session_factory, run):
     assert r.status_code == 413 and r.json()["error"]["code"] == "workspace_full"
     res = run(sid, "for i in range(60):\n    open(f'f{i:02d}.txt', 'w').write(str(i))")
     assert len(res["artifacts"]) == 50 and res["artifacts_truncated"] is True
+
+
+def test_marketing_report_example_runs(server, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = tmp_path / "report.pdf"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "marketing_report.py"), str(out)],
+        env={**os.environ, "KERNELMODE_URL": server.url, "KERNELMODE_TOKEN": server.token},
+        capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "step 2: ok; artifacts: by_channel.png, monthly.png, output-1.png, output-2.png" in proc.stdout
+    assert "step 1: ok; artifacts: -" in proc.stdout
+    assert "best channel: search (roi 2.29)" in proc.stdout
+    assert out.read_bytes().startswith(b"%PDF")

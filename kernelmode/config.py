@@ -49,6 +49,9 @@ class SandboxSettings(_Section):
     )
     uid_count: int = Field(65_536, ge=1)
     cgroups: Literal["auto", "off"] = "auto"
+    workspace_quota: Literal["auto", "off"] = Field(
+        "auto", description="'auto': each workspace a loop-mounted ext4 volume of disk_mb, when "
+        "the machine allows (root, loop devices); 'off': plain directories.")
 
 
 class SessionSettings(_Section):

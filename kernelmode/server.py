@@ -154,6 +154,7 @@ class KernelmodeApp:
             "artifacts": {"ok": getattr(self, "store_error", None) is None,
                           "store": self.settings.artifacts.store,
                           "error": getattr(self, "store_error", None)},
+            "workspace_quota": {"ok": True, "mechanism": getattr(getattr(self, "sessions", None), "quota", "")},
             "pool": {"ok": True, "ready": self.sessions.pool_size if getattr(self, "sessions", None) else 0,
                      "size": self.settings.sessions.pool_size},
             "sandbox": {"ok": bool(self.sandbox_report), "backend": self.settings.sandbox.backend,

@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts.harvester import Harvester
+from ..artifacts.volume import WorkspaceVolumes
 from ..artifacts.workspace import FileEntry, Workspace, WorkspaceFull, clean_path, mime_type
 from ..config import Settings
 from ..errors import (
@@ -100,6 +100,8 @@ class SessionManager:
         self.gateway = gateway
         self.store = store
         self.workspaces = data_dir / "workspaces"
+        self.volumes = WorkspaceVolumes(self.workspaces, settings.sandbox.workspace_quota)
+        self.quota = "off"
         self.state_dir = state_dir
         self.sandbox = sandbox
         self._live: dict[str, LiveSession] = {}
@@ -117,11 +119,13 @@ class SessionManager:
             log.info("%d session(s) of a previous run are marked lost", lost)
         self.workspaces.mkdir(parents=True, exist_ok=True)
         self.workspaces.chmod(0o711)
+        self.quota = await asyncio.to_thread(self.volumes.start)
+        log.info("workspace quota: %s", self.quota)
         # Workspaces of kernels that belong to no session (a previous run's pool) are litter.
         keep = self.store.workspaces()
         for d in self.workspaces.iterdir():
-            if d not in keep:
-                shutil.rmtree(d, ignore_errors=True)
+            if d.suffix != ".img" and d not in keep:
+                await asyncio.to_thread(self.volumes.destroy, d)
         self._reaper = asyncio.create_task(self._reap_forever(), name="reaper")
         self._refill_pool()
 
@@ -136,6 +140,7 @@ class SessionManager:
             if s.conn:
                 await s.conn.close()
             self.store.mark_lost(s.info)
+            await asyncio.to_thread(self.volumes.unmount, s.workspace)
         self._live.clear()
         for s in self._pool:
             await self._discard(s)
@@ -184,7 +189,7 @@ class SessionManager:
         """Start a sandboxed kernel with its own workspace, connect, install the preamble."""
         kernel_id = str(uuid.uuid4())
         workspace = self.workspaces / kernel_id
-        workspace.mkdir(mode=0o700)
+        await asyncio.to_thread(self.volumes.create, workspace, info.limits.disk_mb)
         s = LiveSession(info=info, kernel_id=kernel_id, workspace=workspace)
         timeout = self.settings.sessions.kernel_start_timeout_seconds
         started = False
@@ -210,7 +215,8 @@ class SessionManager:
             with contextlib.suppress(KernelmodeError):
                 await self.gateway.shutdown_kernel(s.kernel_id)
         pop_death_record(self.state_dir, s.kernel_id)
-        shutil.rmtree(s.workspace, ignore_errors=True)
+        with contextlib.suppress(KernelmodeError):
+            await asyncio.to_thread(self.volumes.destroy, s.workspace)
 
     # -- queries -----------------------------------------------------------------------------------
     def all(self) -> list[SessionInfo]:
@@ -330,7 +336,8 @@ class SessionManager:
             if self.store.get(session_id) is None:
                 raise SessionNotFound(f"no session {session_id!r}")
             if workspace is not None:  # a lost session: only its files are left
-                shutil.rmtree(workspace, ignore_errors=True)
+                with contextlib.suppress(KernelmodeError):
+                    await asyncio.to_thread(self.volumes.destroy, workspace)
         else:
             await self._discard(s)
             self.broker.forget_session(session_id)

@@ -50,6 +50,8 @@ def test_cap_shutdown_and_lost_sessions_after_restart():
         while _processes_mentioning(str(data_dir)) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _processes_mentioning(str(data_dir)) == []
+        mounts = Path("/proc/self/mountinfo").read_text()
+        assert f"{data_dir}/" not in mounts  # workspace volumes are detached at shutdown
 
         srv = start_server(data_dir=data_dir)
         with srv.client() as c:
@@ -80,7 +82,15 @@ def test_sigkill_of_the_manager_leaves_no_kernel():
             time.sleep(0.2)
         assert _processes_mentioning(str(data_dir)) == []
     finally:
+        _unmount_under(data_dir)  # a killed manager cannot detach its workspace volumes
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _unmount_under(root: Path) -> None:
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mount_point = line.split()[4]
+        if mount_point.startswith(f"{root}/"):
+            subprocess.run(["umount", "-l", mount_point], check=False, capture_output=True)
 
 
 def test_sandbox_none_must_be_asked_for_and_warns():

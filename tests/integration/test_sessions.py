@@ -145,20 +145,24 @@ def test_concurrent_calls_run_one_at_a_time_in_arrival_order(server, session_fac
     with server.client() as c:
         c.post(f"/v1/sessions/{sid}/execute", json={"code": "order = []"})
     results: dict[int, dict] = {}
+    clients = [server.client() for _ in range(4)]
+    for c in clients:  # connections open before the race, so each call is one quick send
+        assert c.get("/healthz").status_code == 200
 
     def call(i: int) -> None:
-        with server.client() as c:
-            code = f"import time\nstart = time.time()\ntime.sleep(0.3)\norder.append({i})\n(start, time.time())"
-            results[i] = c.post(f"/v1/sessions/{sid}/execute", json={"code": code}).json()
+        code = f"import time\nstart = time.time()\ntime.sleep(0.3)\norder.append({i})\n(start, time.time())"
+        results[i] = clients[i].post(f"/v1/sessions/{sid}/execute", json={"code": code}).json()
 
     threads = []
     for i in range(4):
         t = threading.Thread(target=call, args=(i,))
         t.start()
         threads.append(t)
-        time.sleep(0.05)  # fix the arrival order
+        time.sleep(0.2)  # fix the arrival order
     for t in threads:
         t.join(60)
+    for c in clients:
+        c.close()
     assert all(results[i]["status"] == "ok" for i in range(4))
     spans = sorted(eval(results[i]["result"]) for i in range(4))  # (start, end) per run
     for (_, end), (start, _) in zip(spans, spans[1:], strict=False):

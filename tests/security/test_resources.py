@@ -121,11 +121,6 @@ def test_disk_fill_stopped_by_file_size_limit(server, session_factory, run, prob
     assert run(sid, "print(2 + 2)")["stdout"] == "4\n"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "WEAKNESS: disk_mb is only RLIMIT_FSIZE (largest single file) and /mnt/data is a bind of a "
-    "host directory with no quota, so a kernel can fill the host filesystem holding the data "
-    "dir with many files each below disk_mb. Fix: a per-workspace quota (project quota / a "
-    "size-capped loop or tmpfs mount / periodic du + kill)."))
 def test_workspace_total_size_is_capped(server, session_factory, run):
     sid = session_factory(limits={"disk_mb": 5})
     res = run(sid, """
@@ -140,6 +135,7 @@ except OSError as e:
 print(written)
 """, timeout_seconds=60)
     assert res["status"] == "ok", res
+    assert "refused [Errno 28] No space left on device" in res["stdout"], res  # a clear error inside
     total = sum(p.stat().st_size for p in host_file_in_workspace(server, "part0").parent.iterdir())
     assert total <= 5 * MiB, f"{total} bytes written to the host with disk_mb=5"
 

@@ -17,10 +17,14 @@ from ..models import (
     SessionCreate,
     SessionInfo,
     SessionList,
+    ArtifactList,
+    FileList,
     ToolList,
+    UploadResult,
 )
 
-_MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health, ToolList]
+_MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health, ToolList,
+           FileList, ArtifactList, UploadResult]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -32,7 +36,7 @@ def _json(name: str, description: str) -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    text = {400: "Bad JSON", 401: "Missing or wrong token", 404: "Unknown session", 409: "Conflict",
+    text = {400: "Bad JSON", 401: "Missing or wrong token", 403: "Forbidden", 404: "Unknown session", 409: "Conflict",
             413: "Too large", 422: "Invalid request", 429: "Too many sessions", 503: "Kernel or gateway unavailable"}
     return {str(c): _json("ErrorBody", text[c]) for c in codes}
 
@@ -72,6 +76,25 @@ def openapi_document() -> dict[str, Any]:
             "parameters": [sid],
             "post": {"summary": "Interrupt the running code",
                      "responses": {"200": _json("SessionInfo", "Interrupt sent"), **_errors(401, 404, 503)}},
+        },
+        "/v1/sessions/{session_id}/files": {
+            "parameters": [sid],
+            "get": {"summary": "Files in the session's workspace (/mnt/data)",
+                    "responses": {"200": _json("FileList", "Files"), **_errors(401, 404, 503)}},
+        },
+        "/v1/sessions/{session_id}/files/{path}": {
+            "parameters": [sid, {"name": "path", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "put": {"summary": "Upload a file (raw body); ?overwrite=true to replace",
+                    "parameters": [{"name": "overwrite", "in": "query", "schema": {"type": "boolean"}}],
+                    "requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                    "responses": {"201": _json("UploadResult", "Stored"), **_errors(401, 404, 409, 413, 422, 503)}},
+            "get": {"summary": "Download a workspace file",
+                    "responses": {"200": {"description": "The bytes"}, **_errors(401, 404, 422)}},
+        },
+        "/v1/sessions/{session_id}/artifacts": {
+            "parameters": [sid],
+            "get": {"summary": "Artifacts of the session's runs (also after it was deleted)",
+                    "responses": {"200": _json("ArtifactList", "Artifacts"), **_errors(401, 404)}},
         },
         "/v1/sessions/{session_id}/restart": {
             "parameters": [sid],

@@ -10,15 +10,15 @@ from pydantic.json_schema import models_json_schema
 from .. import __version__
 from ..models import (
     SESSION_ID_PATTERN,
+    ArtifactList,
     ErrorBody,
     ExecuteRequest,
+    FileList,
     Health,
     RunResult,
     SessionCreate,
     SessionInfo,
     SessionList,
-    ArtifactList,
-    FileList,
     ToolList,
     UploadResult,
 )

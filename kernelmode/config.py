@@ -119,6 +119,7 @@ class ArtifactSettings(_Section):
     public_url: str | None = Field(None, description="Base URL of this server as clients reach it "
                                    "(for local-store links); default http://HOST:PORT.")
     max_artifact_bytes: int = Field(100 * 1024 * 1024, ge=1024)
+    max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1024, description="Largest file upload.")
     max_artifacts_per_run: int = Field(50, ge=1)
     # s3
     endpoint: str | None = Field(None, description="host:port of the S3 API, e.g. minio:9000")

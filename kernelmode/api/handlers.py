@@ -7,12 +7,14 @@ import hmac
 import json
 import logging
 import os
+import tempfile
 from typing import Any, TypeVar
 from urllib.parse import quote, unquote
 
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 from tornado import web
+from tornado.http1connection import HTTP1Connection
 
 from ..artifacts.base import StoreError
 from ..artifacts.local import LocalStore
@@ -21,6 +23,7 @@ from ..errors import (
     Forbidden,
     KernelmodeError,
     NotFound,
+    PayloadTooLarge,
     SessionNotFound,
     Unauthorized,
     ValidationError,
@@ -185,10 +188,42 @@ class FilesHandler(BaseHandler):
         self.send(FileList.model_validate({"files": files}))
 
 
+@web.stream_request_body
 class FileHandler(BaseHandler):
+    """Uploads stream to a spool file (not memory) under their own size cap."""
+
+    _spool: Any = None
+    _received = 0
+
+    def prepare(self) -> None:
+        super().prepare()
+        if self.request.method != "PUT":
+            return
+        cap = self.app.settings.artifacts.max_upload_bytes
+        length = int(self.request.headers.get("Content-Length", "0") or 0)
+        if length > cap:
+            raise PayloadTooLarge(f"the upload is {length} bytes, over this server's limit of {cap}")
+        conn = self.request.connection
+        if isinstance(conn, HTTP1Connection):
+            conn.set_max_body_size(cap + 1)
+        self._spool = tempfile.SpooledTemporaryFile(max_size=1 << 20)  # noqa: SIM115
+
+    def data_received(self, chunk: bytes) -> None:
+        self._received += len(chunk)
+        if self._spool is not None and self._received <= self.app.settings.artifacts.max_upload_bytes:
+            self._spool.write(chunk)
+
+    def on_finish(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+
     async def put(self, session_id: str, path: str) -> None:
+        cap = self.app.settings.artifacts.max_upload_bytes
+        if self._received > cap:
+            raise PayloadTooLarge(f"the upload is over this server's limit of {cap} bytes")
         overwrite = self.get_query_argument("overwrite", "false").lower() in ("1", "true", "yes")
-        result = await self.app.sessions.upload(session_id, path, self.request.body, overwrite)
+        self._spool.seek(0)
+        result = await self.app.sessions.upload(session_id, path, self._spool, self._received, overwrite)
         self.send(result, 201)
 
     async def get(self, session_id: str, path: str) -> None:

@@ -8,6 +8,8 @@ kernel could link a file of its own directory, like its connection file, into th
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import mimetypes
 import os
 import stat
@@ -121,11 +123,8 @@ class Workspace:
             raise FileNotFound(f"no regular file {WORKSPACE_MOUNT}/{rel}")
         return fd, st
 
-    def write(self, rel: PurePosixPath, chunks: Iterator[bytes] | bytes, overwrite: bool,
-              max_total_bytes: int | None = None, size_hint: int = 0) -> str:
+    def write(self, rel: PurePosixPath, chunks: Iterator[bytes] | bytes, overwrite: bool) -> str:
         """Write a file atomically (temp file + rename); returns its path in the kernel."""
-        if max_total_bytes is not None and self.usage()[0] + size_hint > max_total_bytes:
-            raise WorkspaceFull(f"the workspace is full (limit {max_total_bytes} bytes)")
         try:
             dfd = self._open_dir(rel.parts[:-1], create=True)
         except OSError as e:  # a parent is a file, or a link the kernel planted (ELOOP)
@@ -145,13 +144,20 @@ class Workspace:
             try:
                 with os.fdopen(fd, "wb") as f:
                     for chunk in [chunks] if isinstance(chunks, bytes) else chunks:
-                        f.write(chunk)
+                        f.write(chunk)  # ENOSPC on a full workspace volume
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dfd)
+                if e.errno == errno.ENOSPC:
+                    raise WorkspaceFull(f"the workspace is full: {WORKSPACE_MOUNT}/{rel} does not fit") from e
+                raise
+            try:
                 if self.owner:
                     os.chown(tmp, *self.owner, dir_fd=dfd, follow_symlinks=False)
                 # rename replaces a link planted at the name; it never writes through it
                 os.rename(tmp, rel.name, src_dir_fd=dfd, dst_dir_fd=dfd)
             except BaseException:
-                with __import__("contextlib").suppress(OSError):
+                with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=dfd)
                 raise
         finally:

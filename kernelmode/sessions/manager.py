@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..artifacts.harvester import Harvester
 from ..artifacts.volume import WorkspaceVolumes
@@ -576,23 +576,25 @@ class SessionManager:
         return DeathCause(kind="unknown")
 
     # -- files -----------------------------------------------------------------------------------
-    async def upload(self, session_id: str, path: str, body: bytes, overwrite: bool) -> UploadResult:
+    async def upload(self, session_id: str, path: str, body: BinaryIO, size: int, overwrite: bool) -> UploadResult:
+        """Write ``size`` bytes read from ``body`` to the workspace (atomically)."""
         s = self._session(session_id)
         rel = clean_path(path)
         ws = s.workspace_view()
         cap = s.info.limits.disk_mb * 1024 * 1024
         used, count = await asyncio.to_thread(ws.usage)
-        if used + len(body) > cap:
+        if used + size > cap:
             raise WorkspaceFull(f"the workspace would exceed its {s.info.limits.disk_mb} MB "
                                 f"({used} bytes used); delete files or ask for a larger disk_mb")
         if count >= self.settings.sessions.max_workspace_files:
             raise WorkspaceFull(f"the workspace holds its maximum of {count} files")
-        shown = await asyncio.to_thread(ws.write, rel, body, overwrite)
+        chunks = iter(lambda: body.read(1 << 20), b"")
+        shown = await asyncio.to_thread(ws.write, rel, chunks, overwrite)
         # An upload is an input, not something a run made: not an artifact of the next run.
         entry = (await asyncio.to_thread(ws.scan)).get(str(rel))
         if entry is not None:
             s.files[str(rel)] = entry
-        return UploadResult(path=shown, size_bytes=len(body))
+        return UploadResult(path=shown, size_bytes=size)
 
     async def list_files(self, session_id: str) -> list[dict[str, object]]:
         s = self._session(session_id)

@@ -149,3 +149,25 @@ def test_marketing_report_example_runs(server, tmp_path):
     assert "step 1: ok; artifacts: -" in proc.stdout
     assert "best channel: search (roi 2.29)" in proc.stdout
     assert out.read_bytes().startswith(b"%PDF")
+
+
+def test_upload_caps_are_clear_errors(api, session_factory, server):
+    sid = session_factory()
+    # Over the upload cap (100 MB default): refused from its Content-Length, before the body.
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    u = urlsplit(server.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.putrequest("PUT", f"/v1/sessions/{sid}/files/huge.bin")
+    conn.putheader("Authorization", f"Bearer {server.token}")
+    conn.putheader("Content-Length", str(200 * 1024 * 1024))
+    conn.endheaders()
+    resp = conn.getresponse()
+    assert resp.status == 413 and json.loads(resp.read())["error"]["code"] == "payload_too_large"
+    conn.close()
+    # A streamed upload of several chunks lands whole.
+    big = bytes(range(256)) * 8192  # 2 MiB
+    assert api.put(f"/v1/sessions/{sid}/files/big.bin", content=iter([big[:1 << 20], big[1 << 20:]])).status_code == 201
+    assert api.get(f"/v1/sessions/{sid}/files/big.bin").content == big

@@ -20,7 +20,7 @@ from .artifacts.local import LocalStore
 from .config import Settings
 from .errors import KernelmodeError, SandboxUnavailable
 from .gateway.client import GatewayClient
-from .gateway.process import GatewayProcess
+from .gateway.process import GatewayProcess, raise_open_files_limit
 from .sandbox import cgroups
 from .sandbox.kernelspec import check_bwrap, install_kernelspec
 from .sessions import SessionManager
@@ -178,6 +178,7 @@ class KernelmodeApp:
 
 async def serve(settings: Settings, tools: ToolRegistry | None = None) -> int:
     """Run until SIGINT/SIGTERM; everything started is stopped before returning."""
+    raise_open_files_limit()  # one websocket per session
     app = KernelmodeApp(settings, tools)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

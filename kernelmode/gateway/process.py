@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import resource
 import secrets
 import signal
 import socket
@@ -24,10 +25,21 @@ log = logging.getLogger("kernelmode.gateway")
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_manager() -> None:
-    """In the child before exec: get SIGTERM if the manager dies, even by SIGKILL."""
+def raise_open_files_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: the gateway holds ~6 ZMQ sockets per kernel,
+    and the default soft limit of 1024 ran out at ~170 kernels ("Too many open files")."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def _child_setup() -> None:
+    """In the gateway child before exec: SIGTERM if the manager dies (even by SIGKILL), and
+    room for many kernels' sockets."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    raise_open_files_limit()
 
 
 def _free_port() -> int:
@@ -82,7 +94,7 @@ class GatewayProcess:
                 sys.executable, "-m", "kernel_gateway", f"--config={self.config_file}",
                 env=self._environment(), cwd=str(self.work_dir),
                 stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf,
-                preexec_fn=_die_with_manager, start_new_session=True,
+                preexec_fn=_child_setup, start_new_session=True,
             )
         finally:
             logf.close()

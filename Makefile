@@ -41,9 +41,11 @@ test: setup lint
 
 bench: setup
 	$(VENV)/bin/python bench/roundtrip.py
+	$(VENV)/bin/python bench/scale.py
 
 bench-quick: setup
 	$(VENV)/bin/python bench/roundtrip.py --quick --no-write
+	$(VENV)/bin/python bench/scale.py --quick --no-write
 
 clean:
 	rm -rf $(VENV) $(KVENV) .kernelmode .stamp-system

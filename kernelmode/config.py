@@ -58,6 +58,7 @@ class SessionSettings(_Section):
     ttl_seconds: int = Field(1800, ge=10)
     max_sessions: int = Field(50, ge=1)
     pool_size: int = Field(2, ge=0, description="Warm kernels kept ready (not counted in max_sessions).")
+    pool_refill_delay_seconds: float = Field(0.5, ge=0, description="Wait after a take before refilling.")
     max_workspace_files: int = Field(10_000, ge=1, description="Files a workspace may hold (uploads).")
     reap_interval_seconds: float = Field(15.0, gt=0)
     default_timeout_seconds: float = Field(60.0, gt=0)

@@ -201,7 +201,8 @@ def build(specs: list[dict[str, Any]], raw_input: Any) -> Tools:
 
 def install(specs_json: str, namespace: dict[str, Any]) -> None:
     """Define ``tools`` and ``ToolError`` in ``namespace``; make input()/getpass() fail fast."""
-    kernel = namespace["get_ipython"]().kernel
+    shell = namespace["get_ipython"]()
+    kernel = shell.kernel
     # The kernel's own raw_input (bound method of its class) stays reachable for the bridge;
     # user code's input() goes through kernel.raw_input, which now refuses at once.
     original = type(kernel).raw_input.__get__(kernel)
@@ -209,6 +210,8 @@ def install(specs_json: str, namespace: dict[str, Any]) -> None:
     kernel.getpass = _no_input
     namespace["tools"] = build(json.loads(specs_json), original)
     namespace["ToolError"] = ToolError
+    # IPython builds its display formatters on first use; do it now, not in the user's first run.
+    shell.display_formatter.format(0)
 
 
 def boot_code(specs: list[dict[str, Any]]) -> str:

@@ -151,13 +151,15 @@ class SessionManager:
     def pool_size(self) -> int:
         return len(self._pool)
 
-    def _refill_pool(self) -> None:
+    def _refill_pool(self, delay: float = 0.0) -> None:
         if self._stopping or self.settings.sessions.pool_size <= 0:
             return
         if self._pool_task is None or self._pool_task.done():
-            self._pool_task = asyncio.create_task(self._fill_pool(), name="pool")
+            self._pool_task = asyncio.create_task(self._fill_pool(delay), name="pool")
 
-    async def _fill_pool(self) -> None:
+    async def _fill_pool(self, delay: float) -> None:
+        # After a take, let the new session's first runs have the CPU before a kernel starts.
+        await asyncio.sleep(delay)
         backoff = 0.5
         while len(self._pool) < self.settings.sessions.pool_size and not self._stopping:
             now = _now()
@@ -273,7 +275,7 @@ class SessionManager:
             if s is not None:
                 info.from_pool = True
                 s.info = info
-                self._refill_pool()
+                self._refill_pool(delay=self.settings.sessions.pool_refill_delay_seconds)
                 if req.tools is not None:  # the pool kernel's preamble offers every tool
                     try:
                         await self._install_preamble(s, self.settings.sessions.kernel_start_timeout_seconds)

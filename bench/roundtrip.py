@@ -584,6 +584,10 @@ validates it, runs the tool and answers with an `input_reply`. Goal: median <= 3
 
 `{summary_line(stats)}`
 
+Session creation (warm pool and cold), throughput with 1/5/20 sessions, memory per idle session
+and growth to 200 live sessions: [SCALE.md](SCALE.md) (`bench/scale.py`), with
+[a chart of latency against live sessions](growth.png).
+
 ## Method
 
 Every sample is one warm execution of `{CODE}` in an already running kernel, timed with

@@ -85,13 +85,17 @@ def bwrap_argv(
         argv += ["--ro-bind-try", f, f]
     for name in ("passwd", "group", "hosts"):
         argv += ["--ro-bind", str(etc_dir / name), f"/etc/{name}"]
-    for p in ro_paths:
-        if not any(p == d or p.startswith(d + "/") for d in SYSTEM_DIRS):
-            argv += ["--ro-bind", p, p]
+    # The private /tmp first: host paths below /tmp (a checkout or data dir there) are bound
+    # after it, on top of it, instead of being hidden by it.
     argv += [
         "--proc", "/proc",
         "--dev", "/dev",
         "--size", str(tmp_bytes), "--tmpfs", "/tmp",
+    ]
+    for p in ro_paths:
+        if not any(p == d or p.startswith(d + "/") for d in SYSTEM_DIRS):
+            argv += ["--ro-bind", p, p]
+    argv += [
         "--bind", str(kernel_dir), str(kernel_dir),
         "--bind", str(workspace), WORKSPACE_MOUNT,
         "--remount-ro", "/",

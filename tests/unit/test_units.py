@@ -71,6 +71,8 @@ def test_bwrap_argv_isolates_everything(tmp_path: Path):
     assert ["--ro-bind", "/opt/venv", "/opt/venv"] == argv[argv.index("/opt/venv") - 1:][:3]
     assert argv[-4:] == ["--", "python", "-m", "ipykernel_launcher"]
     assert "--share-net" not in argv
+    # Binds come after the private /tmp, so a kernel environment under /tmp stays visible.
+    assert argv.index("/tmp") < argv.index("/opt/venv") and argv.index("/tmp") < argv.index(str(tmp_path / "k"))
 
 
 @pytest.mark.parametrize("code,oom,expected", [

@@ -19,6 +19,7 @@ import uuid
 from typing import Any
 
 MARKER = "\x00kernelmode-tool-call\x00"
+PING = "__kernelmode_ping__"  # answered by the manager itself: proves the stdin path works
 NO_INPUT_MESSAGE = (
     "no interactive input: kernelmode runs code unattended, so input() and getpass() are not "
     "available. Put the values in the code, or upload a file to /mnt/data and read it."
@@ -199,6 +200,16 @@ def build(specs: list[dict[str, Any]], raw_input: Any) -> Tools:
     return Tools("", root)
 
 
+_bridge: _Bridge | None = None
+
+
+def ping() -> None:
+    """One round trip over stdin (the manager runs this right after install)."""
+    assert _bridge is not None
+    if _bridge.call(PING, {}) != "pong":
+        raise ToolError("the manager did not answer the stdin ping")
+
+
 def install(specs_json: str, namespace: dict[str, Any]) -> None:
     """Define ``tools`` and ``ToolError`` in ``namespace``; make input()/getpass() fail fast."""
     shell = namespace["get_ipython"]()
@@ -208,6 +219,8 @@ def install(specs_json: str, namespace: dict[str, Any]) -> None:
     original = type(kernel).raw_input.__get__(kernel)
     kernel.raw_input = _no_input
     kernel.getpass = _no_input
+    global _bridge
+    _bridge = _Bridge(original)
     namespace["tools"] = build(json.loads(specs_json), original)
     namespace["ToolError"] = ToolError
     # IPython builds its display formatters on first use; do it now, not in the user's first run.
@@ -227,6 +240,7 @@ def boot_code(specs: list[dict[str, Any]]) -> str:
         "    exec(compile(source, '<kernelmode preamble>', 'exec'), mod.__dict__)\n"
         "    sys.modules['kernelmode_preamble'] = mod\n"
         "    mod.install(specs, get_ipython().user_ns)\n"
+        "    mod.ping()\n"
         f"__kernelmode_boot({source!r}, {json.dumps(specs)!r})\n"
         "del __kernelmode_boot\n"
     )

@@ -308,16 +308,16 @@ class SessionManager:
         digest = json.dumps(specs, sort_keys=True)
         if digest == s.tools_installed:
             return
-        assert s.conn is not None
-        queue = await s.conn.send("shell", "execute_request", {
-            "code": boot_code(specs), "silent": True, "store_history": False,
-            "user_expressions": {}, "allow_stdin": False, "stop_on_error": False,
-        })
-        collector = OutputCollector(self.settings.sessions.max_output_bytes)
-        try:
-            outcome = await self._collect(queue, collector, asyncio.get_running_loop().time() + timeout)
-        finally:
-            s.conn.forget(queue)
+        # The boot code ends with a ping over stdin. A kernel's stdin socket drops what it sends
+        # before the gateway's stdin connection is up (ZMQ ROUTER), which would leave the first
+        # tool call of a run blocked forever; so retry (after an interrupt) until it answers.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            outcome, collector = await self._run_boot(s, specs, min(deadline, loop.time() + 3.0))
+            if outcome != "timeout" or loop.time() >= deadline:
+                break
+            log.info("session %s: stdin not connected yet; retrying the preamble", s.info.session_id)
         if outcome != "done" or collector.reply_status != "ok":
             detail = collector.error.evalue if collector.error else outcome
             raise KernelUnavailable(f"could not set up the kernel's tools: {detail}")
@@ -471,6 +471,34 @@ class SessionManager:
             tool_calls_truncated=len(tool_calls) >= self.settings.tool_calls.max_recorded_calls,
         )
 
+    async def _run_boot(self, s: LiveSession, specs: list[dict[str, Any]],
+                        deadline: float) -> tuple[str, OutputCollector]:
+        assert s.conn is not None
+        collector = OutputCollector(self.settings.sessions.max_output_bytes)
+        answering: set[asyncio.Task[None]] = set()
+
+        def on_input(msg: dict[str, Any]) -> None:
+            task = asyncio.create_task(self._answer_input(s, "preamble", msg, []))
+            answering.add(task)
+            task.add_done_callback(answering.discard)
+
+        queue = await s.conn.send("shell", "execute_request", {
+            "code": boot_code(specs), "silent": True, "store_history": False,
+            "user_expressions": {}, "allow_stdin": True, "stop_on_error": False,
+        })
+        try:
+            outcome = await self._collect(queue, collector, deadline, on_input)
+            if outcome == "timeout":
+                # Unblock the kernel (waiting for a reply that was dropped) before a retry.
+                with contextlib.suppress(KernelmodeError):
+                    await self.gateway.interrupt_kernel(s.kernel_id)
+                    await self._collect(queue, collector, asyncio.get_running_loop().time() + 2.0, on_input)
+        finally:
+            s.conn.forget(queue)
+            for task in list(answering):
+                task.cancel()
+        return outcome, collector
+
     async def _answer_input(self, s: LiveSession, run_id: str, msg: dict[str, Any],
                             tool_calls: list[ToolCall]) -> None:
         """Answer an input_request of the run: a tool call from the preamble, else nothing."""
@@ -478,7 +506,7 @@ class SessionManager:
         if prompt.startswith(MARKER):
             reply, record = await self.broker.handle(
                 s.info.session_id, run_id, s.info.tools, prompt[len(MARKER):])
-            if len(tool_calls) < self.settings.tool_calls.max_recorded_calls:
+            if record is not None and len(tool_calls) < self.settings.tool_calls.max_recorded_calls:
                 tool_calls.append(record)
         else:
             reply = ""  # only a kernel that bypassed the preamble asks for typed input

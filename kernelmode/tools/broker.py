@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import ToolBrokerSettings
+from ..kernel.preamble import PING
 from ..models import ToolCall
 from .base import ToolFailed
 from .registry import ToolRegistry, allowed
@@ -52,8 +53,11 @@ class ToolBroker:
     def forget_session(self, session_id: str) -> None:
         self._limiters.pop(session_id, None)
 
-    async def handle(self, session_id: str, run_id: str, allow: list[str] | None, payload: str) -> tuple[str, ToolCall]:
-        """Answer one request (the JSON after the preamble's marker): (reply JSON, record)."""
+    async def handle(self, session_id: str, run_id: str, allow: list[str] | None,
+                     payload: str) -> tuple[str, ToolCall | None]:
+        """Answer one request (the JSON after the preamble's marker): (reply JSON, record).
+
+        The preamble's stdin ping is answered here too, with no record."""
         started = time.monotonic()
         bytes_in = len(payload.encode("utf-8", errors="replace"))
         call_id: Any = None
@@ -64,6 +68,8 @@ class ToolBroker:
                 call_id, name, arguments = request["id"], str(request["tool"]), request["arguments"]
             except (ValueError, KeyError, TypeError):
                 raise ToolFailed("malformed tool request") from None
+            if name == PING:
+                return json.dumps({"id": call_id, "ok": True, "result": "pong"}), None
             if not isinstance(arguments, dict):
                 raise ToolFailed("arguments must be a mapping of parameter names to values")
             if bytes_in > self.settings.max_argument_bytes:

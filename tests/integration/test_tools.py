@@ -190,7 +190,7 @@ def test_tools_survive_restart_and_kernel_death(tapi):
     died = _run(tapi, sid, "import os\nos._exit(1)", timeout_seconds=30)
     assert died["status"] == "kernel_died"
     r = _run(tapi, sid, "tools.add(2, 2)", timeout_seconds=30)
-    assert r["result"] == "4" and r["state_lost"] is True
+    assert r["result"] == "4" and r["state_lost"] is True, r
 
 
 def test_many_calls_in_one_cell(tapi):

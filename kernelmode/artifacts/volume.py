@@ -90,6 +90,16 @@ class WorkspaceVolumes:
             self.destroy(path)
             raise
 
+    def sweep(self, keep: set[Path]) -> None:
+        """At shutdown: detach every volume; remove those of no session (a pool kernel whose
+        start was cancelled midway may have left one)."""
+        for mount_point in sorted(_mounts_under(self.root), reverse=True):
+            if mount_point in keep:
+                self.unmount(mount_point)
+            else:
+                with contextlib.suppress(KernelUnavailable):
+                    self.destroy(mount_point)
+
     def unmount(self, path: Path) -> None:
         """Detach a volume, keeping its image (the files of a session that becomes lost)."""
         if os.path.ismount(path):

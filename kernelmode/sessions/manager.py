@@ -140,11 +140,11 @@ class SessionManager:
             if s.conn:
                 await s.conn.close()
             self.store.mark_lost(s.info)
-            await asyncio.to_thread(self.volumes.unmount, s.workspace)
-        self._live.clear()
         for s in self._pool:
             await self._discard(s)
         self._pool.clear()
+        await asyncio.to_thread(self.volumes.sweep, {s.workspace for s in self._live.values()})
+        self._live.clear()
 
     # -- warm pool ---------------------------------------------------------------------------------
     @property

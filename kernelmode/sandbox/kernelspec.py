@@ -18,7 +18,6 @@ from pathlib import Path
 
 from ..errors import SandboxUnavailable
 from .bwrap import LAUNCHER, bwrap_argv
-from .spec import KernelParams  # noqa: F401  (re-exported for the manager)
 
 KERNEL_NAME = "kernelmode"
 PROVISIONERS = {"bwrap": "kernelmode-bwrap", "none": "kernelmode-none"}

@@ -727,6 +727,12 @@ def main() -> int:
     if not KERNEL_PYTHON.is_file():
         p.error(f"{KERNEL_PYTHON} not found (run `make setup`)")
 
+    return run_stoppable(run, args)
+
+
+def run_stoppable(run: Callable[[argparse.Namespace], Awaitable[int]], args: argparse.Namespace) -> int:
+    """asyncio.run(run(args)), cancelled (so that its clean-up runs) by SIGTERM or Ctrl-C."""
+
     async def guarded() -> int:
         task = asyncio.current_task()
         assert task is not None

@@ -56,7 +56,7 @@ for _p in (str(REPO), str(HERE)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from roundtrip import KERNEL_PYTHON, DirectKernel, Stats, _version  # noqa: E402
+from roundtrip import KERNEL_PYTHON, DirectKernel, Stats, _version, run_stoppable  # noqa: E402
 
 from tests.conftest import Server, start_server  # noqa: E402
 
@@ -1217,17 +1217,7 @@ def main() -> int:
     if not KERNEL_PYTHON.is_file():
         p.error(f"{KERNEL_PYTHON} not found (run `make setup`)")
 
-    async def guarded() -> int:
-        task = asyncio.current_task()
-        assert task is not None
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-        return await run(args)
-
-    try:
-        return asyncio.run(guarded())
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted; everything started was stopped", file=sys.stderr)
-        return 130
+    return run_stoppable(run, args)
 
 
 if __name__ == "__main__":

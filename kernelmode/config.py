@@ -67,6 +67,8 @@ class SessionSettings(_Section):
     max_output_bytes: int = Field(1024 * 1024, ge=1024, description="Cap per stream (stdout, stderr, outputs).")
     max_code_bytes: int = Field(1024 * 1024, ge=16)
     kernel_start_timeout_seconds: float = Field(60.0, gt=0)
+    run_retention_seconds: float = Field(
+        3600.0, gt=0, description="How long a finished run's output stays pollable (GET /v1/runs/{id}).")
 
 
 class GatewaySettings(_Section):
@@ -139,6 +141,20 @@ class ArtifactSettings(_Section):
         return self
 
 
+class McpFrontSettings(_Section):
+    """The MCP front door (`/mcp` and `kernelmode mcp`)."""
+
+    enabled: bool = Field(True, description="Serve MCP at /mcp on the REST port.")
+    wait_seconds: float = Field(
+        20.0, ge=0, description="How long run_python waits before returning status 'running' "
+        "(below common MCP client time-outs of 30-60 s).")
+    max_text_chars: int = Field(
+        20_000, ge=500, description="Budget for each text part of a tool result (stdout, stderr, ...).")
+    max_image_bytes: int = Field(
+        1_000_000, ge=10_000, description="Images returned inline are downscaled below this size.")
+    max_images: int = Field(4, ge=0, description="Images returned inline per result.")
+
+
 class Settings(_Section):
     server: ServerSettings = Field(default_factory=ServerSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
@@ -148,6 +164,7 @@ class Settings(_Section):
     mcp_servers: list[McpServerSettings] = Field(default_factory=list)
     tool_calls: ToolBrokerSettings = Field(default_factory=ToolBrokerSettings)
     artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
+    mcp: McpFrontSettings = Field(default_factory=McpFrontSettings)
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -9,7 +9,8 @@
     ├── Unauthorized                 (401 unauthorized)
     ├── Forbidden                    (403 forbidden)          a bad or expired download link
     ├── NotFound                     (404 not_found)
-    │   └── SessionNotFound          (404 session_not_found)
+    │   ├── SessionNotFound          (404 session_not_found)
+    │   └── RunNotFound              (404 run_not_found)
     ├── Conflict                     (409 conflict)
     │   └── SessionExists            (409 session_exists)
     ├── PayloadTooLarge              (413 payload_too_large)
@@ -75,6 +76,10 @@ class NotFound(KernelmodeError):
 
 class SessionNotFound(NotFound):
     code = "session_not_found"
+
+
+class RunNotFound(NotFound):
+    code = "run_not_found"
 
 
 class Conflict(KernelmodeError):

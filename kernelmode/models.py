@@ -86,6 +86,11 @@ class ExecuteRequest(_Strict):
     timeout_seconds: float | None = Field(
         None, gt=0, le=86_400, description="Wall-clock limit of this run (default 60 s)."
     )
+    wait_seconds: float | None = Field(
+        None, ge=0, le=86_400,
+        description="Answer after at most this long: a run still going then returns status "
+        "'running' (HTTP 202) and keeps running; poll GET /v1/runs/{run_id}. Default: wait for the end.",
+    )
 
 
 class RunError(BaseModel):
@@ -174,6 +179,24 @@ class ErrorDetail(BaseModel):
     code: str
     message: str
     details: Any | None = None
+
+
+class RunProgress(BaseModel):
+    """``GET /v1/runs/{run_id}``: a run's output since ``offset``, and its result once it ended."""
+
+    run_id: str
+    session_id: str
+    status: RunStatus
+    done: bool = Field(description="The run has ended: ``result`` (or ``failure``) is final.")
+    offset: int = Field(description="Index of the first event returned.")
+    next_offset: int = Field(description="Pass as ?offset= to get only what comes after.")
+    events: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Output in arrival order: {type: stream, name, text}, {type: display_data | "
+        "execute_result, data, metadata}, {type: error, ename, evalue, traceback}.",
+    )
+    result: RunResult | None = Field(None, description="The final RunResult, once done.")
+    failure: ErrorDetail | None = Field(None, description="The run could not complete (not a code error).")
 
 
 class ErrorBody(BaseModel):

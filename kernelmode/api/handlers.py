@@ -160,7 +160,30 @@ class ExecuteHandler(BaseHandler):
     async def post(self, session_id: str) -> None:
         self.app.sessions.get(session_id)  # 404 before validating the body
         req = self.body_model(ExecuteRequest)
-        self.send(await self.app.sessions.execute(session_id, req.code, req.timeout_seconds))
+        result = await self.app.sessions.execute(session_id, req.code, req.timeout_seconds, req.wait_seconds)
+        if result.status == "running":
+            self.set_header("Location", f"/v1/runs/{result.run_id}")
+            self.send(result, 202)
+        else:
+            self.send(result)
+
+
+class RunHandler(BaseHandler):
+    """Long-run polling: output since ``offset``; ``wait_seconds`` holds the answer until
+    there is something new (or the run ends)."""
+
+    async def get(self, run_id: str) -> None:
+        run = self.app.sessions.get_run(run_id)
+        try:
+            offset = int(self.get_query_argument("offset", "0"))
+            wait = float(self.get_query_argument("wait_seconds", "0"))
+        except ValueError as e:
+            raise ValidationError("offset must be an integer and wait_seconds a number") from e
+        if offset < 0 or not 0 <= wait <= 60:
+            raise ValidationError("offset must be >= 0 and wait_seconds between 0 and 60")
+        if wait:
+            await run.wait_changed(offset, wait)
+        self.send(run.progress(offset))
 
 
 class InterruptHandler(BaseHandler):
@@ -294,5 +317,6 @@ routes = [
     (rf"/v1/sessions/({SID})/files", FilesHandler),
     (rf"/v1/sessions/({SID})/files/(.+)", FileHandler),
     (rf"/v1/sessions/({SID})/artifacts", ArtifactsHandler),
+    (r"/v1/runs/([0-9a-f]{32})", RunHandler),
     (r"/v1/artifacts/(.+)", PublicArtifactHandler),
 ]

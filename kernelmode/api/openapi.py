@@ -15,6 +15,7 @@ from ..models import (
     ExecuteRequest,
     FileList,
     Health,
+    RunProgress,
     RunResult,
     SessionCreate,
     SessionInfo,
@@ -24,7 +25,7 @@ from ..models import (
 )
 
 _MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health, ToolList,
-           FileList, ArtifactList, UploadResult]
+           FileList, ArtifactList, UploadResult, RunProgress]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -36,7 +37,7 @@ def _json(name: str, description: str) -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    text = {400: "Bad JSON", 401: "Missing or wrong token", 403: "Forbidden", 404: "Unknown session", 409: "Conflict",
+    text = {400: "Bad JSON", 401: "Missing or wrong token", 403: "Forbidden", 404: "Unknown session or run", 409: "Conflict",
             413: "Too large", 422: "Invalid request", 429: "Too many sessions", 503: "Kernel or gateway unavailable"}
     return {str(c): _json("ErrorBody", text[c]) for c in codes}
 
@@ -70,7 +71,20 @@ def openapi_document() -> dict[str, Any]:
             "parameters": [sid],
             "post": {"summary": "Run code in the session", "requestBody": {**body("ExecuteRequest"), "required": True},
                      "responses": {"200": _json("RunResult", "The run (user-code errors are status=error)"),
+                                   "202": _json("RunResult", "Still running after wait_seconds: status=running, "
+                                                "output so far; poll GET /v1/runs/{run_id}"),
                                    **_errors(400, 401, 404, 413, 422, 503)}},
+        },
+        "/v1/runs/{run_id}": {
+            "parameters": [{"name": "run_id", "in": "path", "required": True,
+                            "schema": {"type": "string", "pattern": "^[0-9a-f]{32}$"}}],
+            "get": {"summary": "A run's output since offset, and its result once it ended",
+                    "parameters": [
+                        {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+                        {"name": "wait_seconds", "in": "query",
+                         "schema": {"type": "number", "minimum": 0, "maximum": 60},
+                         "description": "Hold the answer until there is new output or the run ends"}],
+                    "responses": {"200": _json("RunProgress", "Progress"), **_errors(401, 404, 422)}},
         },
         "/v1/sessions/{session_id}/interrupt": {
             "parameters": [sid],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ..models import RunError
@@ -19,11 +20,15 @@ class OutputCollector:
 
     ``max_bytes`` caps stdout and stderr each, and the rich outputs together; beyond it the
     rest is dropped and ``truncated`` is set, so a flood costs bounded memory.
+
+    ``events`` keeps what was kept in arrival order (stream chunks, displays, the error), so a
+    poller can read a run's output while it is still going; ``on_change`` is called after each.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, on_change: Callable[[], None] | None = None) -> None:
         self.max_bytes = max_bytes
-        self._streams: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self.on_change = on_change
+        self.events: list[dict[str, Any]] = []
         self._sizes = {"stdout": 0, "stderr": 0, "outputs": 0}
         self.outputs: list[dict[str, Any]] = []
         self.result: str | None = None
@@ -49,6 +54,7 @@ class OutputCollector:
             return
         self._sizes["outputs"] += size
         self.outputs.append(output)
+        self.events.append(output)
 
     def add(self, msg: dict[str, Any]) -> None:
         kind = msg.get("msg_type")
@@ -56,7 +62,7 @@ class OutputCollector:
         if kind == "stream":
             name = "stderr" if content.get("name") == "stderr" else "stdout"
             if self._sizes[name] < self.max_bytes:
-                self._streams[name].append(self._take(name, content.get("text", "")))
+                self.events.append({"type": "stream", "name": name, "text": self._take(name, content.get("text", ""))})
             else:
                 self.truncated = True
         elif kind == "execute_result":
@@ -66,6 +72,9 @@ class OutputCollector:
             rich = {k: v for k, v in data.items() if k != "text/plain"}
             if rich:
                 self._add_output({"type": "execute_result", "data": data, "metadata": content.get("metadata", {})})
+            else:
+                self.events.append({"type": "execute_result", "data": {"text/plain": self.result or ""},
+                                    "metadata": {}})
         elif kind in ("display_data", "update_display_data"):
             self._add_output({"type": kind, "data": content.get("data", {}), "metadata": content.get("metadata", {})})
         elif kind == "error":
@@ -74,6 +83,7 @@ class OutputCollector:
                 evalue=content.get("evalue", ""),
                 traceback=strip_ansi("\n".join(content.get("traceback", []))),
             )
+            self.events.append({"type": "error", **self.error.model_dump()})
         elif kind == "execute_reply":
             self.reply_status = content.get("status")
             self.execution_count = content.get("execution_count", self.execution_count)
@@ -83,11 +93,18 @@ class OutputCollector:
                     evalue=content.get("evalue", ""),
                     traceback=strip_ansi("\n".join(content.get("traceback", []))),
                 )
+        else:
+            return
+        if self.on_change is not None:
+            self.on_change()
+
+    def _stream(self, name: str) -> str:
+        return "".join(e["text"] for e in self.events if e["type"] == "stream" and e["name"] == name)
 
     @property
     def stdout(self) -> str:
-        return "".join(self._streams["stdout"])
+        return self._stream("stdout")
 
     @property
     def stderr(self) -> str:
-        return "".join(self._streams["stderr"])
+        return self._stream("stderr")

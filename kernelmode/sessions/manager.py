@@ -28,6 +28,7 @@ from ..errors import (
     KernelmodeError,
     KernelUnavailable,
     PayloadTooLarge,
+    RunNotFound,
     SessionExists,
     SessionNotFound,
     TooManySessions,
@@ -50,6 +51,7 @@ from ..models import (
 )
 from ..sandbox.spec import KernelParams, pop_death_record
 from ..tools.broker import ToolBroker
+from .runs import LiveRun, RunRegistry
 from .store import SessionStore
 
 log = logging.getLogger("kernelmode.sessions")
@@ -111,6 +113,7 @@ class SessionManager:
         self._pool: list[LiveSession] = []
         self._pool_task: asyncio.Task[None] | None = None
         self._stopping = False
+        self.runs = RunRegistry(settings.sessions.run_retention_seconds)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -356,7 +359,8 @@ class SessionManager:
             )
         return timeout
 
-    async def execute(self, session_id: str, code: str, timeout_seconds: float | None = None) -> RunResult:
+    def submit(self, session_id: str, code: str, timeout_seconds: float | None = None) -> LiveRun:
+        """Start a run in its own task and return it at once (it queues behind earlier runs)."""
         s = self._session(session_id)
         if len(code.encode("utf-8", errors="replace")) > self.settings.sessions.max_code_bytes:
             raise PayloadTooLarge(
@@ -364,34 +368,82 @@ class SessionManager:
                 "upload data as a file instead of pasting it into code"
             )
         timeout = self._timeout(timeout_seconds)
-        run_id = uuid.uuid4().hex
-        async with s.lock:
-            if session_id not in self._live:  # deleted while we waited for the lock
-                raise SessionNotFound(f"no session {session_id!r}")
-            started = time.monotonic()
-            s.info.status = "busy"
-            try:
-                await self._ensure_ready(s)
-                await self._install_preamble(s, self.settings.sessions.kernel_start_timeout_seconds)
-                result = await self._run(s, run_id, code, timeout)
-            finally:
-                s.touch()
-                if s.info.status == "busy":
-                    s.info.status = "idle"
-            if session_id not in self._live:  # deleted (or reaped) while the code ran
-                raise SessionNotFound(f"session {session_id!r} was deleted while the code ran")
-            if self.harvester is not None and result.status == "ok":
-                ws = s.workspace_view()
-                after = await asyncio.to_thread(ws.scan)
-                await self.harvester.harvest(session_id, result, ws, s.files, after)
-                s.files = after
-            result.duration_ms = round((time.monotonic() - started) * 1000, 3)
-            if result.execution_count is not None:
-                s.info.execution_count = result.execution_count
-            self.store.add_run(code, result)
-            self.store.save(s.info, s.kernel_id, s.workspace)
+        run = LiveRun(run_id=uuid.uuid4().hex, session_id=session_id, code=code,
+                      collector=OutputCollector(self.settings.sessions.max_output_bytes))
+        run.collector.on_change = run.changed.set
+        run.task = asyncio.create_task(self._execute(s, run, timeout), name=f"run-{run.run_id}")
+        # A run nobody waits for any more still has its failure read (kept in run.failure).
+        run.task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self.runs.add(run)
+        return run
+
+    async def execute(self, session_id: str, code: str, timeout_seconds: float | None = None,
+                      wait_seconds: float | None = None) -> RunResult:
+        """Run code; wait for the end, or at most ``wait_seconds`` (then status ``running``)."""
+        return await self.wait(self.submit(session_id, code, timeout_seconds), wait_seconds)
+
+    @staticmethod
+    async def wait(run: LiveRun, wait_seconds: float | None = None) -> RunResult:
+        """The run's result once it ends, or its snapshot (``running``) after ``wait_seconds``.
+
+        The run's task is shielded: a caller that gives up (or is cancelled) does not stop it.
+        """
+        assert run.task is not None
+        if wait_seconds is None:
+            return await asyncio.shield(run.task)
+        await asyncio.wait({run.task}, timeout=wait_seconds)
+        return run.task.result() if run.task.done() else run.snapshot()
+
+    def get_run(self, run_id: str) -> LiveRun:
+        run = self.runs.get(run_id)
+        if run is not None:
+            return run
+        stored = self.store.get_run(run_id)
+        if stored is None:
+            raise RunNotFound(f"no run {run_id!r} (finished runs stay for "
+                              f"{self.settings.sessions.run_retention_seconds:g} s)")
+        # Finished long ago: the result is complete, the event stream is not kept.
+        return LiveRun(run_id=run_id, session_id=stored.session_id, result=stored,
+                       collector=OutputCollector(self.settings.sessions.max_output_bytes),
+                       finished_at=time.monotonic())
+
+    async def _execute(self, s: LiveSession, run: LiveRun, timeout: float) -> RunResult:
+        session_id = s.info.session_id
+        try:
+            async with s.lock:
+                if session_id not in self._live:  # deleted while we waited for the lock
+                    raise SessionNotFound(f"no session {session_id!r}")
+                started = time.monotonic()
+                s.info.status = "busy"
+                try:
+                    await self._ensure_ready(s)
+                    await self._install_preamble(s, self.settings.sessions.kernel_start_timeout_seconds)
+                    result = await self._run(s, run, timeout)
+                finally:
+                    s.touch()
+                    if s.info.status == "busy":
+                        s.info.status = "idle"
+                if session_id not in self._live:  # deleted (or reaped) while the code ran
+                    raise SessionNotFound(f"session {session_id!r} was deleted while the code ran")
+                if self.harvester is not None and result.status == "ok":
+                    ws = s.workspace_view()
+                    after = await asyncio.to_thread(ws.scan)
+                    await self.harvester.harvest(session_id, result, ws, s.files, after)
+                    s.files = after
+                result.duration_ms = round((time.monotonic() - started) * 1000, 3)
+                if result.execution_count is not None:
+                    s.info.execution_count = result.execution_count
+                self.store.add_run(run.code, result)
+                self.store.save(s.info, s.kernel_id, s.workspace)
+        except Exception as e:
+            run.failure = e if isinstance(e, KernelmodeError) else KernelmodeError(
+                f"internal error ({type(e).__name__}); see the server log")
+            raise
+        finally:
+            self.runs.finished(run)
+        run.result = result
         run_log.info(json.dumps({
-            "event": "run", "session_id": session_id, "run_id": run_id, "status": result.status,
+            "event": "run", "session_id": session_id, "run_id": run.run_id, "status": result.status,
             "duration_ms": result.duration_ms, "state_lost": result.state_lost,
         }))
         return result
@@ -407,15 +459,14 @@ class SessionManager:
             # new kernel's sockets instead of reusing ones bound to the old process.
             await self._connect(s, timeout)
 
-    async def _run(self, s: LiveSession, run_id: str, code: str, timeout: float) -> RunResult:
+    async def _run(self, s: LiveSession, run: LiveRun, timeout: float) -> RunResult:
         assert s.conn is not None
-        cfg = self.settings.sessions
+        run_id, code, collector = run.run_id, run.code, run.collector
         state_lost = s.state_lost_pending
         s.state_lost_pending = False
         s.interrupt_requested = False
         cause = s.pending_cause
         s.pending_cause = None
-        collector = OutputCollector(cfg.max_output_bytes)
         tool_calls: list[ToolCall] = []
         answering: set[asyncio.Task[None]] = set()
 

@@ -95,6 +95,10 @@ class SessionStore:
             (result.run_id, result.session_id, result.session_id, code, result.model_dump_json()),
         )
 
+    def get_run(self, run_id: str) -> RunResult | None:
+        row = self._db.execute("SELECT result FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        return RunResult.model_validate_json(row[0]) if row else None
+
     def runs(self, session_id: str) -> list[tuple[str, RunResult]]:
         rows = self._db.execute(
             "SELECT code, result FROM runs WHERE session_id=? ORDER BY seq", (session_id,)

@@ -1,0 +1,108 @@
+"""Runs in flight and recently finished: what long-run polling (REST and MCP) reads.
+
+A run executes in its own task, so a caller that stops waiting (``wait_seconds`` passed, a client
+gone) loses nothing: the output keeps arriving in the run's collector, and the final RunResult is
+kept here for ``retention`` seconds (and in the session store for good).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import KernelmodeError
+from ..gateway.execution import OutputCollector
+from ..models import ErrorDetail, RunProgress, RunResult
+
+
+@dataclass
+class LiveRun:
+    run_id: str
+    session_id: str
+    collector: OutputCollector
+    code: str = ""
+    task: asyncio.Task[RunResult] | None = None
+    result: RunResult | None = None
+    failure: KernelmodeError | None = None  # the plumbing failed (not the user's code)
+    finished_at: float | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def done(self) -> bool:
+        return self.finished_at is not None
+
+    def snapshot(self) -> RunResult:
+        """The run as a RunResult: the final one, or ``running`` with the output so far."""
+        if self.result is not None:
+            return self.result
+        c = self.collector
+        return RunResult(
+            run_id=self.run_id, session_id=self.session_id, status="running",
+            stdout=c.stdout, stderr=c.stderr, result=c.result, outputs=list(c.outputs),
+            execution_count=c.execution_count, truncated=c.truncated,
+        )
+
+    def progress(self, offset: int) -> RunProgress:
+        events = self.collector.events
+        offset = min(max(offset, 0), len(events))
+        status: Any = self.result.status if self.result is not None else (
+            "error" if self.failure is not None else "running")
+        return RunProgress(
+            run_id=self.run_id, session_id=self.session_id, status=status, done=self.done,
+            offset=offset, next_offset=len(events), events=events[offset:],
+            result=self.result,
+            failure=ErrorDetail(**self.failure.to_dict()) if self.failure is not None else None,
+        )
+
+    async def wait_changed(self, offset: int, timeout: float) -> None:
+        """Return when there are events past ``offset``, the run has ended, or ``timeout`` passed."""
+        deadline = time.monotonic() + timeout
+        while not self.done and len(self.collector.events) <= offset:
+            self.changed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                await asyncio.wait_for(self.changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
+
+
+class RunRegistry:
+    """Runs by id: all that are in flight, plus finished ones for ``retention`` seconds (at most
+    ``max_finished`` of them, oldest dropped first)."""
+
+    def __init__(self, retention: float, max_finished: int = 10_000) -> None:
+        self.retention = retention
+        self.max_finished = max_finished
+        self._runs: dict[str, LiveRun] = {}
+        self._finished: OrderedDict[str, float] = OrderedDict()
+
+    def add(self, run: LiveRun) -> None:
+        self._runs[run.run_id] = run
+
+    def get(self, run_id: str) -> LiveRun | None:
+        self._expire()
+        return self._runs.get(run_id)
+
+    def finished(self, run: LiveRun) -> None:
+        run.finished_at = time.monotonic()
+        run.changed.set()
+        self._finished[run.run_id] = run.finished_at
+        self._expire()
+
+    def in_flight(self, session_id: str | None = None) -> list[LiveRun]:
+        return [r for r in self._runs.values()
+                if not r.done and (session_id is None or r.session_id == session_id)]
+
+    def _expire(self) -> None:
+        cutoff = time.monotonic() - self.retention
+        while self._finished:
+            run_id, at = next(iter(self._finished.items()))
+            if at > cutoff and len(self._finished) <= self.max_finished:
+                break
+            self._finished.popitem(last=False)
+            self._runs.pop(run_id, None)

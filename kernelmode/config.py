@@ -153,6 +153,8 @@ class McpFrontSettings(_Section):
     max_image_bytes: int = Field(
         1_000_000, ge=10_000, description="Images returned inline are downscaled below this size.")
     max_images: int = Field(4, ge=0, description="Images returned inline per result.")
+    max_request_bytes: int = Field(
+        32 * 1024 * 1024, ge=65_536, description="Largest MCP request (upload_file sends base64).")
 
 
 class Settings(_Section):

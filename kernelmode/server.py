@@ -49,6 +49,8 @@ class KernelmodeApp:
         self.store: SessionStore | None = None
         self.http: httpserver.HTTPServer | None = None
         self.port = settings.server.port
+        self.mcp: Any = None  # KernelmodeMCP, when the MCP front door is on
+        self.mcp_http: Any = None
 
     # -- start -------------------------------------------------------------------------------------
     def _prepare_dirs(self) -> dict[str, Path]:
@@ -116,7 +118,16 @@ class KernelmodeApp:
                                        s.sandbox.backend, ToolBroker(self.tools, s.tool_calls),
                                        self.harvester)
         await self.sessions.start()
-        app = web.Application(routes, kernelmode=self, default_handler_class=NotFoundHandler)
+        all_routes: list[Any] = list(routes)
+        if s.mcp.enabled:
+            from .mcp.http import McpHandler, McpHttp
+            from .mcp.server import KernelmodeMCP
+
+            self.mcp = KernelmodeMCP(self)
+            self.mcp_http = McpHttp(self.mcp, s.mcp.max_request_bytes)
+            await self.mcp_http.start()
+            all_routes.append((r"/mcp/?", McpHandler))
+        app = web.Application(all_routes, kernelmode=self, default_handler_class=NotFoundHandler)
         self.http = httpserver.HTTPServer(app, max_body_size=s.server.max_body_bytes, xheaders=False)
         socks = bind_sockets(s.server.port, s.server.host)
         self.port = socks[0].getsockname()[1]
@@ -165,6 +176,8 @@ class KernelmodeApp:
     async def stop(self) -> None:
         if self.http is not None:
             self.http.stop()
+        if self.mcp_http is not None:
+            await self.mcp_http.stop()
         if getattr(self, "sessions", None) is not None:
             await self.sessions.stop()
         if self.gateway_process is not None:

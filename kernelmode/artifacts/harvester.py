@@ -105,7 +105,15 @@ class Harvester:
             download_url=await self.store.link(key, self.public_url),
         ))
 
+    @staticmethod
+    def _key(session_id: str, run_id: str, artifact: Artifact) -> str:
+        return f"{session_id}/{run_id}/{artifact.path.removeprefix('/mnt/data/')}"
+
     async def relink(self, session_id: str, run_id: str, artifact: Artifact) -> Artifact:
         """The same artifact with a fresh download link (links expire; objects stay)."""
-        key = f"{session_id}/{run_id}/{artifact.path.removeprefix('/mnt/data/')}"
+        key = self._key(session_id, run_id, artifact)
         return artifact.model_copy(update={"download_url": await self.store.link(key, self.public_url)})
+
+    async def fetch(self, session_id: str, run_id: str, artifact: Artifact) -> bytes:
+        """The stored bytes of an artifact (StoreError if the store lost it or is down)."""
+        return await self.store.get(self._key(session_id, run_id, artifact))

@@ -698,6 +698,21 @@ class SessionManager:
             raise SessionNotFound(f"no session or artifacts {session_id!r}")
         return [await self.harvester.relink(session_id, r.run_id, a) for _, r in runs for a in r.artifacts]
 
+    async def find_artifact(self, session_id: str, ref: str) -> tuple[str, Artifact] | None:
+        """(run id, artifact with a fresh link) of the latest artifact whose path is ``ref``."""
+        if self.harvester is None:
+            return None
+        rel = ref.removeprefix("/mnt/data/").lstrip("/")
+        for _, r in reversed(self.store.runs(session_id)):
+            for a in r.artifacts:
+                if a.path == ref or a.path.removeprefix("/mnt/data/") == rel:
+                    return r.run_id, await self.harvester.relink(session_id, r.run_id, a)
+        return None
+
+    async def artifact_bytes(self, session_id: str, run_id: str, artifact: Artifact) -> bytes:
+        assert self.harvester is not None
+        return await self.harvester.fetch(session_id, run_id, artifact)
+
     # -- interrupt / restart -----------------------------------------------------------------------
     async def interrupt(self, session_id: str) -> SessionInfo:
         s = self._session(session_id)

@@ -1,0 +1,428 @@
+"""The MCP tools: stateful Python for a model, on the SessionManager of a running KernelmodeApp.
+
+Transports are elsewhere (``http.py`` for /mcp, ``stdio.py`` for `kernelmode mcp`); this module
+is what the tools do and say. Every connection gets its own session on first use (keyed by the
+stdio process, or by the streamable-HTTP ``Mcp-Session-Id``); naming a ``session_id`` reaches
+any session, as over REST with the same token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import io
+import logging
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    METHOD_NOT_FOUND,
+    CallToolResult,
+    ContentBlock,
+    ImageContent,
+    ResourceLink,
+    TextContent,
+    ToolAnnotations,
+)
+from pydantic import Field
+
+from .. import __version__
+from ..artifacts.base import StoreError
+from ..artifacts.workspace import clean_path
+from ..errors import KernelmodeError, NotFound, SessionNotFound
+from ..models import SESSION_ID_PATTERN, RunResult, SessionCreate
+from ..sessions.runs import LiveRun
+from .images import INLINE_TYPES, ImageTooLarge, fit_image
+from .render import clip, run_text, size_text
+
+if TYPE_CHECKING:
+    from ..server import KernelmodeApp
+
+log = logging.getLogger("kernelmode.mcp")
+
+_STDIO = "stdio"
+_TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-yaml",
+               "image/svg+xml", "application/x-ipynb+json", "application/sql")
+
+SessionArg = Annotated[str | None, Field(
+    None, pattern=SESSION_ID_PATTERN,
+    description="A session to use instead of this connection's own (from list_sessions or an "
+    "earlier result). Omit it: each connection gets its own session, created on first use.")]
+
+
+def _instructions(app: KernelmodeApp) -> str:
+    tools = app.tools.infos()
+    listed = "\n".join(f"- tools.{t.signature or t.name}: {t.description.splitlines()[0] if t.description else ''}"
+                       for t in tools[:40])
+    more = f"\n(and {len(tools) - 40} more: call list_tools)" if len(tools) > 40 else ""
+    host = (f"Code can call these host tools (they run outside the sandbox, with the network):\n{listed}{more}"
+            if tools else "No host tools are configured.")
+    return (
+        "kernelmode runs Python in a sandboxed, stateful Jupyter kernel. Variables, imports and "
+        "loaded data persist between run_python calls of the same session, so build an analysis "
+        "step by step instead of repeating work. The kernel has no network. Files live in "
+        "/mnt/data: upload_file puts data there, and files your code writes there are kept and "
+        "listed with download links; read_artifact shows you an image or text file. numpy, pandas "
+        "and matplotlib are installed (plots appear as images). A long run keeps going in the "
+        "background: run_python then returns status RUNNING with a run_id for get_run.\n" + host
+    )
+
+
+class KernelmodeMCP:
+    """An MCPServer whose tools drive ``app.sessions``."""
+
+    def __init__(self, app: KernelmodeApp) -> None:
+        self.app = app
+        self.cfg = app.settings.mcp
+        self._own: dict[str, str] = {}  # connection key -> its session id
+        self._own_locks: dict[str, asyncio.Lock] = {}
+        self._seen: dict[tuple[str, str], tuple[int, int, int]] = {}  # (conn, run) -> chars/outputs shown
+        self.server: MCPServer[Any] = MCPServer(
+            name="kernelmode", version=__version__, instructions=_instructions(app),
+            middleware=[self._refuse_discover],
+        )
+        self._add_tools()
+
+    # -- connection identity -----------------------------------------------------------------------
+    @staticmethod
+    async def _refuse_discover(ctx: Any, call_next: Any) -> Any:
+        """Keep clients on the initialize handshake (2025-era), whose connections have an identity.
+
+        The 2026-07-28 per-request envelope has no connection, so "this client's session" would
+        not exist; a client that probes server/discover falls back to initialize on this error.
+        """
+        if getattr(ctx, "method", None) == "server/discover":
+            raise MCPError(METHOD_NOT_FOUND, "server/discover is not offered: use the initialize handshake")
+        return await call_next(ctx)
+
+    @staticmethod
+    def _conn_key(ctx: Context[Any]) -> str | None:
+        headers: Mapping[str, str] | None = ctx.headers
+        if headers is None:
+            return _STDIO  # one stdio process serves one client
+        mcp_session = headers.get("mcp-session-id")  # checked by the SDK: it names a live MCP session
+        return f"http:{mcp_session}" if mcp_session else None
+
+    async def _session(self, ctx: Context[Any], session_id: str | None) -> tuple[str, str | None]:
+        """(session id, a note for the model or None)."""
+        if session_id:
+            try:
+                info = self.app.sessions.get(session_id)
+            except SessionNotFound as e:
+                raise ToolError(f"unknown session {session_id!r}: omit session_id to use this "
+                                "connection's own session, or call list_sessions") from e
+            if info.status == "lost":
+                raise ToolError(f"session {session_id!r} is lost (its kernel ended with a previous "
+                                "server run); omit session_id to get a fresh session")
+            return session_id, None
+        key = self._conn_key(ctx)
+        if key is None:
+            info = await self._create()
+            return info.session_id, (
+                f"NOTE: this connection is stateless, so a new session was made. Pass "
+                f"session_id={info.session_id!r} in later calls to keep these variables.")
+        lock = self._own_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            sid = self._own.get(key)
+            if sid is not None:
+                try:
+                    if self.app.sessions.get(sid).status != "lost":
+                        return sid, None
+                except SessionNotFound:
+                    pass
+            info = await self._create()
+            self._own[key] = info.session_id
+            note = None if sid is None else (
+                "NOTE: this connection's previous session was closed or expired; this is a new "
+                "session, so earlier variables are gone.")
+            return info.session_id, note
+
+    async def _create(self) -> Any:
+        try:
+            return await self.app.sessions.create(SessionCreate())
+        except KernelmodeError as e:
+            raise ToolError(f"could not start a session: {e.message}") from e
+
+    # -- results -----------------------------------------------------------------------------------
+    def _images(self, outputs: list[dict[str, Any]], skip: int) -> tuple[list[ContentBlock], list[str]]:
+        blocks: list[ContentBlock] = []
+        notes: list[str] = []
+        for out in outputs[skip:]:
+            data = out.get("data", {})
+            mime = next((m for m in ("image/png", "image/jpeg", "image/gif", "image/webp") if m in data), None)
+            if mime is None:
+                continue
+            if len(blocks) >= self.cfg.max_images:
+                notes.append("more images were left out (see the files of this run)")
+                break
+            try:
+                raw = base64.b64decode(data[mime])
+                small, kind = fit_image(raw, mime, self.cfg.max_image_bytes)
+            except (ValueError, binascii.Error, ImageTooLarge) as e:
+                notes.append(f"an image could not be shown: {e}")
+                continue
+            blocks.append(ImageContent(data=base64.b64encode(small).decode(), mime_type=kind))
+        return blocks, notes
+
+    @staticmethod
+    def _structured(result: RunResult) -> dict[str, Any]:
+        """The RunResult for programs; big binary display data stays in the artifacts."""
+        data = result.model_dump(mode="json")
+        for out in data["outputs"]:
+            for mime, value in list(out.get("data", {}).items()):
+                if isinstance(value, str) and len(value) > 65_536 and not mime.startswith("text/"):
+                    out["data"][mime] = f"<{len(value)} characters left out: see artifacts>"
+        return data
+
+    def _result(self, key: str | None, run: LiveRun, result: RunResult, note: str | None) -> CallToolResult:
+        seen = self._seen.pop((key or "", run.run_id), (0, 0, 0))
+        text = run_text(result, self.cfg.max_text_chars, seen[0], seen[1])
+        images, image_notes = self._images(result.outputs, seen[2])
+        if result.status == "running":
+            self._seen[(key or "", run.run_id)] = (len(result.stdout), len(result.stderr), len(result.outputs))
+        extra = [n for n in [note, *image_notes] if n]
+        if extra:
+            text = "\n\n".join([*extra, text])
+        return CallToolResult(
+            content=[TextContent(text=text), *images],
+            structured_content=self._structured(result),
+            is_error=result.status in ("error", "timeout", "kernel_died"),
+        )
+
+    async def _follow(self, ctx: Context[Any], run: LiveRun, wait: float) -> RunResult:
+        """Wait up to ``wait`` seconds for the run to end, sending its output as progress."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        offset = len(run.collector.events)
+        while not run.done:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            await run.wait_changed(offset, remaining)
+            new = run.collector.events[offset:]
+            offset += len(new)
+            text = "".join(e["text"] for e in new if e["type"] == "stream")
+            if text:
+                with contextlib.suppress(Exception):  # a client that asked for no progress, or left
+                    await ctx.report_progress(float(offset), None, clip(text, 2000, "progress"))
+        if run.failure is not None:
+            raise ToolError(run.failure.message)
+        return run.result if run.result is not None else run.snapshot()
+
+    def _wait(self, wait_seconds: float | None) -> float:
+        return self.cfg.wait_seconds if wait_seconds is None else wait_seconds
+
+    # -- tools -------------------------------------------------------------------------------------
+    def _add_tools(self) -> None:
+        srv = self.server
+        srv.add_tool(self.run_python, name="run_python", annotations=ToolAnnotations(
+            title="Run Python", read_only_hint=False, destructive_hint=False, open_world_hint=False))
+        srv.add_tool(self.get_run, name="get_run", annotations=ToolAnnotations(
+            title="Follow a long run", read_only_hint=True))
+        srv.add_tool(self.upload_file, name="upload_file", annotations=ToolAnnotations(
+            title="Upload a file", destructive_hint=False))
+        srv.add_tool(self.list_files, name="list_files", annotations=ToolAnnotations(
+            title="List workspace files", read_only_hint=True))
+        srv.add_tool(self.read_artifact, name="read_artifact", annotations=ToolAnnotations(
+            title="Read a file or output", read_only_hint=True))
+        srv.add_tool(self.list_tools, name="list_tools", annotations=ToolAnnotations(
+            title="Host tools callable from code", read_only_hint=True))
+        srv.add_tool(self.interrupt, name="interrupt", annotations=ToolAnnotations(
+            title="Interrupt the running code", destructive_hint=False))
+        srv.add_tool(self.close_session, name="close_session", annotations=ToolAnnotations(
+            title="Close a session", destructive_hint=True))
+        srv.add_tool(self.list_sessions, name="list_sessions", annotations=ToolAnnotations(
+            title="List sessions", read_only_hint=True))
+
+    async def run_python(
+        self,
+        ctx: Context[Any],
+        code: Annotated[str, Field(min_length=1, description="Python source. The value of the last "
+                                   "expression is returned, like in a notebook cell.")],
+        session_id: SessionArg = None,
+        timeout_seconds: Annotated[float | None, Field(
+            None, gt=0, le=86_400, description="Stop the code after this long (default 60 s). "
+            "A timeout interrupts it; if that fails the kernel restarts and variables are lost.")] = None,
+        wait_seconds: Annotated[float | None, Field(
+            None, ge=0, le=300, description="Return after this long even if the code is still "
+            "running (status RUNNING; follow with get_run). Default 20 s.")] = None,
+    ) -> Annotated[CallToolResult, RunResult]:
+        """Run Python code in a stateful, sandboxed Jupyter kernel and return its output.
+
+        Variables, imports and loaded data persist between calls in the same session, so work
+        step by step. Files are in /mnt/data (upload_file puts them there; files your code saves
+        there are returned with download links). Plots and displayed images come back as images.
+        Host tools are callable from the code as tools.NAME(...) (see list_tools). The kernel
+        has no network access. A run that outlasts wait_seconds keeps going: the result then has
+        status RUNNING and a run_id for get_run.
+        """
+        key = self._conn_key(ctx)
+        sid, note = await self._session(ctx, session_id)
+        try:
+            run = self.app.sessions.submit(sid, code, timeout_seconds)
+        except KernelmodeError as e:
+            raise ToolError(e.message) from e
+        result = await self._follow(ctx, run, self._wait(wait_seconds))
+        return self._result(key, run, result, note)
+
+    async def get_run(
+        self,
+        ctx: Context[Any],
+        run_id: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", description="The run_id of a RUNNING result.")],
+        wait_seconds: Annotated[float | None, Field(
+            None, ge=0, le=300, description="Wait up to this long for the run to end. Default 20 s.")] = None,
+    ) -> Annotated[CallToolResult, RunResult]:
+        """Follow a run that was still RUNNING: returns the output that came since you last looked
+        and, once the run has ended, its final result (status, value, error, files)."""
+        try:
+            run = self.app.sessions.get_run(run_id)
+        except NotFound as e:
+            raise ToolError(e.message) from e
+        result = await self._follow(ctx, run, self._wait(wait_seconds))
+        return self._result(self._conn_key(ctx), run, result, None)
+
+    async def upload_file(
+        self,
+        ctx: Context[Any],
+        filename: Annotated[str, Field(min_length=1, max_length=1024, description="Path inside "
+                                       "/mnt/data, e.g. 'sales.csv' or 'raw/2024.json'.")],
+        content_base64: Annotated[str, Field(description="The file's bytes, base64-encoded.")],
+        session_id: SessionArg = None,
+        overwrite: Annotated[bool, Field(description="Replace an existing file.")] = False,
+    ) -> str:
+        """Put a file into the session's workspace (/mnt/data) so that code can read it."""
+        try:
+            data = base64.b64decode(content_base64, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ToolError(f"content_base64 is not valid base64: {e}") from e
+        sid, note = await self._session(ctx, session_id)
+        try:
+            up = await self.app.sessions.upload(sid, filename, io.BytesIO(data), len(data), overwrite)
+        except KernelmodeError as e:
+            raise ToolError(e.message) from e
+        return "\n\n".join(x for x in [note, (
+            f"Saved {up.path} ({size_text(up.size_bytes)}) in session {sid}. Read it from code, "
+            f"e.g. open({up.path!r}) or pandas.read_csv({up.path!r}).")] if x)
+
+    async def list_files(self, ctx: Context[Any], session_id: SessionArg = None) -> str:
+        """List the files in the session's workspace (/mnt/data): name, size, type."""
+        sid, note = await self._session(ctx, session_id)
+        files = await self.app.sessions.list_files(sid)
+        lines = [f"- {f['path']} ({f['mime_type']}, {size_text(int(str(f['size_bytes'])))})" for f in files]
+        body = "\n".join(lines) if lines else "(no files)"
+        return "\n\n".join(x for x in [note, f"Files of session {sid} in /mnt/data:\n{body}"] if x)
+
+    async def read_artifact(
+        self,
+        ctx: Context[Any],
+        path_or_artifact: Annotated[str, Field(min_length=1, max_length=2048, description=
+                                               "A workspace path ('/mnt/data/chart.png' or "
+                                               "'chart.png') or an output's path from a result "
+                                               "('outputs/output-1.png').")],
+        session_id: SessionArg = None,
+    ) -> CallToolResult:
+        """Look at a file: images come back as images you can see, text files as text (cut to a
+        budget), other files as a download link with their size and type."""
+        sid, note = await self._session(ctx, session_id)
+        data, mime, name, size, link = await self._fetch(sid, path_or_artifact)
+        head = f"{name} ({mime}, {size_text(size)})" + (f"\ndownload: {link}" if link else "")
+        blocks: list[ContentBlock] = []
+        if mime in INLINE_TYPES:
+            try:
+                small, kind = await asyncio.to_thread(fit_image, data, mime, self.cfg.max_image_bytes)
+                blocks = [TextContent(text=head), ImageContent(data=base64.b64encode(small).decode(), mime_type=kind)]
+            except ImageTooLarge as e:
+                blocks = [TextContent(text=f"{head}\nThe image cannot be shown inline: {e}")]
+        elif mime.startswith("text/") or mime in _TEXT_TYPES:
+            text = data.decode("utf-8", errors="replace")
+            if size > len(data):
+                text += f"\n[... only the first {len(data)} of {size} bytes were read ...]"
+            blocks = [TextContent(text=f"{head}\n\n{clip(text, self.cfg.max_text_chars, 'file')}")]
+        else:
+            blocks = [TextContent(text=f"{head}\nThis is a binary file: read it from code, or download it.")]
+            if link:
+                blocks.append(ResourceLink(uri=link, name=name, mime_type=mime, size=size))
+        if note:
+            blocks.insert(0, TextContent(text=note))
+        return CallToolResult(content=blocks)
+
+    async def _fetch(self, sid: str, ref: str) -> tuple[bytes, str, str, int, str | None]:
+        """(bytes, mime, name, size, download link) of a workspace file or a stored artifact."""
+        rel = ref.removeprefix("/mnt/data/").lstrip("/")
+        found = None
+        with contextlib.suppress(KernelmodeError, StoreError):
+            found = await self.app.sessions.find_artifact(sid, ref)
+        link = found[1].download_url if found else None
+        try:
+            fd, size, mime = await asyncio.to_thread(self.app.sessions.open_file, sid, str(clean_path(rel)))
+        except KernelmodeError:
+            fd = -1
+        if fd >= 0:  # a file in the live workspace
+            with os.fdopen(fd, "rb") as f:
+                whole = mime in INLINE_TYPES
+                if whole and size > 64 * 1024 * 1024:
+                    raise ToolError(f"{rel} is {size_text(size)}, too large to show; download it instead")
+                cap = size if whole else max(self.cfg.max_text_chars * 4, 64 * 1024)
+                data = await asyncio.to_thread(f.read, cap)
+            return data, mime, rel.rsplit("/", 1)[-1], size, link
+        if found is None:
+            raise ToolError(f"no file or output {ref!r} in session {sid}: see list_files, or the "
+                            "files listed in a run's result")
+        run_id, artifact = found
+        try:
+            data = await self.app.sessions.artifact_bytes(sid, run_id, artifact)
+        except StoreError as e:
+            raise ToolError(f"could not read {ref!r} from the artifact store: {e}") from e
+        return data, artifact.mime_type, artifact.name, artifact.size_bytes, link
+
+    async def list_tools(self) -> str:
+        """List the host tools that code can call as tools.NAME(...) inside the kernel, with their
+        signatures and descriptions."""
+        infos = self.app.tools.infos()
+        if not infos:
+            return "No host tools are configured on this server."
+        lines = [f"tools.{t.signature or t.name + '(...)'}\n    {t.description}".rstrip() for t in infos]
+        return ("Call these from run_python code, e.g. `r = tools.NAME(arg=...)`; a failure raises "
+                "tools.ToolError.\n\n" + "\n".join(lines))
+
+    async def interrupt(self, ctx: Context[Any], session_id: SessionArg = None) -> str:
+        """Interrupt the code running in the session (like Ctrl-C). Variables are kept."""
+        sid, _ = await self._session(ctx, session_id)
+        try:
+            await self.app.sessions.interrupt(sid)
+        except KernelmodeError as e:
+            raise ToolError(e.message) from e
+        return f"Interrupt sent to session {sid}; the running code stops with KeyboardInterrupt."
+
+    async def close_session(self, ctx: Context[Any], session_id: SessionArg = None) -> str:
+        """Close a session: its kernel stops and its variables and workspace files are gone
+        (files saved by runs stay downloadable). The next call without session_id starts fresh."""
+        key = self._conn_key(ctx)
+        sid = session_id or (self._own.get(key) if key else None)
+        if sid is None:
+            return "This connection has no session open."
+        try:
+            await self.app.sessions.delete(sid)
+        except SessionNotFound as e:
+            raise ToolError(f"unknown session {sid!r}") from e
+        if key is not None and self._own.get(key) == sid:
+            del self._own[key]
+        return f"Session {sid} is closed."
+
+    async def list_sessions(self, ctx: Context[Any]) -> str:
+        """List the sessions on this server: id, status, runs so far, idle expiry."""
+        key = self._conn_key(ctx)
+        own = self._own.get(key) if key else None
+        rows = []
+        for s in self.app.sessions.all():
+            mark = "  <- this connection's session" if s.session_id == own else ""
+            rows.append(f"- {s.session_id}: {s.status}, {s.execution_count} runs, "
+                        f"last active {s.last_activity:%Y-%m-%d %H:%M:%S} UTC{mark}")
+        return "\n".join(rows) if rows else "No sessions."
+

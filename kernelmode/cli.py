@@ -1,4 +1,4 @@
-"""`kernelmode serve | config check`."""
+"""`kernelmode serve | mcp | config check`."""
 
 from __future__ import annotations
 
@@ -58,6 +58,36 @@ def _serve(args: argparse.Namespace) -> int:
     return asyncio.run(serve(settings))
 
 
+def _mcp(args: argparse.Namespace) -> int:
+    import os
+
+    from .mcp.stdio import bridge, embedded
+
+    _setup_logging(args.log_level)
+    url = args.url or os.environ.get("KERNELMODE_URL")
+    if url:
+        token = args.token or os.environ.get("KERNELMODE_TOKEN")
+        if not token:
+            print("kernelmode mcp: --url needs the server's token (--token or $KERNELMODE_TOKEN)",
+                  file=sys.stderr)
+            return 2
+        return asyncio.run(bridge(url, token))
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as e:
+        print(f"kernelmode: {e.message}", file=sys.stderr)
+        return 2
+    # Embedded: its own loopback port for download links unless one is asked for.
+    settings.server.port = args.port if args.port is not None else 0
+    if args.data_dir is not None:
+        settings.server.data_dir = Path(args.data_dir)
+    if args.sandbox is not None:
+        settings.sandbox.backend = args.sandbox
+    if args.token is not None:
+        settings.server.token = args.token
+    return asyncio.run(embedded(settings))
+
+
 def _config_check(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.file)
@@ -81,6 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="kernel sandbox (default bwrap; 'none' = NO isolation, development only)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve)
+    mcp = sub.add_parser("mcp", help="serve the MCP tools over stdio (for MCP clients that launch commands)")
+    mcp.add_argument("--url", help="use a running server (else $KERNELMODE_URL; neither: start an embedded one)")
+    mcp.add_argument("--token", help="that server's token (default $KERNELMODE_TOKEN)")
+    mcp.add_argument("--config", help="kernelmode.yaml (embedded mode)")
+    mcp.add_argument("--data-dir", help="embedded mode: data dir (default: a fresh one, removed at exit)")
+    mcp.add_argument("--port", type=int, help="embedded mode: port for download links (default: any free one)")
+    mcp.add_argument("--sandbox", choices=["bwrap", "none"], help="embedded mode: kernel sandbox")
+    mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    mcp.set_defaults(func=_mcp)
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     check = config_sub.add_parser("check", help="validate a kernelmode.yaml and print the result")

@@ -41,6 +41,13 @@ def _mounts_under(root: Path) -> list[Path]:
     return found
 
 
+def detach_all(root: Path) -> None:
+    """Lazily unmount every volume under ``root`` (what a killed manager left mounted)."""
+    for mount_point in sorted(_mounts_under(root), reverse=True):
+        with contextlib.suppress(KernelUnavailable):
+            _run("umount", "-l", str(mount_point))
+
+
 class WorkspaceVolumes:
     def __init__(self, root: Path, mode: str) -> None:
         self.root = root
@@ -49,9 +56,7 @@ class WorkspaceVolumes:
 
     def start(self) -> str:
         """Unmount what a previous run left mounted; decide whether volumes work here."""
-        for mount_point in sorted(_mounts_under(self.root), reverse=True):
-            with contextlib.suppress(KernelUnavailable):
-                _run("umount", "-l", str(mount_point))
+        detach_all(self.root)
         if self.mode == "off":
             return "off"
         missing = [t for t in ("mkfs.ext4", "mount", "umount") if shutil.which(t) is None]

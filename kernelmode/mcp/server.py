@@ -92,12 +92,13 @@ class KernelmodeMCP:
     # -- connection identity -----------------------------------------------------------------------
     @staticmethod
     async def _refuse_discover(ctx: Any, call_next: Any) -> Any:
-        """Keep clients on the initialize handshake (2025-era), whose connections have an identity.
+        """Over HTTP, keep clients on the initialize handshake, whose connections have an identity.
 
         The 2026-07-28 per-request envelope has no connection, so "this client's session" would
         not exist; a client that probes server/discover falls back to initialize on this error.
+        Over stdio the process is the connection, so the modern era is fine there.
         """
-        if getattr(ctx, "method", None) == "server/discover":
+        if getattr(ctx, "method", None) == "server/discover" and getattr(ctx, "request", None) is not None:
             raise MCPError(METHOD_NOT_FOUND, "server/discover is not offered: use the initialize handshake")
         return await call_next(ctx)
 

@@ -1,0 +1,123 @@
+"""`kernelmode mcp`: MCP over stdio, for clients that launch their servers as commands.
+
+Two modes. With a URL, a transport bridge to a running `kernelmode serve` (its /mcp endpoint):
+messages pass through unchanged, so the tools are the server's. Without one, an embedded
+service: gateway, manager and sandboxed kernels start in this process, in a fresh data dir,
+and stop when the client goes (stdin closes). Either way, stdout carries only the protocol
+(the SDK points fd 1 at stderr while it serves; logs go to stderr).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server.stdio import stdio_server
+
+from ..config import Settings
+from ..errors import KernelmodeError
+
+log = logging.getLogger("kernelmode.mcp")
+
+
+async def _pump(source: Any, sink: Any, what: str, done: anyio.Event) -> None:
+    try:
+        async for message in source:
+            if isinstance(message, Exception):
+                log.warning("%s: %s", what, message)
+                continue
+            await sink.send(message)
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+        pass
+    finally:
+        done.set()
+
+
+async def bridge(url: str, token: str) -> int:
+    """Relay stdio to the /mcp endpoint of a running server until either side ends."""
+    endpoint = url.rstrip("/") + ("" if url.rstrip("/").endswith("/mcp") else "/mcp")
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                              timeout=httpx2.Timeout(30.0, read=None))
+    async with http, stdio_server() as (stdin, stdout), \
+            streamable_http_client(endpoint, http_client=http) as (server_in, server_out):
+        done = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_pump, stdin, server_out, "from the client", done)
+            tg.start_soon(_pump, server_in, stdout, "from the server", done)
+            await done.wait()
+            tg.cancel_scope.cancel()
+    return 0
+
+
+_TEMP_PREFIX = "kernelmode-mcp-"
+# Not $TMPDIR: kernels run as other uids and must be able to traverse the path to their workspace.
+_TEMP_BASE = Path("/tmp")
+
+
+def _sweep_stale_data_dirs() -> None:
+    """Remove the data dirs of embedded services whose process is gone (killed, not stopped)."""
+    from ..artifacts.volume import detach_all
+
+    for d in _TEMP_BASE.glob(_TEMP_PREFIX + "*"):
+        try:
+            pid = int((d / "owner.pid").read_text())
+            os.kill(pid, 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError):
+            continue  # not ours to judge (no pid file yet, or another user's)
+        detach_all(d)
+        shutil.rmtree(d, ignore_errors=True)
+        log.info("removed %s, left by an embedded service that was killed", d)
+
+
+async def embedded(settings: Settings) -> int:
+    """Start a whole service in this process and serve its MCP tools over stdio."""
+    from ..gateway.process import raise_open_files_limit
+    from ..server import KernelmodeApp
+
+    raise_open_files_limit()
+    temp_dir: Path | None = None
+    if settings.server.data_dir == Settings().server.data_dir:
+        # Each client gets its own service: a shared data dir would let one instance clean up
+        # another's workspaces at start.
+        await asyncio.to_thread(_sweep_stale_data_dirs)
+        temp_dir = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir=_TEMP_BASE))
+        (temp_dir / "owner.pid").write_text(str(os.getpid()))
+        settings.server.data_dir = temp_dir
+    settings.mcp.enabled = True
+    app = KernelmodeApp(settings)
+    # MCP clients stop their servers by closing stdin, then SIGTERM to the process group: either
+    # way, clean up (kernels, volumes, the data dir) before exiting.
+    main = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        if main is not None:
+            loop.add_signal_handler(sig, main.cancel)
+    try:
+        try:
+            await app.start()
+        except KernelmodeError as e:
+            log.error("cannot start: %s", e.message)
+            return 2
+        log.info("kernelmode MCP (stdio) ready; downloads served on %s", app.url)
+        await app.mcp.server.run_stdio_async()
+        return 0
+    except asyncio.CancelledError:
+        return 0
+    finally:
+        with contextlib.suppress(Exception):
+            await app.stop()
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)

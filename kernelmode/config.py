@@ -64,7 +64,9 @@ class SessionSettings(_Section):
     default_timeout_seconds: float = Field(60.0, gt=0)
     max_timeout_seconds: float = Field(3600.0, gt=0)
     interrupt_grace_seconds: float = Field(3.0, gt=0)
-    max_output_bytes: int = Field(1024 * 1024, ge=1024, description="Cap per stream (stdout, stderr, outputs).")
+    max_output_bytes: int = Field(1024 * 1024, ge=1024, description="Cap per stream (stdout, stderr).")
+    max_display_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Cap on a run's rich outputs (images, HTML...) together.")
     max_code_bytes: int = Field(1024 * 1024, ge=16)
     kernel_start_timeout_seconds: float = Field(60.0, gt=0)
     run_retention_seconds: float = Field(

@@ -164,6 +164,7 @@ class RunResult(BaseModel):
     execution_count: int | None = None
     duration_ms: float = 0.0
     truncated: bool = Field(False, description="Some output was cut at the configured cap.")
+    outputs_dropped: int = Field(0, description="Displays (images...) left out at the display cap.")
     state_lost: bool = Field(
         False, description="The kernel was restarted (timeout, death): variables are gone."
     )

@@ -18,16 +18,19 @@ def strip_ansi(text: str) -> str:
 class OutputCollector:
     """Accumulates stream, result, display and error messages, with a byte cap per stream.
 
-    ``max_bytes`` caps stdout and stderr each, and the rich outputs together; beyond it the
-    rest is dropped and ``truncated`` is set, so a flood costs bounded memory.
+    ``max_bytes`` caps stdout and stderr each, ``max_display_bytes`` the rich outputs together;
+    beyond them the rest is dropped and ``truncated`` is set, so a flood costs bounded memory.
 
     ``events`` keeps what was kept in arrival order (stream chunks, displays, the error), so a
     poller can read a run's output while it is still going; ``on_change`` is called after each.
     """
 
-    def __init__(self, max_bytes: int, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, max_bytes: int, on_change: Callable[[], None] | None = None,
+                 max_display_bytes: int | None = None) -> None:
         self.max_bytes = max_bytes
+        self.max_display_bytes = max_bytes if max_display_bytes is None else max_display_bytes
         self.on_change = on_change
+        self.dropped_outputs = 0  # displays (images...) left out at the cap
         self.events: list[dict[str, Any]] = []
         self._sizes = {"stdout": 0, "stderr": 0, "outputs": 0}
         self.outputs: list[dict[str, Any]] = []
@@ -49,8 +52,9 @@ class OutputCollector:
 
     def _add_output(self, output: dict[str, Any]) -> None:
         size = sum(len(str(v)) for v in output.get("data", {}).values())
-        if self._sizes["outputs"] + size > self.max_bytes:
+        if self._sizes["outputs"] + size > self.max_display_bytes:
             self.truncated = True
+            self.dropped_outputs += 1
             return
         self._sizes["outputs"] += size
         self.outputs.append(output)

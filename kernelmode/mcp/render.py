@@ -57,7 +57,11 @@ def run_text(r: RunResult, budget: int, seen_stdout: int = 0, seen_stderr: int =
     if r.error is not None:
         tb = clip(r.error.traceback, budget, "traceback")
         parts.append(f"[error] {r.error.ename}: {r.error.evalue}\n{tb}".rstrip())
-    if r.truncated:
+    if r.outputs_dropped:
+        parts.append(f"NOTE: {r.outputs_dropped} displayed output(s) (e.g. images) were over the "
+                     "server's display cap and left out: save large images to /mnt/data and look at "
+                     "them with read_artifact.")
+    elif r.truncated:
         parts.append("NOTE: the server cut some output at its cap; write large output to a file.")
     if r.tool_calls:
         calls = ", ".join(f"{c.tool}({'ok' if c.ok else 'failed'})" for c in r.tool_calls[:20])

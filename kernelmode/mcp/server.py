@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kernelmode.mcp")
 
 _STDIO = "stdio"
+_MAX_FOLLOWED = 10_000  # runs whose shown output is remembered for get_run
 _TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-yaml",
                "image/svg+xml", "application/x-ipynb+json", "application/sql")
 
@@ -138,11 +139,21 @@ class KernelmodeMCP:
                 except SessionNotFound:
                     pass
             info = await self._create()
+            self._forget_gone_connections()
             self._own[key] = info.session_id
             note = None if sid is None else (
                 "NOTE: this connection's previous session was closed or expired; this is a new "
                 "session, so earlier variables are gone.")
             return info.session_id, note
+
+    def _forget_gone_connections(self) -> None:
+        """Drop the entries of connections whose session is gone (closed, reaped)."""
+        live = {i.session_id for i in self.app.sessions.all() if i.status != "lost"}
+        for key in [k for k, sid in self._own.items() if sid not in live]:
+            del self._own[key]
+            lock = self._own_locks.get(key)
+            if lock is not None and not lock.locked():
+                del self._own_locks[key]
 
     async def _create(self) -> Any:
         try:
@@ -186,6 +197,8 @@ class KernelmodeMCP:
         text = run_text(result, self.cfg.max_text_chars, seen[0], seen[1])
         images, image_notes = self._images(result.outputs, seen[2])
         if result.status == "running":
+            while len(self._seen) >= _MAX_FOLLOWED:  # runs nobody followed to the end
+                self._seen.pop(next(iter(self._seen)))
             self._seen[(key or "", run.run_id)] = (len(result.stdout), len(result.stderr), len(result.outputs))
         extra = [n for n in [note, *image_notes] if n]
         if extra:

@@ -369,7 +369,7 @@ class SessionManager:
             )
         timeout = self._timeout(timeout_seconds)
         run = LiveRun(run_id=uuid.uuid4().hex, session_id=session_id, code=code,
-                      collector=OutputCollector(self.settings.sessions.max_output_bytes))
+                      collector=self._collector())
         run.collector.on_change = run.changed.set
         run.task = asyncio.create_task(self._execute(s, run, timeout), name=f"run-{run.run_id}")
         # A run nobody waits for any more still has its failure read (kept in run.failure).
@@ -394,6 +394,10 @@ class SessionManager:
         await asyncio.wait({run.task}, timeout=wait_seconds)
         return run.task.result() if run.task.done() else run.snapshot()
 
+    def _collector(self) -> OutputCollector:
+        cfg = self.settings.sessions
+        return OutputCollector(cfg.max_output_bytes, max_display_bytes=cfg.max_display_bytes)
+
     def get_run(self, run_id: str) -> LiveRun:
         run = self.runs.get(run_id)
         if run is not None:
@@ -404,7 +408,7 @@ class SessionManager:
                               f"{self.settings.sessions.run_retention_seconds:g} s)")
         # Finished long ago: the result is complete, the event stream is not kept.
         return LiveRun(run_id=run_id, session_id=stored.session_id, result=stored,
-                       collector=OutputCollector(self.settings.sessions.max_output_bytes),
+                       collector=self._collector(),
                        finished_at=time.monotonic())
 
     async def _execute(self, s: LiveSession, run: LiveRun, timeout: float) -> RunResult:
@@ -517,7 +521,8 @@ class SessionManager:
             stdout=collector.stdout, stderr=collector.stderr, result=collector.result,
             outputs=collector.outputs, error=collector.error,
             execution_count=collector.execution_count, truncated=collector.truncated,
-            state_lost=state_lost, cause=cause if status == "kernel_died" else None,
+            outputs_dropped=collector.dropped_outputs, state_lost=state_lost,
+            cause=cause if status == "kernel_died" else None,
             tool_calls=tool_calls,
             tool_calls_truncated=len(tool_calls) >= self.settings.tool_calls.max_recorded_calls,
         )
@@ -525,7 +530,7 @@ class SessionManager:
     async def _run_boot(self, s: LiveSession, specs: list[dict[str, Any]],
                         deadline: float) -> tuple[str, OutputCollector]:
         assert s.conn is not None
-        collector = OutputCollector(self.settings.sessions.max_output_bytes)
+        collector = self._collector()
         answering: set[asyncio.Task[None]] = set()
 
         def on_input(msg: dict[str, Any]) -> None:

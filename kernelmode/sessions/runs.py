@@ -42,7 +42,7 @@ class LiveRun:
         return RunResult(
             run_id=self.run_id, session_id=self.session_id, status="running",
             stdout=c.stdout, stderr=c.stderr, result=c.result, outputs=list(c.outputs),
-            execution_count=c.execution_count, truncated=c.truncated,
+            execution_count=c.execution_count, truncated=c.truncated, outputs_dropped=c.dropped_outputs,
         )
 
     def progress(self, offset: int) -> RunProgress:

@@ -201,7 +201,7 @@ import numpy as np
 from PIL import Image as PILImage
 from IPython.display import Image, display
 rng = np.random.default_rng(0)
-PILImage.fromarray(rng.integers(0, 256, (3000, 3000, 3), dtype=np.uint8)).save('/mnt/data/big.png')
+PILImage.fromarray(rng.integers(0, 256, (1500, 1500, 3), dtype=np.uint8)).save('/mnt/data/big.png')
 display(Image(filename='/mnt/data/big.png'))
 import os
 os.path.getsize('/mnt/data/big.png')
@@ -235,10 +235,6 @@ async def test_read_artifact_downscales_big_image(mcp_connect: Connect) -> None:
         assert "big.png (image/png" in text_of(shown)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug: OutputCollector drops a display whose base64 exceeds sessions.max_output_bytes "
-    "(1 MiB of base64 = ~768 KiB raw) before the MCP layer can downscale it to mcp.max_image_bytes "
-    "(1,000,000 raw bytes), so a big displayed image never reaches run_python's result"))
 async def test_run_python_shows_big_image_downscaled(mcp_connect: Connect) -> None:
     async with mcp_connect() as c:
         r = await run_ok(c, BIG_IMAGE_CODE, timeout_seconds=120, wait_seconds=120)

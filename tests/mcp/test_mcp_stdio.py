@@ -1,0 +1,161 @@
+"""`kernelmode mcp` over stdio, driven by the real mcp SDK client: the embedded service (started
+by the command, gone with it) and the bridge to a running `kernelmode serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mcp.client.client import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from tests.conftest import REPO, Server
+
+KERNELMODE = [sys.executable, "-m", "kernelmode.cli", "mcp"]
+
+
+def params(*args: str, env: dict[str, str] | None = None) -> StdioServerParameters:
+    return StdioServerParameters(command=KERNELMODE[0], args=[*KERNELMODE[1:], *args],
+                                 env={**os.environ, **(env or {})}, cwd=str(REPO))
+
+
+def embedded_dirs() -> set[Path]:
+    return set(Path("/tmp").glob("kernelmode-mcp-*"))
+
+
+def mounts_under(prefix: str) -> list[str]:
+    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if line.split()[4].startswith(prefix)]
+
+
+def text(result) -> str:
+    return "\n".join(c.text for c in result.content if c.type == "text")
+
+
+async def test_embedded_keeps_variables_and_cleans_up_when_the_client_goes() -> None:
+    before = embedded_dirs()
+    async with Client(stdio_client(params())) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert {"run_python", "get_run", "upload_file", "read_artifact"} <= names
+        first = await client.call_tool("run_python", {"code": "import os\nx = 41\nos.getpid()"})
+        assert not first.is_error, text(first)
+        sid = first.structured_content["session_id"]
+        again = await client.call_tool("run_python", {"code": "x + 1"})
+        assert again.structured_content["result"] == "42"
+        assert again.structured_content["session_id"] == sid
+        new = embedded_dirs() - before
+        assert len(new) == 1  # a data dir of its own
+        data_dir = new.pop()
+        err = await client.call_tool("run_python", {"code": "1/0"})
+        assert err.is_error and "ZeroDivisionError" in text(err)
+        # The sandbox is the same as serve's: no host files.
+        leak = await client.call_tool("run_python", {"code": "open('/etc/shadow').read()"})
+        assert leak.is_error
+    assert_cleaned_up(data_dir)
+
+
+def assert_cleaned_up(data_dir: Path) -> None:
+    """Gone with the client: no data dir, no mounted volume, no kernel process."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (data_dir.exists() or mounts_under(str(data_dir))):
+        time.sleep(0.2)
+    assert not data_dir.exists()
+    assert mounts_under(str(data_dir)) == []
+    ps = subprocess.run(["pgrep", "-f", str(data_dir)], capture_output=True, text=True)
+    assert ps.stdout.strip() == ""
+
+
+def test_stdout_carries_only_the_protocol() -> None:
+    """Raw JSON-RPC over the pipe: every stdout line is a JSON-RPC message, logs go to stderr."""
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "run_python", "arguments": {"code": "import sys; print('to stdout'); sys.__stdout__.write('raw\\n'); 7"}}},
+    ]
+    proc = subprocess.Popen([*KERNELMODE, "--log-level", "info"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    assert proc.stdin is not None and proc.stdout is not None
+    for msg in lines:
+        proc.stdin.write(json.dumps(msg) + "\n")
+        proc.stdin.flush()
+    replies = {}
+    while len(replies) < 2:
+        line = proc.stdout.readline()
+        assert line, "kernelmode mcp closed stdout early"
+        msg = json.loads(line)  # anything but JSON-RPC here would fail
+        assert msg["jsonrpc"] == "2.0"
+        if "id" in msg:
+            replies[msg["id"]] = msg
+    rest, err = proc.communicate(timeout=60)  # closes stdin: the client goes
+    assert proc.returncode == 0
+    assert all(json.loads(line)["jsonrpc"] == "2.0" for line in rest.splitlines() if line.strip())
+    assert replies[1]["result"]["serverInfo"]["name"] == "kernelmode"
+    result = replies[2]["result"]
+    assert result["structuredContent"]["result"] == "7"
+    assert result["structuredContent"]["stdout"] == "to stdout\n"
+    assert "kernel gateway ready" in err  # logs went to stderr
+
+
+def test_stale_data_dir_of_a_killed_embedded_service_is_swept() -> None:
+    stale = Path("/tmp/kernelmode-mcp-stale-test")
+    stale.mkdir(exist_ok=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (stale / "owner.pid").write_text(str(dead.pid))
+    (stale / "workspaces").mkdir(exist_ok=True)
+    live = Path("/tmp/kernelmode-mcp-live-test")
+    live.mkdir(exist_ok=True)
+    (live / "owner.pid").write_text(str(os.getpid()))  # this test process: alive
+    try:
+        proc = subprocess.Popen(KERNELMODE, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+        _, err = proc.communicate("", timeout=120)  # EOF at once: start, sweep, stop
+        assert proc.returncode == 0, err
+        assert not stale.exists()
+        assert live.exists()
+    finally:
+        import shutil
+        shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)
+
+
+async def test_bridge_to_a_running_server(server: Server) -> None:
+    env = {"KERNELMODE_URL": server.url, "KERNELMODE_TOKEN": server.token}
+    async with Client(stdio_client(params(env=env))) as a, Client(stdio_client(params(env=env))) as b:
+        ra = await a.call_tool("run_python", {"code": "v = 'from a'"})
+        assert not ra.is_error, text(ra)
+        assert (await a.call_tool("run_python", {"code": "v"})).structured_content["result"] == "'from a'"
+        # Each bridge is its own connection to the server, so its own session.
+        rb = await b.call_tool("run_python", {"code": "v"})
+        assert rb.is_error and "NameError" in text(rb)
+        assert rb.structured_content["session_id"] != ra.structured_content["session_id"]
+        # The session lives in the server: REST sees it.
+        with server.client() as api:
+            sid = ra.structured_content["session_id"]
+            assert api.post(f"/v1/sessions/{sid}/execute", json={"code": "v"}).json()["result"] == "'from a'"
+
+
+@pytest.mark.parametrize("token", ["wrong-token", None])
+def test_bridge_with_a_bad_token_fails_clearly(server: Server, token: str | None) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "KERNELMODE_TOKEN"}
+    args = [*KERNELMODE, "--url", server.url] + (["--token", token] if token else [])
+    init = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+    proc = subprocess.run(args, input=init + "\n", capture_output=True, text=True, timeout=60, env=env,
+                          cwd=str(REPO))
+    # Refused at once with a message saying why (on stderr), not a hang or a silent close.
+    assert proc.returncode == 2
+    assert "token" in proc.stderr and proc.stdout == ""
+
+
+def test_bridge_to_nothing_fails_clearly() -> None:
+    proc = subprocess.run([*KERNELMODE, "--url", "http://127.0.0.1:9", "--token", "x"], input="",
+                          capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert proc.returncode == 2 and "cannot reach" in proc.stderr

@@ -1,8 +1,8 @@
-"""Warm round-trip latency of `1+1`: direct ipykernel vs kernelmode's REST API vs a stock gateway.
+"""Warm round-trip latency of `1+1`: direct ipykernel vs kernelmode's REST and MCP APIs vs a stock gateway.
 
 Run:  .venv/bin/python bench/roundtrip.py [--samples N] [--quick] [--no-write]
 
-Three paths are measured in one run, interleaved round-robin in batches (the order of the paths
+These paths are measured in one run, interleaved round-robin in batches (the order of the paths
 rotates every round) so that machine noise hits all of them alike:
 
   direct    jupyter_client -> ipykernel (the kernel-venv's python, no sandbox, no gateway):
@@ -12,6 +12,10 @@ rotates every round) so that machine noise hits all of them alike:
             (tests.conftest.start_server: Kernel Gateway + bwrap-sandboxed kernel), one
             keep-alive httpx.Client. The server answers after execute_reply + idle, so this is
             the same round trip plus HTTP, the manager, the gateway websocket and the sandbox.
+  rest_httpx  the same POST through a keep-alive httpx.Client.
+  mcp       the MCP tool call run_python {"code": "1+1"} on the same `kernelmode serve`, from the
+            official mcp SDK's Client over streamable HTTP (<url>/mcp, httpx2, SSE responses),
+            timed until call_tool returns; the connection's own session (made by the warm-up).
   stock_kg  a stock `python -m kernel_gateway` (default settings: Nagle left on for kernel
             websockets) and its default python3 kernel, driven over the kernel websocket with
             the `websockets` library until execute_reply + idle. For context only.
@@ -49,12 +53,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import httpx
+import httpx2
 import websockets
 from jupyter_client.jsonutil import json_default
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.session import Session as JupyterSession
+from mcp.client.client import Client as McpClient
+from mcp.client.streamable_http import streamable_http_client
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -66,7 +74,7 @@ KERNEL_PYTHON = REPO / ".kernel-venv" / "bin" / "python"
 CODE = "1+1"
 EXPECTED = "2"
 GOAL = 1.3  # the project's goal: REST median <= 1.3x the direct round trip
-PATHS = ("direct", "rest", "rest_httpx", "stock_kg")
+PATHS = ("direct", "rest", "rest_httpx", "mcp", "stock_kg")
 MSG_TIMEOUT = 30.0
 
 
@@ -74,7 +82,7 @@ def now_ms(t0: int) -> float:
     return (time.perf_counter_ns() - t0) / 1e6
 
 
-# -- the three paths ---------------------------------------------------------------------------------
+# -- the paths ------------------------------------------------------------------------------------
 
 
 def _tmpfs_dir() -> str | None:
@@ -262,6 +270,71 @@ class RestSession:
             self._config.unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 self.server.log_path.unlink()
+
+
+def _lone_exception(e: BaseException) -> BaseException:
+    """The single exception inside (nested) exception groups of one member each, else ``e``."""
+    while True:
+        inner = getattr(e, "exceptions", None)  # a BaseExceptionGroup (3.11+ or the backport)
+        if not (isinstance(inner, tuple) and len(inner) == 1 and isinstance(inner[0], BaseException)):
+            return e
+        e = inner[0]
+
+
+class McpSession:
+    """The mcp SDK's Client over streamable HTTP to the `kernelmode serve` of a RestSession.
+
+    ``connect()`` is an async context manager: the SDK's Client runs anyio task groups, which
+    must be entered and left in the same task, so the caller enters it in its own task (the
+    benchmark's exit stack) rather than in a helper task.
+    """
+
+    def __init__(self, rest: RestSession) -> None:
+        self.rest = rest
+        self.client: McpClient | None = None
+        self.session_id: str | None = None
+        self._args = {"code": CODE}
+
+    @contextlib.asynccontextmanager
+    async def connect(self) -> Any:
+        srv = self.rest.server
+        assert srv is not None
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {srv.token}"},
+                                  timeout=httpx2.Timeout(30, read=300))
+        try:
+            async with McpClient(streamable_http_client(srv.url + "/mcp", http_client=http),
+                                 read_timeout_seconds=MSG_TIMEOUT) as client:
+                self.client = client
+                try:
+                    yield self
+                finally:
+                    self.client = None
+                    if self.session_id is not None:  # this connection's own kernel session
+                        with contextlib.suppress(Exception):
+                            with anyio.fail_after(15):
+                                await client.call_tool("close_session", {})
+        except BaseException as e:
+            # The SDK's task groups wrap whatever the benchmark raised inside them (any path's
+            # failure, a cancellation) in exception groups: hand a lone exception on as itself.
+            lone = _lone_exception(e)
+            if lone is not e:
+                raise lone from None
+            raise
+        finally:
+            await http.aclose()
+
+    async def roundtrip(self) -> float:
+        client = self.client
+        assert client is not None
+        t0 = time.perf_counter_ns()
+        r = await client.call_tool("run_python", self._args)
+        elapsed = now_ms(t0)
+        sc = r.structured_content or {}
+        if r.is_error or sc.get("status") != "ok" or sc.get("result") != EXPECTED:
+            text = " ".join(getattr(c, "text", "") for c in r.content)
+            raise RuntimeError(f"MCP run_python answered is_error={r.is_error} {sc!r} {text!r}"[:2000])
+        self.session_id = sc.get("session_id", self.session_id) or "?"
+        return elapsed
 
 
 class WsKernel:
@@ -463,6 +536,7 @@ LABELS = {
     "direct": "direct (jupyter_client -> ipykernel, unsandboxed)",
     "rest": "rest (kernelmode REST API, bwrap sandbox)",
     "rest_httpx": "rest_httpx (the same through httpx)",
+    "mcp": "mcp (MCP run_python over streamable HTTP, mcp SDK client)",
     "stock_kg": "stock_kg (stock Kernel Gateway websocket, Nagle on)",
 }
 
@@ -528,6 +602,7 @@ def machine_info(rest: RestSession) -> dict[str, str]:
         "tornado": _version("tornado"),
         "websockets": _version("websockets"),
         "httpx": _version("httpx"),
+        "mcp (SDK: server in kernelmode, client here) / httpx2": f"{_version('mcp')} / {_version('httpx2')}",
         "pyzmq": _version("pyzmq"),
         "load average (1, 5, 15 min) at the end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "kernelmode sandbox backend": (
@@ -544,20 +619,21 @@ def _tool_table(s: Stats) -> str:
 
 
 def summary_line(stats: dict[str, Stats]) -> str:
-    d, r, h, k = (stats[p].median for p in PATHS)
+    d, r, h, m, k = (stats[p].median for p in PATHS)
     return (f"SUMMARY rest/direct={r / d:.2f}x rest_httpx/direct={h / d:.2f}x "
-            f"stock_kg/direct={k / d:.1f}x "
+            f"mcp/direct={m / d:.2f}x stock_kg/direct={k / d:.1f}x "
             f"tool_call={stats['tool_call'].median:.3f}ms "
-            f"(median ms: direct={d:.3f} rest={r:.3f} rest_httpx={h:.3f} stock_kg={k:.3f})")
+            f"(median ms: direct={d:.3f} rest={r:.3f} rest_httpx={h:.3f} mcp={m:.3f} stock_kg={k:.3f})")
 
 
 def write_markdown(path: Path, stats: dict[str, Stats], info: dict[str, str],
                    args: argparse.Namespace, wall_s: float) -> None:
-    d, r, h, k = (stats[p].median for p in PATHS)
+    d, r, h, m, k = (stats[p].median for p in PATHS)
     ratio = r / d
     verdict = ("**met**" if ratio <= GOAL else "**not met**")
     machine = "\n".join(f"| {key} | {val} |" for key, val in info.items())
-    text = f"""# Round-trip latency: kernelmode REST vs direct ipykernel
+    info_mcp = _version("mcp")
+    text = f"""# Round-trip latency: kernelmode REST and MCP vs direct ipykernel
 
 Generated by `{' '.join(['bench/roundtrip.py', *sys.argv[1:]])}` on {info['date']},
 {stats['direct'].n} samples per path, interleaved in batches of {args.batch}, after {args.warmup}
@@ -571,6 +647,8 @@ warm-up runs per path; wall time {wall_s:.0f} s.
   round trip: {verdict} ({r - d:.3f} ms added per call on top of {d:.3f} ms).
 - the same REST call through httpx instead of http.client: {h / d:.2f}x (httpx spends ~0.5 ms
   more CPU per request in the client; see bench/PROFILE.md).
+- the MCP tool call `run_python` from the mcp SDK's client: {m / d:.2f}x direct, {m / r:.2f}x REST
+  ({m - r:.3f} ms more than the REST call per round trip).
 - stock Kernel Gateway / direct (median): {k / d:.1f}x.
 
 ### Tool calls from kernel code
@@ -610,6 +688,15 @@ the moment the last required message has arrived:
   collection, the SQLite run record), the manager -> gateway websocket (Nagle disabled by
   `kernelmode/gateway/kg_extensions.py`), the gateway's websocket <-> ZMQ bridge (ipc transport),
   and the bubblewrap sandbox around the kernel.
+- **mcp** — the MCP tool call `run_python {{"code": "1+1"}}` to the same `kernelmode serve` (same
+  process as `rest`) at `/mcp` over streamable HTTP, from the official mcp SDK's `Client`
+  (mcp {info_mcp}, HTTP through httpx2, one keep-alive connection; the server answers each
+  `tools/call` POST as an SSE stream so that progress can reach the client mid-call). Timed around
+  `await client.call_tool(...)` until the `CallToolResult` is back and parsed
+  (`structured_content["result"] == '2'`). The connection's own kernel session is created by the
+  first (warm-up) call. On top of the REST path's work: JSON-RPC framing and the SDK's request
+  validation on both ends, the ASGI bridge inside the server, SSE framing of the response, and
+  the client SDK's own stream/task plumbing (anyio memory streams between its tasks).
 - **stock_kg** — for context: a stock `python -m kernel_gateway` with default settings (only ip,
   port, token set; minimal environment) and its default `python3` kernel (the venv's ipykernel),
   driven with the `websockets` library over the kernel websocket until execute_reply + idle. Its
@@ -622,7 +709,8 @@ machine fall on all paths alike. Percentiles are linear interpolation between cl
 
 What the numbers mean: `direct` is what executing code costs at all; `rest - direct` is
 kernelmode's own overhead per call (two extra hops — HTTP and the gateway websocket — plus the
-manager's bookkeeping); `stock_kg` shows what an untuned gateway costs for the same exchange.
+manager's bookkeeping); `mcp - rest` is what the MCP protocol layer (SDK on both ends) adds to
+the same execution; `stock_kg` shows what an untuned gateway costs for the same exchange.
 These are latencies of a mostly CPU-bound chain of Python processes: on a {info['nproc']}-CPU
 machine the client, the manager, the gateway and the kernel share the CPUs, so every hop's CPU
 time and wake-ups add up. Other work on the machine (load average in the table below) shifts all
@@ -647,6 +735,7 @@ async def run(args: argparse.Namespace) -> int:
     direct = DirectKernel(tmp / "direct", args.direct_transport)
     (tmp / "direct").mkdir()
     rest = RestSession()
+    mcp = McpSession(rest)
     stock = StockGateway(tmp)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, True)
@@ -654,12 +743,15 @@ async def run(args: argparse.Namespace) -> int:
         stack.push_async_callback(stock.stop)
         stack.push_async_callback(rest.stop)
 
-        print("starting: direct kernel, stock kernel gateway, kernelmode serve ...", flush=True)
+        print("starting: direct kernel, stock kernel gateway, kernelmode serve, MCP client ...", flush=True)
         await asyncio.gather(direct.start(), stock.start())
         await rest.start()
+        # Entered here, in this task, and left by the exit stack in this task too (before
+        # rest.stop, so the MCP client disconnects and closes its session while the server runs).
+        await stack.enter_async_context(mcp.connect())
         paths: dict[str, Callable[[], Awaitable[float]]] = {
             "direct": direct.roundtrip, "rest": rest.roundtrip, "rest_httpx": rest.roundtrip_httpx,
-            "stock_kg": stock.roundtrip,
+            "mcp": mcp.roundtrip, "stock_kg": stock.roundtrip,
         }
         print(f"warming up ({args.warmup} runs each) ...", flush=True)
         for _ in range(args.warmup):
@@ -701,6 +793,9 @@ async def run(args: argparse.Namespace) -> int:
     t = stats["tool_call"]
     print(f"tool call from kernel code: median {t.median:.3f} ms, p95 {t.pct(95):.3f}, "
           f"p99 {t.pct(99):.3f} (N={t.n}); goal <= 3 ms: {'met' if t.median <= 3 else 'NOT met'}")
+    m = stats["mcp"].median
+    print(f"MCP run_python: {m / stats['direct'].median:.2f}x direct, {m / stats['rest'].median:.2f}x REST "
+          f"(+{m - stats['rest'].median:.3f} ms per call over REST)")
     ratio = stats["rest"].median / stats["direct"].median
     print(f"goal REST median <= {GOAL}x direct: {'met' if ratio <= GOAL else 'NOT met'} ({ratio:.2f}x)")
     print(summary_line(stats), flush=True)

@@ -106,6 +106,9 @@ class BaseHandler(web.RequestHandler):
             status, body = 500, {"code": "internal", "message": "internal server error (see the server log)"}
         self.clear()
         self.set_default_headers()
+        self.set_header("Content-Type", "application/json")  # also where defaults are not JSON (/mcp)
+        if status == 401:
+            self.set_header("WWW-Authenticate", 'Bearer realm="kernelmode"')
         self.set_status(status)
         self.finish(json.dumps({"error": body}))
 

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -132,7 +133,9 @@ class KernelConnection:
         self.client = client
         self.kernel_id = kernel_id
         self.on_kernel_status = on_kernel_status
-        self._session = JupyterSession(key=b"", username="kernelmode")
+        # Only builds messages (msg()); the gateway signs them with the kernel's key. A random key
+        # keeps jupyter_client from warning "Message signing is disabled" for every session.
+        self._session = JupyterSession(key=secrets.token_bytes(16), username="kernelmode")
         self._ws: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
         self._listeners: dict[str, asyncio.Queue[dict[str, Any]]] = {}

@@ -365,6 +365,8 @@ def test_http_requires_the_token(server: Server, auth: str | None) -> None:
     r = httpx.post(server.url + "/mcp", json=INIT, headers=headers, timeout=30)
     assert r.status_code == 401, r.text
     assert r.json()["error"]["code"] == "unauthorized"
+    assert r.headers["content-type"] == "application/json"
+    assert r.headers["www-authenticate"].startswith("Bearer")
 
 
 async def test_sdk_client_with_wrong_token_fails(server: Server) -> None:

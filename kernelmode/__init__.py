@@ -1,5 +1,7 @@
 """kernelmode: a self-hosted, stateful, sandboxed Python interpreter service for AI agents.
 
+Client of a running server: ``kernelmode.Client`` / ``kernelmode.AsyncClient`` (see client.py).
+
 Library mode (embed the service in your own asyncio application)::
 
     from kernelmode import KernelmodeApp, SessionCreate, ToolRegistry, load_settings
@@ -20,12 +22,13 @@ Library mode (embed the service in your own asyncio application)::
 
 __version__ = "0.1.0"
 
-from .config import Settings, load_settings  # noqa: E402  (after __version__: api/ imports it)
+from .client import AsyncClient, Client  # noqa: E402  (after __version__: api/ imports it)
+from .config import Settings, load_settings  # noqa: E402
 from .models import RunResult, SessionCreate, SessionInfo  # noqa: E402
 from .server import KernelmodeApp, serve  # noqa: E402
 from .tools.registry import ToolRegistry  # noqa: E402
 
 __all__ = [
-    "KernelmodeApp", "RunResult", "SessionCreate", "SessionInfo", "Settings", "ToolRegistry",
+    "AsyncClient", "Client", "KernelmodeApp", "RunResult", "SessionCreate", "SessionInfo", "Settings", "ToolRegistry",
     "load_settings", "serve",
 ]

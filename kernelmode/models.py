@@ -93,6 +93,22 @@ class ExecuteRequest(_Strict):
     )
 
 
+class InlineFile(_Strict):
+    path: str = Field(min_length=1, max_length=1024, description="Where in /mnt/data, e.g. 'data/sales.csv'.")
+    content_base64: str = Field(description="The file's bytes, base64-encoded.")
+
+
+class OneShotRequest(_Strict):
+    """Body of ``POST /v1/execute``: a run in a fresh kernel that is discarded afterwards."""
+
+    code: str = Field(description="Python source to run.")
+    files: list[InlineFile] = Field(
+        default_factory=list, max_length=1000, description="Files put into /mnt/data before the run.")
+    timeout_seconds: float | None = Field(
+        None, gt=0, le=86_400, description="Wall-clock limit of the run (default 60 s).")
+    tools: list[str] | None = Field(None, max_length=1000, description="Allow-list of host tools; default: all.")
+
+
 class RunError(BaseModel):
     ename: str
     evalue: str

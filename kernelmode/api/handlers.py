@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hmac
 import json
 import logging
@@ -34,6 +36,7 @@ from ..models import (
     ExecuteRequest,
     FileList,
     Health,
+    OneShotRequest,
     SessionCreate,
     SessionList,
     ToolList,
@@ -189,6 +192,20 @@ class RunHandler(BaseHandler):
         self.send(run.progress(offset))
 
 
+class OneShotHandler(BaseHandler):
+    """A run in a fresh kernel that is discarded afterwards (no session to manage)."""
+
+    async def post(self) -> None:
+        req = self.body_model(OneShotRequest)
+        files = []
+        for i, f in enumerate(req.files):
+            try:
+                files.append((f.path, base64.b64decode(f.content_base64, validate=True)))
+            except (binascii.Error, ValueError) as e:
+                raise ValidationError(f"files[{i}].content_base64 is not valid base64: {e}") from e
+        self.send(await self.app.sessions.one_shot(req.code, files, req.timeout_seconds, req.tools))
+
+
 class InterruptHandler(BaseHandler):
     async def post(self, session_id: str) -> None:
         self.send(await self.app.sessions.interrupt(session_id))
@@ -312,6 +329,7 @@ routes = [
     (r"/readyz", ReadyHandler),
     (r"/openapi.json", OpenAPIHandler),
     (r"/v1/tools", ToolsHandler),
+    (r"/v1/execute", OneShotHandler),
     (r"/v1/sessions", SessionsHandler),
     (rf"/v1/sessions/({SID})", SessionHandler),
     (rf"/v1/sessions/({SID})/execute", ExecuteHandler),

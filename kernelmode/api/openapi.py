@@ -15,6 +15,7 @@ from ..models import (
     ExecuteRequest,
     FileList,
     Health,
+    OneShotRequest,
     RunProgress,
     RunResult,
     SessionCreate,
@@ -25,7 +26,7 @@ from ..models import (
 )
 
 _MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health, ToolList,
-           FileList, ArtifactList, UploadResult, RunProgress]
+           FileList, ArtifactList, UploadResult, RunProgress, OneShotRequest]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -60,6 +61,12 @@ def openapi_document() -> dict[str, Any]:
             "get": {"summary": "List sessions", "responses": {"200": _json("SessionList", "Sessions"), **_errors(401)}},
             "post": {"summary": "Create a session", "requestBody": body("SessionCreate"),
                      "responses": {"201": _json("SessionInfo", "Created"), **_errors(400, 401, 409, 422, 429, 503)}},
+        },
+        "/v1/execute": {
+            "post": {"summary": "One-shot run in a fresh kernel that is discarded afterwards",
+                     "requestBody": {**body("OneShotRequest"), "required": True},
+                     "responses": {"200": _json("RunResult", "The run, with its artifacts"),
+                                   **_errors(400, 401, 413, 422, 429, 503)}},
         },
         "/v1/sessions/{session_id}": {
             "parameters": [sid],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import logging
 import os
@@ -381,6 +382,23 @@ class SessionManager:
                       wait_seconds: float | None = None) -> RunResult:
         """Run code; wait for the end, or at most ``wait_seconds`` (then status ``running``)."""
         return await self.wait(self.submit(session_id, code, timeout_seconds), wait_seconds)
+
+    async def one_shot(self, code: str, files: list[tuple[str, bytes]], timeout_seconds: float | None = None,
+                       tools: list[str] | None = None) -> RunResult:
+        """Run code in a fresh kernel (from the warm pool when there is one), then discard it.
+
+        The result's artifacts stay in the store under the throw-away session's id.
+        """
+        self._timeout(timeout_seconds)  # refuse a bad timeout before taking a kernel
+        info = await self.create(SessionCreate(session_id=f"oneshot-{uuid.uuid4().hex[:20]}", tools=tools))
+        sid = info.session_id
+        try:
+            for path, data in files:
+                await self.upload(sid, path, io.BytesIO(data), len(data), overwrite=False)
+            return await self.execute(sid, code, timeout_seconds)
+        finally:
+            with contextlib.suppress(SessionNotFound):
+                await self.delete(sid)
 
     @staticmethod
     async def wait(run: LiveRun, wait_seconds: float | None = None) -> RunResult:

@@ -10,7 +10,7 @@ rotates every round) so that machine noise hits all of them alike:
             This is the floor: the cost of the kernel itself plus ZMQ.
   rest      POST /v1/sessions/{id}/execute {"code": "1+1"} on a real `kernelmode serve`
             (tests.conftest.start_server: Kernel Gateway + bwrap-sandboxed kernel), one
-            keep-alive httpx.Client. The server answers after execute_reply + idle, so this is
+            keep-alive http.client.HTTPConnection. The server answers after execute_reply + idle, so this is
             the same round trip plus HTTP, the manager, the gateway websocket and the sandbox.
   rest_httpx  the same POST through a keep-alive httpx.Client.
   mcp       the MCP tool call run_python {"code": "1+1"} on the same `kernelmode serve`, from the
@@ -690,13 +690,16 @@ the moment the last required message has arrived:
   and the bubblewrap sandbox around the kernel.
 - **mcp** — the MCP tool call `run_python {{"code": "1+1"}}` to the same `kernelmode serve` (same
   process as `rest`) at `/mcp` over streamable HTTP, from the official mcp SDK's `Client`
-  (mcp {info_mcp}, HTTP through httpx2, one keep-alive connection; the server answers each
-  `tools/call` POST as an SSE stream so that progress can reach the client mid-call). Timed around
+  (mcp {info_mcp}, HTTP through an `httpx2.AsyncClient`; the server answers each `tools/call` POST
+  as an SSE stream so that progress can reach the client mid-call). Timed around
   `await client.call_tool(...)` until the `CallToolResult` is back and parsed
   (`structured_content["result"] == '2'`). The connection's own kernel session is created by the
-  first (warm-up) call. On top of the REST path's work: JSON-RPC framing and the SDK's request
-  validation on both ends, the ASGI bridge inside the server, SSE framing of the response, and
-  the client SDK's own stream/task plumbing (anyio memory streams between its tasks).
+  first (warm-up) call. On top of the REST path's work: JSON-RPC framing and pydantic validation
+  on both ends, the ASGI bridge inside the server, SSE framing of the response, the client SDK's
+  task plumbing (anyio memory streams between its tasks), the client's jsonschema check of
+  `structured_content` against the tool's output schema, and a new TCP connection per call (the
+  SDK client closes the SSE response as soon as the result event has arrived, before the end of
+  the chunked body, so httpx2 cannot keep the connection alive).
 - **stock_kg** — for context: a stock `python -m kernel_gateway` with default settings (only ip,
   port, token set; minimal environment) and its default `python3` kernel (the venv's ipykernel),
   driven with the `websockets` library over the kernel websocket until execute_reply + idle. Its

@@ -1,4 +1,4 @@
-"""`kernelmode serve | mcp | config check`."""
+"""`kernelmode serve | mcp | console | sessions | config check`."""
 
 from __future__ import annotations
 
@@ -88,6 +88,21 @@ def _mcp(args: argparse.Namespace) -> int:
     return asyncio.run(embedded(settings))
 
 
+def _console(args: argparse.Namespace) -> int:
+    from .console.app import list_sessions, run_console
+
+    if args.list or not args.session_id:
+        return list_sessions(args.url, args.token)
+    return run_console(args.url, args.token, args.session_id, args.console_args,
+                       connection_file_only=args.connection_file, transport=args.transport)
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    from .console.app import list_sessions
+
+    return list_sessions(args.url, args.token)
+
+
 def _config_check(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.file)
@@ -120,6 +135,22 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--sandbox", choices=["bwrap", "none"], help="embedded mode: kernel sandbox")
     mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     mcp.set_defaults(func=_mcp)
+    console = sub.add_parser(
+        "console", epilog="Arguments after -- go to jupyter console.", help="attach jupyter console to a live session's kernel (through kernelmode and its token)")
+    console.add_argument("session_id", nargs="?", help="the session (omit, or --list, to list them)")
+    console.add_argument("--list", action="store_true", help="list the sessions and exit")
+    console.add_argument("--url", help="the server (default $KERNELMODE_URL, else http://127.0.0.1:8888)")
+    console.add_argument("--token", help="its token (default $KERNELMODE_TOKEN)")
+    console.add_argument("--connection-file", action="store_true",
+                         help="do not start a console: print a connection file for another frontend "
+                         "(jupyter qtconsole --existing FILE) and relay until Ctrl-C")
+    console.add_argument("--transport", choices=["ipc", "tcp"], default="ipc",
+                         help="local sockets for the frontend: ipc in a private dir (default) or loopback tcp")
+    console.set_defaults(func=_console)
+    sessions = sub.add_parser("sessions", help="a table of the server's sessions")
+    sessions.add_argument("--url", help="the server (default $KERNELMODE_URL, else http://127.0.0.1:8888)")
+    sessions.add_argument("--token", help="its token (default $KERNELMODE_TOKEN)")
+    sessions.set_defaults(func=_sessions)
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     check = config_sub.add_parser("check", help="validate a kernelmode.yaml and print the result")
@@ -129,7 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `kernelmode console SID [options] -- [jupyter console options]`
+    passthrough = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     args = build_parser().parse_args(argv)
+    args.console_args = passthrough
     return int(args.func(args))
 
 

@@ -73,6 +73,8 @@ class SessionInfo(BaseModel):
     sandbox: str = Field(description="Sandbox backend of the kernel (bwrap or none).")
     tools: list[str] | None = Field(None, description="Tool allow-list (None: all tools).")
     from_pool: bool = Field(False, description="The kernel came ready from the warm pool.")
+    memory_bytes: int | None = Field(
+        None, description="Memory the kernel's processes use now (from its cgroup; None without cgroups).")
 
 
 class SessionList(BaseModel):

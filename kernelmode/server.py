@@ -13,7 +13,7 @@ from typing import Any
 from tornado import httpserver, web
 from tornado.netutil import bind_sockets
 
-from .api.handlers import NotFoundHandler, routes
+from .api.handlers import NotFoundHandler, all_routes
 from .artifacts.base import ArtifactStore, StoreError
 from .artifacts.harvester import Harvester
 from .artifacts.local import LocalStore
@@ -118,7 +118,7 @@ class KernelmodeApp:
                                        s.sandbox.backend, ToolBroker(self.tools, s.tool_calls),
                                        self.harvester)
         await self.sessions.start()
-        all_routes: list[Any] = list(routes)
+        route_table: list[Any] = all_routes()
         if s.mcp.enabled:
             from .mcp.http import McpHandler, McpHttp
             from .mcp.server import KernelmodeMCP
@@ -126,8 +126,8 @@ class KernelmodeApp:
             self.mcp = KernelmodeMCP(self)
             self.mcp_http = McpHttp(self.mcp, s.mcp.max_request_bytes)
             await self.mcp_http.start()
-            all_routes.append((r"/mcp/?", McpHandler))
-        app = web.Application(all_routes, kernelmode=self, default_handler_class=NotFoundHandler)
+            route_table.append((r"/mcp/?", McpHandler))
+        app = web.Application(route_table, kernelmode=self, default_handler_class=NotFoundHandler)
         self.http = httpserver.HTTPServer(app, max_body_size=s.server.max_body_bytes, xheaders=False)
         socks = bind_sockets(s.server.port, s.server.host)
         self.port = socks[0].getsockname()[1]

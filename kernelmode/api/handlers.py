@@ -341,3 +341,9 @@ routes = [
     (r"/v1/runs/([0-9a-f]{32})", RunHandler),
     (r"/v1/artifacts/(.+)", PublicArtifactHandler),
 ]
+
+
+def all_routes() -> list[Any]:
+    from .channels import ChannelsHandler
+
+    return [*routes, (rf"/v1/sessions/({SID})/channels", ChannelsHandler)]

@@ -42,6 +42,15 @@ def _pack(obj: Any) -> bytes:
     return json.dumps(obj, default=json_default).encode()
 
 
+def encode_frame(msg: dict[str, Any], channel: str) -> bytes:
+    """A message as a v1 binary websocket frame."""
+    return bytes(serialize_msg_to_ws_v1(msg, channel, _pack))
+
+
+def decode_frame(raw: str | bytes) -> dict[str, Any]:
+    return _decode(raw)
+
+
 def _decode(raw: str | bytes) -> dict[str, Any]:
     """A websocket frame (v1 binary or legacy JSON) as a message dict."""
     if isinstance(raw, str):
@@ -119,6 +128,18 @@ class GatewayClient:
             return True
         except GatewayError:
             return False
+
+    async def open_channels(self, kernel_id: str) -> ClientConnection:
+        """A raw websocket to the kernel's channels (v1 binary protocol), for a proxy."""
+        url = f"{self.ws_url}/api/kernels/{kernel_id}/channels?session_id={uuid.uuid4().hex}"
+        try:
+            return await websockets.connect(
+                url, additional_headers={"Authorization": f"token {self.token}"},
+                subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]
+                max_size=256 * 1024 * 1024, compression=None, open_timeout=30, ping_interval=None,
+            )
+        except (OSError, websockets.WebSocketException, asyncio.TimeoutError) as e:
+            raise KernelUnavailable(f"cannot open the websocket of kernel {kernel_id}: {e}") from e
 
     async def connect(self, kernel_id: str, on_kernel_status: Callable[[str], None]) -> KernelConnection:
         conn = KernelConnection(self, kernel_id, on_kernel_status)

@@ -223,8 +223,16 @@ def install(specs_json: str, namespace: dict[str, Any]) -> None:
     _bridge = _Bridge(original)
     namespace["tools"] = build(json.loads(specs_json), original)
     namespace["ToolError"] = ToolError
+    # exit()/quit() would stop the kernel's loop: the session's kernel is not the code's to end.
+    # It still tells a console to leave (the ask_exit payload), keeping the kernel.
+    shell.ask_exit = lambda: _ask_exit_keeping_kernel(shell)
     # IPython builds its display formatters on first use; do it now, not in the user's first run.
     shell.display_formatter.format(0)
+
+
+def _ask_exit_keeping_kernel(shell: Any) -> None:
+    shell.keepkernel_on_exit = True
+    type(shell).ask_exit(shell)
 
 
 def boot_code(specs: list[dict[str, Any]]) -> str:

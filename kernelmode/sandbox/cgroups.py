@@ -43,6 +43,14 @@ class KernelCgroup:
                     return int(value)
         return 0
 
+    def memory_bytes(self) -> int | None:
+        """What the kernel's processes use now (None when the cgroup is not there)."""
+        name = "memory.current" if self.version == "v2" else "memory.usage_in_bytes"
+        for d in self.dirs:
+            with contextlib.suppress(OSError, ValueError):
+                return int((d / name).read_text())
+        return None
+
     def _pids(self) -> set[int]:
         pids: set[int] = set()
         for f in self.procs_files:

@@ -50,6 +50,7 @@ from ..models import (
     ToolCall,
     UploadResult,
 )
+from ..sandbox import cgroups
 from ..sandbox.spec import KernelParams, pop_death_record
 from ..tools.broker import ToolBroker
 from .runs import LiveRun, RunRegistry
@@ -115,6 +116,8 @@ class SessionManager:
         self._pool_task: asyncio.Task[None] | None = None
         self._stopping = False
         self.runs = RunRegistry(settings.sessions.run_retention_seconds)
+        # Where each kernel's memory use can be read (its cgroup), if anywhere.
+        self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -225,13 +228,19 @@ class SessionManager:
             await asyncio.to_thread(self.volumes.destroy, s.workspace)
 
     # -- queries -----------------------------------------------------------------------------------
+    def _with_usage(self, s: LiveSession) -> SessionInfo:
+        if self._cgroups is None:
+            return s.info
+        memory = cgroups.existing(s.kernel_id, self._cgroups).memory_bytes()
+        return s.info.model_copy(update={"memory_bytes": memory})
+
     def all(self) -> list[SessionInfo]:
-        live = {sid: s.info for sid, s in self._live.items()}
+        live = {sid: self._with_usage(s) for sid, s in self._live.items()}
         return [live.get(i.session_id, i) for i in self.store.all()]
 
     def get(self, session_id: str) -> SessionInfo:
         if session_id in self._live:
-            return self._live[session_id].info
+            return self._with_usage(self._live[session_id])
         info = self.store.get(session_id)
         if info is None:
             raise SessionNotFound(f"no session {session_id!r}")
@@ -350,6 +359,20 @@ class SessionManager:
         self.store.delete(session_id)
         log.info("session %s deleted", session_id)
 
+    def live_session(self, session_id: str) -> LiveSession:
+        """The live session (SessionNotFound, or KernelUnavailable when it is lost)."""
+        return self._session(session_id)
+
+    def record_console_run(self, s: LiveSession, code: str, result: RunResult,
+                           events: list[dict[str, Any]]) -> None:
+        """A run typed in an attached console: in the session's history like any other."""
+        if s.info.session_id not in self._live:
+            return
+        self.store.add_run(code, result, events)
+        self.store.save(s.info, s.kernel_id, s.workspace)
+        run_log.info(json.dumps({"event": "console_run", "session_id": s.info.session_id,
+                                 "run_id": result.run_id, "status": result.status}))
+
     # -- running code ------------------------------------------------------------------------------
     def _timeout(self, timeout_seconds: float | None) -> float:
         cfg = self.settings.sessions
@@ -455,7 +478,7 @@ class SessionManager:
                 result.duration_ms = round((time.monotonic() - started) * 1000, 3)
                 if result.execution_count is not None:
                     s.info.execution_count = result.execution_count
-                self.store.add_run(run.code, result)
+                self.store.add_run(run.code, result, run.collector.events)
                 self.store.save(s.info, s.kernel_id, s.workspace)
         except Exception as e:
             run.failure = e if isinstance(e, KernelmodeError) else KernelmodeError(

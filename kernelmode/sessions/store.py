@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from ..models import RunResult, SessionInfo
 
@@ -35,6 +36,9 @@ class SessionStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(runs)")}
+        if "events" not in columns:  # a store made before outputs were kept in order
+            self._db.execute("ALTER TABLE runs ADD COLUMN events TEXT")
 
     def close(self) -> None:
         self._db.close()
@@ -88,16 +92,26 @@ class SessionStore:
                 n += 1
         return n
 
-    def add_run(self, code: str, result: RunResult) -> None:
+    def add_run(self, code: str, result: RunResult, events: list[dict[str, Any]] | None = None) -> None:
+        """``events``: the run's output in arrival order (what a notebook export shows)."""
         self._db.execute(
-            "INSERT OR REPLACE INTO runs (run_id, session_id, seq, code, result) VALUES "
-            "(?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs WHERE session_id=?), ?, ?)",
-            (result.run_id, result.session_id, result.session_id, code, result.model_dump_json()),
+            "INSERT OR REPLACE INTO runs (run_id, session_id, seq, code, result, events) VALUES "
+            "(?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs WHERE session_id=?), ?, ?, ?)",
+            (result.run_id, result.session_id, result.session_id, code, result.model_dump_json(),
+             json.dumps(events, default=str) if events is not None else None),
         )
 
     def get_run(self, run_id: str) -> RunResult | None:
         row = self._db.execute("SELECT result FROM runs WHERE run_id=?", (run_id,)).fetchone()
         return RunResult.model_validate_json(row[0]) if row else None
+
+    def history(self, session_id: str) -> list[tuple[str, RunResult, list[dict[str, Any]] | None]]:
+        """(code, result, output events or None) of each run, in order."""
+        rows = self._db.execute(
+            "SELECT code, result, events FROM runs WHERE session_id=? ORDER BY seq", (session_id,)
+        ).fetchall()
+        return [(code, RunResult.model_validate_json(res), json.loads(ev) if ev else None)
+                for code, res, ev in rows]
 
     def runs(self, session_id: str) -> list[tuple[str, RunResult]]:
         rows = self._db.execute(

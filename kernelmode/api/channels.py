@@ -1,0 +1,98 @@
+"""``/v1/sessions/{id}/channels``: a session's kernel channels as a websocket, for consoles.
+
+A person's console (``kernelmode console``) reaches the live kernel here, through kernelmode and
+its token, never through an opened port: frames pass between this websocket and the gateway's
+websocket of the kernel (binary v1 protocol), and the session's ConsoleTap sees each message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from typing import Any
+
+import websockets
+from tornado import websocket
+from websockets.asyncio.client import ClientConnection
+
+from ..errors import KernelmodeError
+from ..gateway.client import WS_PROTOCOL, decode_frame, encode_frame
+from ..sessions.console_tap import ConsoleTap
+
+log = logging.getLogger("kernelmode.api")
+
+
+class ChannelsHandler(websocket.WebSocketHandler):
+    _upstream: ClientConnection | None = None
+    _pump: asyncio.Task[None] | None = None
+    _tap: ConsoleTap | None = None
+
+    @property
+    def app(self) -> Any:
+        return self.settings["kernelmode"]
+
+    def _refuse(self, status: int, code: str, message: str) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": {"code": code, "message": message}}))
+
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        header = self.request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.app.token.encode()):
+            return self._refuse(401, "unauthorized", "missing or wrong bearer token")
+        try:
+            s = self.app.sessions.live_session(args[0])
+            self._upstream = await self.app.gateway.open_channels(s.kernel_id)
+        except KernelmodeError as e:
+            return self._refuse(e.http_status, e.code, e.message)
+        self._tap = ConsoleTap(self.app.sessions, s, self._send_upstream)
+        await super().get(*args, **kwargs)
+
+    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        return WS_PROTOCOL if WS_PROTOCOL in subprotocols else None
+
+    def open(self, *args: Any, **kwargs: Any) -> None:
+        if self.selected_subprotocol != WS_PROTOCOL:
+            self.close(4400, f"speak the {WS_PROTOCOL} subprotocol")
+            return
+        self._pump = asyncio.create_task(self._from_kernel())
+
+    async def _send_upstream(self, channel: str, msg: dict[str, Any]) -> None:
+        assert self._upstream is not None
+        await self._upstream.send(encode_frame(msg, channel))
+
+    async def on_message(self, message: str | bytes) -> None:
+        if self._upstream is None or self._tap is None or isinstance(message, str):
+            return
+        try:
+            msg = decode_frame(message)
+        except Exception:  # noqa: BLE001 - a malformed frame from the client ends its connection
+            self.close(4400, "malformed frame")
+            return
+        if self._tap.from_console(msg["channel"], msg):
+            with contextlib.suppress(websockets.WebSocketException):
+                await self._upstream.send(message)
+
+    async def _from_kernel(self) -> None:
+        assert self._upstream is not None and self._tap is not None
+        try:
+            async for raw in self._upstream:
+                msg = decode_frame(raw)
+                if self._tap.from_kernel(msg["channel"], msg):
+                    await self.write_message(raw, binary=isinstance(raw, bytes))
+        except (websockets.WebSocketException, websocket.WebSocketClosedError):
+            pass
+        finally:
+            self.close(1001, "the kernel's connection closed")
+
+    def on_close(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+        if self._tap is not None:
+            self._tap.close()
+        if self._upstream is not None:
+            asyncio.ensure_future(self._upstream.close())

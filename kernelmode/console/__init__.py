@@ -1,0 +1,1 @@
+"""`kernelmode console`: a person's frontend (jupyter console...) on a live session's kernel."""

@@ -109,7 +109,14 @@ def _config_check(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"kernelmode: {e.message}", file=sys.stderr)
         return 2
-    print(settings.model_dump_json(indent=2, exclude={"server": {"token"}}))
+    data = settings.model_dump(mode="json", exclude={"server": {"token"}})
+    # Secrets interpolated from the environment stay out of the printout.
+    if data["artifacts"].get("secret_key"):
+        data["artifacts"]["secret_key"] = "***"
+    for server in data["mcp_servers"]:
+        for part in ("env", "headers"):
+            server[part] = {k: "***" for k in server.get(part, {})}
+    print(json.dumps(data, indent=2))
     return 0
 
 

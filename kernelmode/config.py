@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from .errors import ConfigError
@@ -35,6 +35,12 @@ class ServerSettings(_Section):
     token: str | None = Field(None, description="Bearer token; generated and printed when unset.")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
 
+    @field_validator("token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, v: Any) -> Any:
+        # An empty token would lock every client out: treat it as unset (generated, printed).
+        return None if v is None or str(v).strip() == "" else str(v)
+
 
 class SandboxSettings(_Section):
     backend: Literal["bwrap", "none"] = "bwrap"
@@ -52,6 +58,17 @@ class SandboxSettings(_Section):
     workspace_quota: Literal["auto", "off"] = Field(
         "auto", description="'auto': each workspace a loop-mounted ext4 volume of disk_mb, when "
         "the machine allows (root, loop devices); 'off': plain directories.")
+
+    @field_validator("cgroups", "workspace_quota", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML reads a bare `off` as false
+
+    @field_validator("kernel_python", mode="after")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        # Kernels start from other directories: a relative path is taken from where serve starts.
+        return v.expanduser().absolute()
 
 
 class SessionSettings(_Section):
@@ -72,12 +89,24 @@ class SessionSettings(_Section):
     run_retention_seconds: float = Field(
         3600.0, gt=0, description="How long a finished run's output stays pollable (GET /v1/runs/{id}).")
 
+    @model_validator(mode="after")
+    def _timeouts(self) -> SessionSettings:
+        if self.default_timeout_seconds > self.max_timeout_seconds:
+            raise ValueError(f"default_timeout_seconds ({self.default_timeout_seconds:g}) is above "
+                             f"max_timeout_seconds ({self.max_timeout_seconds:g})")
+        return self
+
 
 class GatewaySettings(_Section):
     config_dir: Path = REPO_ROOT / "gateway-config"
     startup_timeout_seconds: float = Field(60.0, gt=0)
     # How often the gateway checks that a kernel is alive; bounds how fast a death is seen.
     poll_interval_seconds: float = Field(0.5, gt=0)
+
+    @field_validator("config_dir", mode="after")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        return v.expanduser().absolute()  # the gateway runs in another directory
 
 
 class ToolSettings(_Section):

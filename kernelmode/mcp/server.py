@@ -315,6 +315,10 @@ class KernelmodeMCP:
             data = base64.b64decode(content_base64, validate=True)
         except (binascii.Error, ValueError) as e:
             raise ToolError(f"content_base64 is not valid base64: {e}") from e
+        cap = self.app.settings.artifacts.max_upload_bytes
+        if len(data) > cap:
+            raise ToolError(f"the file is {size_text(len(data))}, over this server's upload limit of "
+                            f"{size_text(cap)}")
         sid, note = await self._session(ctx, session_id)
         try:
             up = await self.app.sessions.upload(sid, filename, io.BytesIO(data), len(data), overwrite)

@@ -289,6 +289,16 @@ class ArtifactsHandler(BaseHandler):
         self.send(ArtifactList(artifacts=await self.app.sessions.artifacts(session_id)))
 
 
+class NotebookHandler(BaseHandler):
+    """The session's runs as an .ipynb (console runs included; also after the session is gone)."""
+
+    async def get(self, session_id: str) -> None:
+        data = await asyncio.to_thread(self.app.sessions.notebook, session_id)
+        self.set_header("Content-Type", "application/x-ipynb+json")
+        self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(session_id)}.ipynb")
+        self.finish(data)
+
+
 class PublicArtifactHandler(BaseHandler):
     """Local-store download links: signed and expiring, so they need no bearer token."""
 
@@ -338,6 +348,7 @@ routes = [
     (rf"/v1/sessions/({SID})/files", FilesHandler),
     (rf"/v1/sessions/({SID})/files/(.+)", FileHandler),
     (rf"/v1/sessions/({SID})/artifacts", ArtifactsHandler),
+    (rf"/v1/sessions/({SID})/notebook", NotebookHandler),
     (r"/v1/runs/([0-9a-f]{32})", RunHandler),
     (r"/v1/artifacts/(.+)", PublicArtifactHandler),
 ]

@@ -117,6 +117,19 @@ def openapi_document() -> dict[str, Any]:
             "get": {"summary": "Artifacts of the session's runs (also after it was deleted)",
                     "responses": {"200": _json("ArtifactList", "Artifacts"), **_errors(401, 404)}},
         },
+        "/v1/sessions/{session_id}/notebook": {
+            "parameters": [sid],
+            "get": {"summary": "The session's runs as a Jupyter notebook (also after it was deleted)",
+                    "responses": {"200": {"description": "nbformat v4 notebook",
+                                          "content": {"application/x-ipynb+json": {"schema": {"type": "object"}}}},
+                                  **_errors(401, 404)}},
+        },
+        "/v1/sessions/{session_id}/channels": {
+            "parameters": [sid],
+            "get": {"summary": "Websocket to the session's kernel channels (v1.kernel.websocket.jupyter.org), "
+                               "for consoles: `kernelmode console`",
+                    "responses": {"101": {"description": "Switching protocols"}, **_errors(401, 404, 503)}},
+        },
         "/v1/sessions/{session_id}/restart": {
             "parameters": [sid],
             "post": {"summary": "Restart the kernel (variables are lost)",

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import logging
+import os
 import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -26,6 +27,9 @@ OUTPUT_TYPES = {
     "application/pdf": "pdf", "text/html": "html", "application/json": "json",
 }
 BINARY_TYPES = {"image/png", "image/jpeg", "image/gif", "application/pdf"}
+
+
+SESSION_FILES = "session"  # the "run id" under which a session's own files are kept
 
 
 class Harvester:
@@ -104,6 +108,20 @@ class Harvester:
             path=shown, name=PurePosixPath(rel).name, size_bytes=size, mime_type=mime, sha256=sha,
             download_url=await self.store.link(key, self.public_url),
         ))
+
+    async def keep_session_file(self, session_id: str, name: str, data: bytes, mime: str) -> Artifact:
+        """Keep a file of the session itself (its notebook), listed with the runs' artifacts."""
+        artifact = Artifact(path=name, name=name, size_bytes=len(data), mime_type=mime,
+                            sha256=hashlib.sha256(data).hexdigest(), download_url="")
+        key = self._key(session_id, SESSION_FILES, artifact)
+        fd, tmp = tempfile.mkstemp(dir=self.scratch)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            await self.store.put_file(key, Path(tmp), mime)
+        finally:
+            Path(tmp).unlink(missing_ok=True)  # noqa: ASYNC240
+        return artifact.model_copy(update={"download_url": await self.store.link(key, self.public_url)})
 
     @staticmethod
     def _key(session_id: str, run_id: str, artifact: Artifact) -> str:

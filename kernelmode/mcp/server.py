@@ -253,6 +253,8 @@ class KernelmodeMCP:
             title="Close a session", destructive_hint=True))
         srv.add_tool(self.list_sessions, name="list_sessions", annotations=ToolAnnotations(
             title="List sessions", read_only_hint=True))
+        srv.add_tool(self.export_notebook, name="export_notebook", annotations=ToolAnnotations(
+            title="Export the session as a notebook", read_only_hint=True))
 
     async def run_python(
         self,
@@ -432,6 +434,21 @@ class KernelmodeMCP:
         if key is not None and self._own.get(key) == sid:
             del self._own[key]
         return f"Session {sid} is closed."
+
+    async def export_notebook(self, ctx: Context[Any], session_id: SessionArg = None) -> CallToolResult:
+        """Save the session's runs so far as a Jupyter notebook (.ipynb: each run a cell with its
+        outputs) and return its download link, e.g. to hand the analysis to a person."""
+        sid, note = await self._session(ctx, session_id)
+        try:
+            artifact = await self.app.sessions.export_notebook(sid)
+        except KernelmodeError as e:
+            raise ToolError(e.message) from e
+        text = (f"Notebook of session {sid}: {artifact.name} ({size_text(artifact.size_bytes)})\n"
+                f"download: {artifact.download_url}")
+        return CallToolResult(content=[
+            *([TextContent(text=note)] if note else []), TextContent(text=text),
+            ResourceLink(uri=artifact.download_url, name=artifact.name, mime_type=artifact.mime_type,
+                         size=artifact.size_bytes)])
 
     async def list_sessions(self, ctx: Context[Any]) -> str:
         """List the sessions on this server: id, status, runs so far, idle expiry."""

@@ -21,7 +21,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..artifacts.harvester import Harvester
+from .. import notebook
+from ..artifacts.base import StoreError
+from ..artifacts.harvester import SESSION_FILES, Harvester
 from ..artifacts.volume import WorkspaceVolumes
 from ..artifacts.workspace import FileEntry, Workspace, WorkspaceFull, clean_path, mime_type
 from ..config import Settings
@@ -344,7 +346,15 @@ class SessionManager:
         s.info.status = "dead" if state == KERNEL_DEAD else "restarting"
         log.warning("session %s: kernel %s is %s", s.info.session_id, s.kernel_id, state)
 
-    async def delete(self, session_id: str) -> None:
+    async def delete(self, session_id: str, keep_notebook: bool = True) -> None:
+        """Stop the session's kernel and remove its workspace; its history is kept as a notebook
+        among its artifacts (``keep_notebook``) and its runs stay in the store."""
+        if keep_notebook and self.harvester is not None and session_id in self._live and \
+                self.store.runs(session_id):
+            try:
+                await self._keep_notebook(session_id, "notebook.ipynb")
+            except (KernelmodeError, StoreError) as e:
+                log.warning("session %s: the notebook could not be kept: %s", session_id, e)
         s = self._live.pop(session_id, None)
         if s is None:
             workspace = self.store.workspace(session_id)
@@ -742,7 +752,34 @@ class SessionManager:
         runs = self.store.runs(session_id)
         if not runs and session_id not in self._live and self.store.get(session_id) is None:
             raise SessionNotFound(f"no session or artifacts {session_id!r}")
-        return [await self.harvester.relink(session_id, r.run_id, a) for _, r in runs for a in r.artifacts]
+        kept = [await self.harvester.relink(session_id, r.run_id, a) for _, r in runs for a in r.artifacts]
+        return kept + [await self.harvester.relink(session_id, SESSION_FILES, a)
+                       for a in self.store.session_files(session_id)]
+
+    def notebook(self, session_id: str) -> bytes:
+        """The session's runs as an .ipynb (also after the session was deleted)."""
+        history = self.store.history(session_id)
+        info = self._live[session_id].info if session_id in self._live else self.store.get(session_id)
+        if info is None and not history:
+            raise SessionNotFound(f"no session or runs {session_id!r}")
+        return notebook.to_bytes(notebook.session_notebook(session_id, info, history))
+
+    async def _keep_notebook(self, session_id: str, name: str) -> Artifact:
+        assert self.harvester is not None
+        data = await asyncio.to_thread(self.notebook, session_id)
+        artifact = await self.harvester.keep_session_file(session_id, name, data, notebook.MIME)
+        self.store.add_session_file(session_id, artifact)
+        return artifact
+
+    async def export_notebook(self, session_id: str) -> Artifact:
+        """Keep the session's notebook as it is now among its artifacts, with a download link."""
+        if self.harvester is None:
+            raise KernelUnavailable("this server keeps no artifacts")
+        stamp = _now().strftime("%Y%m%d-%H%M%S")
+        try:
+            return await self._keep_notebook(session_id, f"notebook-{stamp}.ipynb")
+        except StoreError as e:
+            raise KernelUnavailable(f"the artifact store failed: {e}") from e
 
     async def find_artifact(self, session_id: str, ref: str) -> tuple[str, Artifact] | None:
         """(run id, artifact with a fresh link) of the latest artifact whose path is ``ref``."""
@@ -753,6 +790,9 @@ class SessionManager:
             for a in r.artifacts:
                 if a.path == ref or a.path.removeprefix("/mnt/data/") == rel:
                     return r.run_id, await self.harvester.relink(session_id, r.run_id, a)
+        for a in reversed(self.store.session_files(session_id)):
+            if a.path == rel:
+                return SESSION_FILES, await self.harvester.relink(session_id, SESSION_FILES, a)
         return None
 
     async def artifact_bytes(self, session_id: str, run_id: str, artifact: Artifact) -> bytes:

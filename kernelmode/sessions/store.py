@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from ..models import RunResult, SessionInfo
+from ..models import Artifact, RunResult, SessionInfo
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -24,6 +24,12 @@ CREATE TABLE IF NOT EXISTS runs (
     result TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS runs_by_session ON runs (session_id, seq);
+CREATE TABLE IF NOT EXISTS session_files (
+    session_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    artifact TEXT NOT NULL,
+    PRIMARY KEY (session_id, name)
+);
 """
 
 
@@ -67,6 +73,17 @@ class SessionStore:
     def forget_runs(self, session_id: str) -> None:
         """A new session takes over an id: the old session's runs are no longer its."""
         self._db.execute("DELETE FROM runs WHERE session_id=?", (session_id,))
+        self._db.execute("DELETE FROM session_files WHERE session_id=?", (session_id,))
+
+    def add_session_file(self, session_id: str, artifact: Artifact) -> None:
+        """A file of the session itself (its notebook), kept like the runs' artifacts."""
+        self._db.execute("INSERT OR REPLACE INTO session_files (session_id, name, artifact) VALUES (?, ?, ?)",
+                         (session_id, artifact.path, artifact.model_dump_json()))
+
+    def session_files(self, session_id: str) -> list[Artifact]:
+        rows = self._db.execute("SELECT artifact FROM session_files WHERE session_id=? ORDER BY rowid",
+                                (session_id,)).fetchall()
+        return [Artifact.model_validate_json(r[0]) for r in rows]
 
     def workspace(self, session_id: str) -> Path | None:
         row = self._db.execute("SELECT workspace FROM sessions WHERE session_id=?", (session_id,)).fetchone()

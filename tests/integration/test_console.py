@@ -1,0 +1,177 @@
+"""`kernelmode console` driven for real in a pseudo-terminal (pexpect), against a real server:
+the person and the agent share one live kernel, through kernelmode and its token."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pexpect
+import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
+
+from tests.conftest import REPO, Server, start_server
+
+PROMPT = r"In \[[^\]]*\]:"  # the prompt, with the colour codes prompt_toolkit puts inside it
+CONFIG = 'tools:\n  - {name: add, function: "tests.integration.host_tools:add"}\n'
+KM = [sys.executable, "-m", "kernelmode.cli"]
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    cfg = tmp_path_factory.mktemp("cfg") / "kernelmode.yaml"
+    cfg.write_text(CONFIG)
+    s = start_server(args=["--config", str(cfg)])
+    yield s
+    s.stop()
+    shutil.rmtree(s.data_dir, ignore_errors=True)
+    s.log_path.unlink(missing_ok=True)
+
+
+@pytest.fixture()
+def api(srv: Server) -> Iterator[httpx.Client]:
+    with srv.client() as c:
+        yield c
+
+
+@pytest.fixture()
+def sid(api: httpx.Client) -> Iterator[str]:
+    session_id = api.post("/v1/sessions", json={}).json()["session_id"]
+    yield session_id
+    api.delete(f"/v1/sessions/{session_id}")
+
+
+def execute(api: httpx.Client, sid: str, code: str) -> dict:
+    r = api.post(f"/v1/sessions/{sid}/execute", json={"code": code})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def console(srv: Server, sid: str, *args: str, token: str | None = None) -> pexpect.spawn:
+    child = pexpect.spawn(KM[0], [*KM[1:], "console", sid, "--url", srv.url, "--token", token or srv.token, *args],
+                          encoding="utf-8", timeout=60, dimensions=(40, 200), cwd=str(REPO))
+    return child
+
+
+def test_console_shares_the_agents_kernel(srv: Server, api: httpx.Client, sid: str) -> None:
+    execute(api, sid, "from_agent = 'set by REST'")
+    child = console(srv, sid)
+    try:
+        child.expect(PROMPT)
+        child.sendline("print(from_agent.upper())")
+        child.expect("SET BY REST")  # the agent's variable is there
+        child.expect(PROMPT)
+        child.sendline("from_person = 6 * 7")
+        child.expect(PROMPT)
+        child.sendline("tools.add(a=2, b=3)")  # host tools work from the console too
+        child.expect(r"Out\[[^\]]*\]:[^\n]*5")
+        child.expect(PROMPT)
+        # Tab completion and ? inspection go to the kernel.
+        child.send("from_pe\t")
+        child.expect("from_person")
+        child.sendline("")
+        child.expect(PROMPT)
+        child.sendline("from_agent?")
+        child.expect("Type:")
+        child.expect("str")
+        child.expect(PROMPT)
+        # Ctrl-C interrupts a long loop (through kernelmode: the stock console cannot).
+        child.sendline("import time\nwhile True: time.sleep(0.05)\n")
+        time.sleep(1.5)
+        child.sendintr()
+        child.expect("KeyboardInterrupt")
+        child.expect(PROMPT)
+        child.sendline("exit")
+        child.expect("keeping kernel alive")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    # The person's variable is seen by the agent's next call; the kernel was never restarted.
+    after = execute(api, sid, "from_person")
+    assert after["result"] == "42" and not after["state_lost"]
+    assert api.get(f"/v1/sessions/{sid}").json()["status"] == "idle"
+    # The console's runs are in the session's history (the notebook export).
+    nb = api.get(f"/v1/sessions/{sid}/notebook").json()
+    sources = ["".join(c["source"]) for c in nb["cells"][1:]]
+    assert "from_person = 6 * 7" in sources and "tools.add(a=2, b=3)" in sources
+
+
+def test_ctrl_d_leaves_the_kernel_running(srv: Server, api: httpx.Client, sid: str) -> None:
+    child = console(srv, sid)
+    try:
+        child.expect(PROMPT)
+        child.sendline("z = 'still here'")
+        child.expect(PROMPT)
+        child.sendcontrol("d")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert execute(api, sid, "z")["result"] == "'still here'"
+
+
+def test_wrong_token_and_unknown_session_say_so(srv: Server, sid: str) -> None:
+    bad = subprocess.run([*KM, "console", sid, "--url", srv.url, "--token", "wrong"], capture_output=True,
+                         text=True, timeout=60, cwd=str(REPO))
+    assert bad.returncode == 2 and "refused the token" in bad.stderr
+    missing = subprocess.run([*KM, "console", "nope", "--url", srv.url, "--token", srv.token],
+                             capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert missing.returncode == 2 and "no session 'nope'" in missing.stderr
+
+
+def test_channels_websocket_requires_the_token(srv: Server, sid: str) -> None:
+    url = f"{srv.url}/v1/sessions/{sid}/channels"
+    headers = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    r = httpx.get(url, headers=headers)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+    r = httpx.get(url, headers={**headers, "Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    r = httpx.get(f"{srv.url}/v1/sessions/nope/channels",
+                  headers={**headers, "Authorization": f"Bearer {srv.token}"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
+
+
+def test_sessions_table(srv: Server, sid: str) -> None:
+    out = subprocess.run([*KM, "sessions", "--url", srv.url, "--token", srv.token], capture_output=True,
+                         text=True, timeout=60, cwd=str(REPO))
+    assert out.returncode == 0, out.stderr
+    header, *rows = out.stdout.splitlines()
+    assert header.split() == ["SESSION", "STATUS", "AGE", "LAST", "ACTIVE", "RUNS", "MEMORY"]
+    row = next(r for r in rows if r.startswith(sid))
+    assert re.search(r"\d+ MB$", row), row  # the kernel's memory, from its cgroup
+    listed = subprocess.run([*KM, "console", "--list", "--url", srv.url, "--token", srv.token],
+                            capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert sid in listed.stdout
+
+
+def test_connection_file_for_other_frontends(srv: Server, api: httpx.Client, sid: str) -> None:
+    """--connection-file: any Jupyter frontend (here jupyter_client itself) attaches to the bridge."""
+    execute(api, sid, "shared = [1, 2, 3]")
+    outputs: list[dict] = []
+    proc = subprocess.Popen([*KM, "console", sid, "--url", srv.url, "--token", srv.token, "--connection-file"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        path = line.rsplit(": ", 1)[1].strip()
+        info = json.loads(open(path).read())
+        assert info["transport"] == "ipc"  # no port opened, even on loopback
+        kc = BlockingKernelClient(connection_file=path)
+        kc.load_connection_file()
+        kc.start_channels()
+        try:
+            reply = kc.execute_interactive("sum(shared)", timeout=30, output_hook=outputs.append)
+        finally:
+            kc.stop_channels()
+        assert reply["content"]["status"] == "ok"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    results = [m["content"]["data"]["text/plain"] for m in outputs if m["msg_type"] == "execute_result"]
+    assert results == ["6"]

@@ -33,7 +33,7 @@ run: setup
 	$(VENV)/bin/kernelmode serve $(ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check kernelmode tests bench
+	$(VENV)/bin/ruff check kernelmode tests bench examples notebooks
 	$(VENV)/bin/mypy kernelmode
 
 test: setup lint

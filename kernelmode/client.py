@@ -337,6 +337,10 @@ class Client(_Base):
     def artifacts(self, session_id: str) -> list[Artifact]:
         return self._send(_Requests.get(f"{_path(session_id)}/artifacts", _model(ArtifactList))).artifacts
 
+    def notebook(self, session_id: str) -> bytes:
+        """The session's runs as an .ipynb (``nbformat.reads(data, as_version=4)``)."""
+        return self._send(_Requests.get(f"{_path(session_id)}/notebook", lambda r: r.content))
+
     def download_artifact(self, artifact: Artifact | str) -> bytes:
         """An artifact's bytes from its signed link (no token is sent with it)."""
         url = artifact.download_url if isinstance(artifact, Artifact) else artifact
@@ -459,6 +463,9 @@ class AsyncClient(_Base):
 
     async def artifacts(self, session_id: str) -> list[Artifact]:
         return (await self._send(_Requests.get(f"{_path(session_id)}/artifacts", _model(ArtifactList)))).artifacts
+
+    async def notebook(self, session_id: str) -> bytes:
+        return await self._send(_Requests.get(f"{_path(session_id)}/notebook", lambda r: r.content))
 
     async def download_artifact(self, artifact: Artifact | str) -> bytes:
         url = artifact.download_url if isinstance(artifact, Artifact) else artifact

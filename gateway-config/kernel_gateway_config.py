@@ -45,7 +45,7 @@ c.MappingKernelManager.cull_idle_timeout = 0  # the manager reaps sessions itsel
 c.KernelManager.shutdown_wait_time = 2.0
 
 # The provisioners' settings.
-for cls in ("BwrapProvisioner", "UnsandboxedProvisioner"):
+for cls in ("BwrapProvisioner", "UnsandboxedProvisioner", "DockerProvisioner"):
     c[cls].runtime_dir = env["KERNELMODE_GW_RUNTIME_DIR"]
     c[cls].state_dir = env["KERNELMODE_GW_STATE_DIR"]
     c[cls].default_limits = env.get("KERNELMODE_GW_LIMITS", "{}")
@@ -53,3 +53,8 @@ c.BwrapProvisioner.bwrap_path = env.get("KERNELMODE_GW_BWRAP", "bwrap")
 c.BwrapProvisioner.uid_base = int(env.get("KERNELMODE_GW_UID_BASE", "200000"))
 c.BwrapProvisioner.uid_count = int(env.get("KERNELMODE_GW_UID_COUNT", "65536"))
 c.BwrapProvisioner.cgroups_mode = env.get("KERNELMODE_GW_CGROUPS", "auto")
+c.DockerProvisioner.image = env.get("KERNELMODE_GW_DOCKER_IMAGE", "kernelmode/kernel:latest")
+c.DockerProvisioner.cpus = float(env.get("KERNELMODE_GW_DOCKER_CPUS", "1.0"))
+c.DockerProvisioner.uid_base = int(env.get("KERNELMODE_GW_UID_BASE", "200000"))
+c.DockerProvisioner.uid_count = int(env.get("KERNELMODE_GW_UID_COUNT", "65536"))
+c.DockerProvisioner.server = env.get("KERNELMODE_GW_SERVER_ID", "")

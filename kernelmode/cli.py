@@ -129,8 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--token", help="API bearer token (default $KERNELMODE_TOKEN, else generated)")
     serve.add_argument("--data-dir", help="sessions, workspaces and runtime files (default ./.kernelmode)")
     serve.add_argument("--config", help="kernelmode.yaml")
-    serve.add_argument("--sandbox", choices=["bwrap", "none"],
-                       help="kernel sandbox (default bwrap; 'none' = NO isolation, development only)")
+    serve.add_argument("--sandbox", choices=["auto", "docker", "bwrap", "none"],
+                       help="kernel sandbox (default auto: docker when an engine and the kernel image "
+                       "are there, else bwrap; 'none' = NO isolation, development only)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve)
     mcp = sub.add_parser("mcp", help="serve the MCP tools over stdio (for MCP clients that launch commands)")
@@ -139,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--config", help="kernelmode.yaml (embedded mode)")
     mcp.add_argument("--data-dir", help="embedded mode: data dir (default: a fresh one, removed at exit)")
     mcp.add_argument("--port", type=int, help="embedded mode: port for download links (default: any free one)")
-    mcp.add_argument("--sandbox", choices=["bwrap", "none"], help="embedded mode: kernel sandbox")
+    mcp.add_argument("--sandbox", choices=["auto", "docker", "bwrap", "none"], help="embedded mode: kernel sandbox")
     mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     mcp.set_defaults(func=_mcp)
     console = sub.add_parser(

@@ -43,7 +43,11 @@ class ServerSettings(_Section):
 
 
 class SandboxSettings(_Section):
-    backend: Literal["bwrap", "none"] = "bwrap"
+    backend: Literal["auto", "docker", "bwrap", "none"] = Field(
+        "auto", description="auto: docker when an engine answers and the kernel image exists, "
+        "else bwrap. none: NO isolation (development only).")
+    docker_image: str = Field("kernelmode/kernel:latest", description="Kernel image (docker backend).")
+    docker_cpus: float = Field(1.0, gt=0, le=1024, description="CPUs per kernel container (--cpus).")
     limits: Limits = Field(default_factory=Limits)
     kernel_python: Path = Field(
         REPO_ROOT / ".kernel-venv" / "bin" / "python",

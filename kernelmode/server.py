@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import signal
 from pathlib import Path
@@ -22,6 +23,7 @@ from .errors import KernelmodeError, SandboxUnavailable
 from .gateway.client import GatewayClient
 from .gateway.process import GatewayProcess, raise_open_files_limit
 from .sandbox import cgroups
+from .sandbox.docker import server_id
 from .sandbox.kernelspec import check_bwrap, install_kernelspec
 from .sessions import SessionManager
 from .sessions.store import SessionStore
@@ -63,8 +65,29 @@ class KernelmodeApp:
             d.chmod(0o711 if name == "run" else 0o700)
         return dirs
 
+    def _choose_backend(self) -> None:
+        """'auto': Docker when an engine answers and the kernel image exists, else bubblewrap."""
+        sb = self.settings.sandbox
+        if sb.backend != "auto":
+            return
+        from .sandbox.docker import engine_status
+
+        usable, why = engine_status(sb.docker_image)
+        sb.backend = "docker" if usable else "bwrap"
+        log.info("sandbox backend: %s (auto: docker %s)", sb.backend,
+                 "usable" if usable else f"not usable: {why}")
+
     def _check_sandbox(self) -> None:
         backend = self.settings.sandbox.backend
+        if backend == "docker":
+            from .sandbox.docker import check_docker, remove_orphans, server_id
+
+            self.sandbox_report = check_docker(self.settings.sandbox.docker_image)
+            removed = remove_orphans(server_id(self.data_dir))
+            if removed:
+                log.info("removed %d kernel container(s) left by an earlier run", removed)
+            log.info("sandbox: %s", self.sandbox_report)
+            return
         if backend == "none":
             log.warning("=" * 72)
             log.warning("SANDBOX DISABLED (--sandbox none): kernels run as plain local processes")
@@ -81,12 +104,15 @@ class KernelmodeApp:
         s = self.settings
         self.tools.add_from_settings(s.tools, s.mcp_servers)  # a bad tool fails before anything runs
         dirs = self._prepare_dirs()
+        self._choose_backend()
         self._check_sandbox()
         install_kernelspec(dirs["kernels"], s.sandbox.backend, s.sandbox.kernel_python,
                            s.gateway.config_dir / "kernelspec.json")
         self.limits_mechanism = (
             f"cgroups {cgroups.detect()} (memory, pids) + rlimits (cpu, fsize, nofile)"
             if s.sandbox.backend == "bwrap" and s.sandbox.cgroups == "auto" and cgroups.detect()
+            else "the Docker engine (memory, pids, cpus) + ulimits (nofile, fsize)"
+            if s.sandbox.backend == "docker"
             else "rlimits (as, nproc, cpu, fsize, nofile)"
         )
         log.info("kernel limits enforced by %s", self.limits_mechanism)
@@ -103,6 +129,10 @@ class KernelmodeApp:
                 "KERNELMODE_GW_UID_COUNT": str(s.sandbox.uid_count),
                 "KERNELMODE_GW_CGROUPS": s.sandbox.cgroups,
                 "KERNELMODE_GW_POLL_INTERVAL": str(s.gateway.poll_interval_seconds),
+                "KERNELMODE_GW_DOCKER_IMAGE": s.sandbox.docker_image,
+                "KERNELMODE_GW_DOCKER_CPUS": str(s.sandbox.docker_cpus),
+                "KERNELMODE_GW_SERVER_ID": server_id(self.data_dir),
+                **({"DOCKER_HOST": os.environ["DOCKER_HOST"]} if os.environ.get("DOCKER_HOST") else {}),
             },
         )
         await self.gateway_process.start(s.gateway.startup_timeout_seconds)

@@ -21,6 +21,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CANARY = "KM_CANARY_" + secrets.token_hex(8)
+# The sandbox every server the tests start uses (`make docker-test` sets docker); pinned, so that
+# `auto` never picks a backend by what happens to be installed.
+BACKEND = os.environ.get("KM_TEST_BACKEND", "bwrap")
+os.environ["KERNELMODE_SANDBOX__BACKEND"] = BACKEND
 
 
 @dataclass

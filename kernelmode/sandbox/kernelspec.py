@@ -20,7 +20,7 @@ from ..errors import SandboxUnavailable
 from .bwrap import LAUNCHER, bwrap_argv
 
 KERNEL_NAME = "kernelmode"
-PROVISIONERS = {"bwrap": "kernelmode-bwrap", "none": "kernelmode-none"}
+PROVISIONERS = {"bwrap": "kernelmode-bwrap", "none": "kernelmode-none", "docker": "kernelmode-docker"}
 INSTALL_HINT = (
     "bubblewrap is not installed. Install it with `sudo apt-get install bubblewrap` "
     "(Debian/Ubuntu) or `sudo dnf install bubblewrap`, or run `make setup`. "
@@ -54,9 +54,11 @@ def install_kernelspec(
 ) -> Path:
     """Write ``kernels_dir/kernelmode/kernel.json``; return the kernelspec directory."""
     spec = json.loads(template.read_text())
-    spec["argv"] = [a.replace("{kernel_python}", str(kernel_python)) for a in spec["argv"]]
+    # A Docker kernel runs the image's own Python; the provisioner puts it in the command.
+    python = "python" if backend == "docker" else str(kernel_python)
+    spec["argv"] = [a.replace("{kernel_python}", python) for a in spec["argv"]]
     spec["metadata"]["kernel_provisioner"]["provisioner_name"] = PROVISIONERS[backend]
-    spec["metadata"]["kernelmode"]["ro_paths"] = kernel_env_paths(kernel_python)
+    spec["metadata"]["kernelmode"]["ro_paths"] = [] if backend == "docker" else kernel_env_paths(kernel_python)
     d = kernels_dir / KERNEL_NAME
     d.mkdir(parents=True, exist_ok=True)
     (d / "kernel.json").write_text(json.dumps(spec, indent=2))

@@ -44,8 +44,10 @@ def test_runs_harvest_into_s3_with_presigned_links(s3_server: S3Server):
             assert png.content[:4] == b"\x89PNG" and png.headers["content-type"] == "image/png"
             assert c.delete(f"/v1/sessions/{sid}").status_code == 204
             listed = c.get(f"/v1/sessions/{sid}/artifacts").json()["artifacts"]
-            assert {a["path"] for a in listed} == set(arts)
-            assert httpx.get(listed[0]["download_url"], trust_env=False).status_code == 200
+            # The runs' artifacts, and the session's notebook kept when it was closed.
+            assert {a["path"] for a in listed} == {*arts, "notebook.ipynb"}
+            for a in listed:
+                assert httpx.get(a["download_url"], trust_env=False).status_code == 200
     finally:
         srv.stop()
         shutil.rmtree(srv.data_dir, ignore_errors=True)

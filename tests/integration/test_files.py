@@ -118,7 +118,7 @@ def test_artifacts_outlive_the_session(api, run):
     run(sid, "open('keep.txt', 'w').write('kept')")
     assert api.delete(f"/v1/sessions/{sid}").status_code == 204
     arts = api.get(f"/v1/sessions/{sid}/artifacts").json()["artifacts"]
-    assert [a["path"] for a in arts] == ["/mnt/data/keep.txt"]
+    assert [a["path"] for a in arts] == ["/mnt/data/keep.txt", "notebook.ipynb"]  # + the kept notebook
     assert httpx.get(arts[0]["download_url"]).text == "kept"
     assert api.get("/v1/sessions/never-existed/artifacts").status_code == 404
 

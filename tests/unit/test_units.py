@@ -16,7 +16,7 @@ from kernelmode.sandbox.spec import KernelParams, cause_from_exit
 
 def test_defaults_need_no_file():
     s = load_settings(None, environ={})
-    assert s.server.port == 8888 and s.sandbox.backend == "bwrap"
+    assert s.server.port == 8888 and s.sandbox.backend == "auto"
     assert s.sandbox.limits.memory_mb == 1024 and s.sandbox.limits.pids == 128
 
 

@@ -1,0 +1,197 @@
+"""The Docker backend: each kernel in a container of the kernel image, with no network.
+
+``--network none``, ``--read-only``, ``--cap-drop ALL``, ``no-new-privileges``, an unprivileged
+uid of its own, pids/memory/CPU limits, a size-capped tmpfs ``/tmp``, the session's workspace at
+``/mnt/data`` and the kernel's ipc socket directory (at the same path as on the host, so the
+connection file's socket paths hold on both sides): nothing else of the host. The container runs
+through ``docker_launcher.py`` (the process the gateway watches); the engine is reached with the
+Docker SDK. Containers carry the labels ``app=kernelmode``, ``kernelmode.session_id``,
+``kernelmode.kernel_id`` and ``kernelmode.server`` (which `serve` made them, for orphan cleanup).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from traitlets import Float, Integer, Unicode
+
+from .base import KernelmodeProvisioner, kernel_environment, log
+from .bwrap import _allocate_uid, _chown_tree, _uids
+from .spec import WORKSPACE_MOUNT
+
+LAUNCHER = str(Path(__file__).with_name("docker_launcher.py"))
+LABEL_APP = "app"
+LABEL_SERVER = "kernelmode.server"
+IMAGE_PYTHON = "python"  # on the image's PATH (its kernel venv)
+
+
+def server_id(data_dir: Path | str) -> str:
+    """Which `serve` a container belongs to: several may share one engine."""
+    return hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:16]
+
+
+def container_name(kernel_id: str) -> str:
+    return f"kernelmode-{kernel_id}"
+
+
+def _client(timeout: int = 30) -> Any:
+    import docker
+
+    return docker.from_env(timeout=timeout)
+
+
+class DockerProvisioner(KernelmodeProvisioner):
+    image = Unicode("kernelmode/kernel:latest", config=True, help="The kernel image.")
+    cpus = Float(1.0, config=True, help="CPUs a kernel may use (--cpus).")
+    uid_base = Integer(200_000, config=True, help="Kernel N runs as uid uid_base+N.")
+    uid_count = Integer(65_536, config=True)
+    server = Unicode("", config=True, help="The server id put on containers (kernelmode.server).")
+
+    def wrap_command(
+        self, cmd: list[str], env: dict[str, str], kdir: Path
+    ) -> tuple[list[str], dict[str, str], Path]:
+        assert self.params is not None
+        limits = self.params.limits
+        uid = _allocate_uid(self.kernel_id, self.uid_base, self.uid_count)
+        os.chown(kdir, uid, uid)
+        for f in kdir.iterdir():
+            os.chown(f, uid, uid, follow_symlinks=False)
+        ws = self.params.workspace
+        ws.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if ws.stat().st_uid != uid:
+            _chown_tree(ws, uid, uid)
+        memory = limits.memory_mb * 1024 * 1024
+        kenv = kernel_environment("/opt/kernel-venv/bin:/usr/local/bin:/usr/bin:/bin")
+        kenv.update({k: v for k, v in env.items() if k.startswith("JPY_")})
+        create: dict[str, Any] = {
+            "image": self.image,
+            "command": [IMAGE_PYTHON, *cmd[1:]],
+            "user": f"{uid}:{uid}",
+            "environment": kenv,
+            "working_dir": WORKSPACE_MOUNT,
+            "network_mode": "none",
+            "read_only": True,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "pids_limit": limits.pids,
+            "mem_limit": memory,
+            "memswap_limit": memory,  # no swap: the cap is the cap
+            "nano_cpus": int(self.cpus * 1e9),
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},
+            "volumes": {
+                str(ws): {"bind": WORKSPACE_MOUNT, "mode": "rw"},
+                str(kdir): {"bind": str(kdir), "mode": "rw"},
+            },
+            "ulimits": [
+                {"Name": "nofile", "Soft": limits.open_files, "Hard": limits.open_files},
+                {"Name": "fsize", "Soft": limits.disk_mb * 1024 * 1024, "Hard": limits.disk_mb * 1024 * 1024},
+                {"Name": "core", "Soft": 0, "Hard": 0},
+            ],
+            "labels": {
+                LABEL_APP: "kernelmode",
+                "kernelmode.session_id": self.params.session_id,
+                "kernelmode.kernel_id": self.kernel_id,
+                LABEL_SERVER: self.server,
+            },
+            "hostname": "sandbox",
+            "auto_remove": False,  # kept until cleanup: its OOMKilled state says why it died
+        }
+        spec = {"name": container_name(self.kernel_id), "create": create}
+        launcher_env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+        if os.environ.get("DOCKER_HOST"):
+            launcher_env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+        return [sys.executable, LAUNCHER, json.dumps(spec)], launcher_env, kdir
+
+    def _container(self) -> Any:
+        from docker.errors import DockerException
+
+        try:
+            return _client().containers.get(container_name(self.kernel_id))
+        except DockerException:
+            return None
+
+    def oom_killed(self) -> bool:
+        c = self._container()
+        return bool(c is not None and c.attrs.get("State", {}).get("OOMKilled"))
+
+    async def kill(self, restart: bool = False) -> None:
+        await super().kill(restart=restart)
+        self._remove()  # the launcher may be gone without stopping its container
+
+    def _remove(self) -> None:
+        from docker.errors import DockerException
+
+        c = self._container()
+        if c is not None:
+            with contextlib.suppress(DockerException):
+                c.remove(force=True)
+
+    def release(self, restart: bool) -> None:
+        self._remove()
+        if not restart:
+            _uids.pop(self.kernel_id, None)
+        with contextlib.suppress(OSError):
+            for sock in self.kernel_dir.glob("k-*"):
+                sock.unlink()
+
+
+def remove_orphans(server: str) -> int:
+    """Remove this server's containers (at start every earlier session is lost)."""
+    from docker.errors import DockerException
+
+    n = 0
+    try:
+        for c in _client().containers.list(all=True, filters={"label": [f"{LABEL_APP}=kernelmode",
+                                                                          f"{LABEL_SERVER}={server}"]}):
+            with contextlib.suppress(DockerException):
+                c.remove(force=True)
+                n += 1
+    except DockerException as e:
+        log.warning("could not list kernel containers: %s", e)
+    return n
+
+
+def engine_status(image: str) -> tuple[bool, str]:
+    """(usable, why): the engine answers and the kernel image exists."""
+    try:
+        from docker.errors import DockerException, ImageNotFound
+    except ImportError:
+        return False, "the docker Python package is not installed"
+    try:
+        client = _client(timeout=5)
+        client.ping()
+    except DockerException as e:
+        return False, f"no Docker engine reachable ({e})"
+    try:
+        client.images.get(image)
+    except ImageNotFound:
+        return False, f"the kernel image {image} does not exist (build it: make docker-setup)"
+    except DockerException as e:
+        return False, f"the Docker engine failed: {e}"
+    return True, f"engine reachable, image {image} present"
+
+
+def check_docker(image: str) -> str:
+    """Run one throw-away kernel container; return a description or raise SandboxUnavailable."""
+    from docker.errors import DockerException
+
+    from ..errors import SandboxUnavailable
+
+    ok, why = engine_status(image)
+    if not ok:
+        raise SandboxUnavailable(f"the Docker backend cannot run: {why}")
+    try:
+        out = _client(timeout=60).containers.run(
+            image, [IMAGE_PYTHON, "-c", "import ipykernel, socket, os; print(socket.if_nameindex(), os.getuid())"],
+            network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
+            user="65534:65534", remove=True, environment={"HOME": "/tmp"}, tmpfs={"/tmp": "size=16m"},
+        )
+    except DockerException as e:
+        raise SandboxUnavailable(f"a test container of {image} failed: {e}") from e
+    return f"docker ok ({image}); inside: {out.decode().strip()}"

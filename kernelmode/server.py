@@ -23,7 +23,7 @@ from .errors import KernelmodeError, SandboxUnavailable
 from .gateway.client import GatewayClient
 from .gateway.process import GatewayProcess, raise_open_files_limit
 from .sandbox import cgroups
-from .sandbox.docker import server_id
+from .sandbox.docker_backend import server_id
 from .sandbox.kernelspec import check_bwrap, install_kernelspec
 from .sessions import SessionManager
 from .sessions.store import SessionStore
@@ -70,7 +70,7 @@ class KernelmodeApp:
         sb = self.settings.sandbox
         if sb.backend != "auto":
             return
-        from .sandbox.docker import engine_status
+        from .sandbox.docker_backend import engine_status
 
         usable, why = engine_status(sb.docker_image)
         sb.backend = "docker" if usable else "bwrap"
@@ -80,7 +80,7 @@ class KernelmodeApp:
     def _check_sandbox(self) -> None:
         backend = self.settings.sandbox.backend
         if backend == "docker":
-            from .sandbox.docker import check_docker, remove_orphans, server_id
+            from .sandbox.docker_backend import check_docker, remove_orphans, server_id
 
             self.sandbox_report = check_docker(self.settings.sandbox.docker_image)
             removed = remove_orphans(server_id(self.data_dir))

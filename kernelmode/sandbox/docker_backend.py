@@ -68,7 +68,8 @@ class DockerProvisioner(KernelmodeProvisioner):
             _chown_tree(ws, uid, uid)
         memory = limits.memory_mb * 1024 * 1024
         kenv = kernel_environment("/opt/kernel-venv/bin:/usr/local/bin:/usr/bin:/bin")
-        kenv.update({k: v for k, v in env.items() if k.startswith("JPY_")})
+        # The image is headless (Agg) for scripts; in a kernel, figures are displayed inline.
+        kenv["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
         create: dict[str, Any] = {
             "image": self.image,
             "command": [IMAGE_PYTHON, *cmd[1:]],
@@ -106,7 +107,8 @@ class DockerProvisioner(KernelmodeProvisioner):
         launcher_env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
         if os.environ.get("DOCKER_HOST"):
             launcher_env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
-        return [sys.executable, LAUNCHER, json.dumps(spec)], launcher_env, kdir
+        # -P: the launcher's own directory is not put on sys.path (its siblings are not modules).
+        return [sys.executable, "-P", LAUNCHER, json.dumps(spec)], launcher_env, kdir
 
     def _container(self) -> Any:
         from docker.errors import DockerException

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ class DockerProvisioner(KernelmodeProvisioner):
         if ws.stat().st_uid != uid:
             _chown_tree(ws, uid, uid)
         memory = limits.memory_mb * 1024 * 1024
+        etc = self._write_etc()
         kenv = kernel_environment("/opt/kernel-venv/bin:/usr/local/bin:/usr/bin:/bin")
         # The image is headless (Agg) for scripts; in a kernel, figures are displayed inline.
         kenv["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
@@ -84,15 +86,22 @@ class DockerProvisioner(KernelmodeProvisioner):
             "mem_limit": memory,
             "memswap_limit": memory,  # no swap: the cap is the cap
             "nano_cpus": int(self.cpus * 1e9),
-            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},
+            # /sys empty (as with bubblewrap): the host's kernel and devices are none of its business.
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={limits.disk_mb}m,mode=1777", "/sys": "ro,size=1k"},
             "volumes": {
                 str(ws): {"bind": WORKSPACE_MOUNT, "mode": "rw"},
                 str(kdir): {"bind": str(kdir), "mode": "rw"},
+                # Not the engine's copies: they would carry the host's name servers.
+                **{str(etc / name): {"bind": f"/etc/{name}", "mode": "ro"} for name in ("hosts", "resolv.conf")},
             },
+            # A tiny init as pid 1: the kernel can be killed by a signal like any process (pid 1
+            # ignores them), and its exit says how it ended.
+            "init": True,
             "ulimits": [
                 {"Name": "nofile", "Soft": limits.open_files, "Hard": limits.open_files},
                 {"Name": "fsize", "Soft": limits.disk_mb * 1024 * 1024, "Hard": limits.disk_mb * 1024 * 1024},
                 {"Name": "core", "Soft": 0, "Hard": 0},
+                {"Name": "cpu", "Soft": limits.cpu_seconds, "Hard": limits.cpu_seconds},
             ],
             "labels": {
                 LABEL_APP: "kernelmode",
@@ -109,6 +118,22 @@ class DockerProvisioner(KernelmodeProvisioner):
             launcher_env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
         # -P: the launcher's own directory is not put on sys.path (its siblings are not modules).
         return [sys.executable, "-P", LAUNCHER, json.dumps(spec)], launcher_env, kdir
+
+    @property
+    def etc_dir(self) -> Path:
+        # Beside the kernel's directory, not in it: root never writes where the kernel can.
+        return Path(self.runtime_dir) / f"{self.kernel_id}.etc"
+
+    def _write_etc(self) -> Path:
+        etc = self.etc_dir
+        etc.mkdir(mode=0o755, exist_ok=True)
+        for name, text in {"hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n", "resolv.conf": ""}.items():
+            path = etc / name
+            path.unlink(missing_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        return etc
 
     def _container(self) -> Any:
         from docker.errors import DockerException
@@ -138,6 +163,7 @@ class DockerProvisioner(KernelmodeProvisioner):
         self._remove()
         if not restart:
             _uids.pop(self.kernel_id, None)
+            shutil.rmtree(self.etc_dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             for sock in self.kernel_dir.glob("k-*"):
                 sock.unlink()

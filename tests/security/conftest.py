@@ -81,8 +81,8 @@ def host_kernel_procs(server: Server) -> dict[int, dict]:
             status = (d / "status").read_text()
         except OSError:
             continue
-        if marker not in cmdline:
-            continue
+        if marker not in cmdline or b"sandbox/launcher.py" in cmdline or b"sandbox/docker_launcher.py" in cmdline:
+            continue  # not the launchers: they are the server's, and drop to the kernel's uid or start its container
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         procs[int(d.name)] = {
             "cmdline": cmdline.replace(b"\0", b" ").decode(errors="replace"),

@@ -23,13 +23,13 @@ def test_only_loopback_interface_and_no_routes(shared_sid, probe):
                    if not l.endswith(' lo')]
         print(_json.dumps({"ifaces": [n for _, n in socket.if_nameindex()], "dev": dev,
                            "routes": routes, "routes6": routes6,
-                           "resolv": _os.path.exists('/etc/resolv.conf')}))
+                           "resolv": _os.path.exists('/etc/resolv.conf') and open('/etc/resolv.conf').read()}))
     """)
     assert r["ifaces"] == ["lo"]
     assert r["dev"] == ["lo"]
     assert r["routes"] == []
     assert r["routes6"] == []
-    assert r["resolv"] is False
+    assert r["resolv"] in (False, "")  # no name server configured (docker: an empty file)
 
 
 def test_dns_resolution_fails(shared_sid, probe):

@@ -10,7 +10,7 @@ KVENV := .kernel-venv
 PIP_FLAGS ?= -q --disable-pip-version-check
 ARGS ?=
 
-.PHONY: setup run test lint bench bench-quick clean
+.PHONY: setup run test lint bench bench-quick clean docker-setup
 
 setup: .stamp-system $(VENV)/.stamp $(KVENV)/.stamp
 
@@ -20,7 +20,7 @@ setup: .stamp-system $(VENV)/.stamp $(KVENV)/.stamp
 
 $(VENV)/.stamp: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install $(PIP_FLAGS) -e '.[test]'
+	$(VENV)/bin/pip install $(PIP_FLAGS) -e '.[test,langchain,crewai]'
 	@touch $@
 
 $(KVENV)/.stamp: kernel-image/requirements.txt .stamp-system
@@ -46,6 +46,11 @@ bench: setup
 bench-quick: setup
 	$(VENV)/bin/python bench/roundtrip.py --quick --no-write
 	$(VENV)/bin/python bench/scale.py --quick --no-write
+
+# The Docker sandbox backend: engine, daemon (no container network), base and kernel images.
+# Idempotent; a no-op in well under a second when all is there (scripts/docker-setup.sh).
+docker-setup:
+	bash scripts/docker-setup.sh
 
 clean:
 	rm -rf $(VENV) $(KVENV) .kernelmode .stamp-system

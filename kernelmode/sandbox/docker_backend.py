@@ -116,8 +116,9 @@ class DockerProvisioner(KernelmodeProvisioner):
         launcher_env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
         if os.environ.get("DOCKER_HOST"):
             launcher_env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
-        # -P: the launcher's own directory is not put on sys.path (its siblings are not modules).
-        return [sys.executable, "-P", LAUNCHER, json.dumps(spec)], launcher_env, kdir
+        # -I: nothing from the environment or the (kernel-writable) cwd; the script's own
+        # directory (root-owned) holds no module named like the SDK.
+        return [sys.executable, "-I", LAUNCHER, json.dumps(spec)], launcher_env, kdir
 
     @property
     def etc_dir(self) -> Path:

@@ -114,7 +114,8 @@ def test_missing_bubblewrap_refuses_to_start_with_install_hint():
     data_dir = Path(tempfile.mkdtemp(prefix="kmnobw-", dir="/tmp"))
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "kernelmode.cli", "serve", "--port", "0", "--data-dir", str(data_dir)],
+            [sys.executable, "-m", "kernelmode.cli", "serve", "--port", "0", "--data-dir", str(data_dir),
+             "--sandbox", "bwrap"],
             env={**os.environ, "KERNELMODE_SANDBOX__BWRAP_PATH": "/nonexistent/bwrap"},
             capture_output=True, text=True, timeout=60, cwd=str(REPO),
         )

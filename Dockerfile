@@ -1,0 +1,47 @@
+# The kernelmode service (manager + Kernel Gateway) as an image, for docker-compose.yml:
+# `kernelmode serve --sandbox docker` starts every kernel as a sibling container of
+# kernelmode/kernel:latest (kernel-image/) through the host's Docker socket.
+#
+#   docker build --network host -t kernelmode/server:latest .
+#   docker build --network host --build-arg BASE_IMAGE=kernelmode/base:bookworm ...   # no registry
+#
+# Same bases as kernel-image/Dockerfile: the official python:3.11-slim or the local Debian
+# bookworm that scripts/docker-setup.sh makes. Works with the classic builder and BuildKit.
+ARG BASE_IMAGE=python:3.11-slim
+
+FROM ${BASE_IMAGE} AS build
+RUN set -eux; \
+    if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then \
+        apt-get update; \
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv; \
+        rm -rf /var/lib/apt/lists/*; \
+    fi; \
+    python3 -m venv /opt/kernelmode-venv
+# build-ca.crt (optional, git-ignored): a CA bundle for pip, behind a TLS-intercepting proxy.
+COPY pyproject.toml README.md build-ca.cr[t] /src/
+COPY kernelmode /src/kernelmode
+RUN set -eux; \
+    if [ -f /src/build-ca.crt ]; then export PIP_CERT=/src/build-ca.crt; fi; \
+    /opt/kernelmode-venv/bin/pip install --no-cache-dir --disable-pip-version-check --no-input /src; \
+    chmod -R a+rX,go-w /opt/kernelmode-venv
+
+FROM ${BASE_IMAGE}
+LABEL app=kernelmode \
+      org.opencontainers.image.title="kernelmode" \
+      org.opencontainers.image.description="kernelmode manager + Jupyter Kernel Gateway (Docker sandbox backend)"
+COPY --from=build /opt/kernelmode-venv /opt/kernelmode-venv
+COPY gateway-config /opt/kernelmode/gateway-config
+# The package is installed (not a checkout): the gateway's configuration is found through
+# KERNELMODE_GATEWAY__CONFIG_DIR. DATA_DIR must be the same path on the host (see compose).
+ENV PATH=/opt/kernelmode-venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    LANG=C.UTF-8 \
+    PYTHONUNBUFFERED=1 \
+    KERNELMODE_GATEWAY__CONFIG_DIR=/opt/kernelmode/gateway-config \
+    KERNELMODE_SERVER__DATA_DIR=/var/lib/kernelmode
+# Runs as root: it hands each kernel's workspace and socket directory to that kernel's own uid
+# (chown), and it talks to the Docker socket anyway (which is root on the host: see compose).
+WORKDIR /var/lib/kernelmode
+EXPOSE 8888
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8888/healthz', timeout=4)"]
+CMD ["kernelmode", "serve", "--host", "0.0.0.0", "--port", "8888", "--sandbox", "docker"]

@@ -10,7 +10,7 @@ KVENV := .kernel-venv
 PIP_FLAGS ?= -q --disable-pip-version-check
 ARGS ?=
 
-.PHONY: setup run test lint bench bench-quick clean docker-setup
+.PHONY: setup run test lint bench bench-quick clean docker-setup docker-test
 
 setup: .stamp-system $(VENV)/.stamp $(KVENV)/.stamp
 
@@ -36,8 +36,16 @@ lint: setup
 	$(VENV)/bin/ruff check kernelmode tests bench examples notebooks
 	$(VENV)/bin/mypy kernelmode
 
+# Everything against bubblewrap, then the sandbox suites against Docker (the engine and the
+# kernel image are installed or built on first use, cached after).
 test: setup lint
 	$(VENV)/bin/pytest -ra $(ARGS)
+	$(MAKE) docker-test
+
+DOCKER_SUITES ?= tests/security tests/sandbox tests/integration/test_sessions.py \
+	tests/integration/test_lifecycle.py tests/integration/test_files.py
+docker-test: setup docker-setup
+	KM_TEST_BACKEND=docker $(VENV)/bin/pytest -ra $(DOCKER_SUITES)
 
 bench: setup
 	$(VENV)/bin/python bench/roundtrip.py

@@ -73,6 +73,8 @@ class SessionInfo(BaseModel):
     sandbox: str = Field(description="Sandbox backend of the kernel (bwrap or none).")
     tools: list[str] | None = Field(None, description="Tool allow-list (None: all tools).")
     from_pool: bool = Field(False, description="The kernel came ready from the warm pool.")
+    kernel_id: str | None = Field(
+        None, description="The session's Jupyter kernel (docker backend: container kernelmode-<kernel_id>).")
     memory_bytes: int | None = Field(
         None, description="Memory the kernel's processes use now (from its cgroup; None without cgroups).")
 

@@ -29,6 +29,7 @@ from .spec import WORKSPACE_MOUNT
 LAUNCHER = str(Path(__file__).with_name("docker_launcher.py"))
 LABEL_APP = "app"
 LABEL_SERVER = "kernelmode.server"
+LABEL_DATA_DIR = "kernelmode.data_dir"
 IMAGE_PYTHON = "python"  # on the image's PATH (its kernel venv)
 
 
@@ -108,6 +109,7 @@ class DockerProvisioner(KernelmodeProvisioner):
                 "kernelmode.session_id": self.params.session_id,
                 "kernelmode.kernel_id": self.kernel_id,
                 LABEL_SERVER: self.server,
+                LABEL_DATA_DIR: str(Path(self.runtime_dir).parent),
             },
             "hostname": "sandbox",
             "auto_remove": False,  # kept until cleanup: its OOMKilled state says why it died
@@ -171,16 +173,19 @@ class DockerProvisioner(KernelmodeProvisioner):
 
 
 def remove_orphans(server: str) -> int:
-    """Remove this server's containers (at start every earlier session is lost)."""
+    """Remove this server's containers (at start every earlier session is lost), and those of
+    servers whose data dir is gone (a server that was killed and never came back)."""
     from docker.errors import DockerException
 
     n = 0
     try:
-        for c in _client().containers.list(all=True, filters={"label": [f"{LABEL_APP}=kernelmode",
-                                                                          f"{LABEL_SERVER}={server}"]}):
-            with contextlib.suppress(DockerException):
-                c.remove(force=True)
-                n += 1
+        for c in _client().containers.list(all=True, filters={"label": f"{LABEL_APP}=kernelmode"}):
+            data_dir = c.labels.get(LABEL_DATA_DIR)
+            gone = data_dir is not None and not Path(data_dir).exists()
+            if c.labels.get(LABEL_SERVER) == server or gone:
+                with contextlib.suppress(DockerException):
+                    c.remove(force=True)
+                    n += 1
     except DockerException as e:
         log.warning("could not list kernel containers: %s", e)
     return n

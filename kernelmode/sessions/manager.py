@@ -301,6 +301,7 @@ class SessionManager:
                 s = await self._new_kernel(info)
         finally:
             self._creating.discard(sid)
+        info.kernel_id = s.kernel_id
         self._live[sid] = s
         self.store.forget_runs(sid)  # runs of an earlier session with this id are not this one's
         self.store.save(info, s.kernel_id, s.workspace)
@@ -685,6 +686,7 @@ class SessionManager:
             await self.gateway.shutdown_kernel(s.kernel_id)
         pop_death_record(self.state_dir, s.kernel_id)
         s.kernel_id = str(uuid.uuid4())
+        s.info.kernel_id = s.kernel_id
         s.state_lost_pending = True
         params = KernelParams(workspace=s.workspace, limits=s.info.limits, session_id=s.info.session_id)
         await self.gateway.start_kernel(s.kernel_id, params.to_env(), timeout)

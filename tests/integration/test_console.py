@@ -167,9 +167,13 @@ def test_connection_file_for_other_frontends(srv: Server, api: httpx.Client, sid
         kc.start_channels()
         try:
             reply = kc.execute_interactive("sum(shared)", timeout=30, output_hook=outputs.append)
+            kc.shutdown()  # a frontend may not stop the session's kernel: the server drops this
         finally:
             kc.stop_channels()
         assert reply["content"]["status"] == "ok"
+        time.sleep(1)
+        still = execute(api, sid, "shared")
+        assert still["result"] == "[1, 2, 3]" and not still["state_lost"]
     finally:
         proc.terminate()
         proc.wait(30)

@@ -43,6 +43,9 @@ def test_container_is_locked_down(api, session_factory, run) -> None:
     assert host["ReadonlyRootfs"] is True
     assert host["CapDrop"] == ["ALL"] and not host.get("CapAdd")
     assert "no-new-privileges" in host["SecurityOpt"]
+    # The engine's default seccomp profile applies (nothing asks for unconfined).
+    assert not any("unconfined" in opt for opt in host["SecurityOpt"])
+    assert any("seccomp" in opt for opt in docker.from_env().info()["SecurityOptions"])
     assert host["Privileged"] is False
     assert host["PidsLimit"] == 64
     assert host["Memory"] == 512 * 1024 * 1024 and host["MemorySwap"] == host["Memory"]

@@ -1,5 +1,6 @@
 """The kernel's directory is bound read-write at its host path and owned by the kernel's uid;
-the gateway (root) must never follow a link the kernel planted there when it (re)starts it."""
+the gateway (root) must never follow a link the kernel planted there when it (re)starts it
+(jupyter_client's secure_write unlinks the connection file before creating it anew)."""
 
 from __future__ import annotations
 
@@ -13,20 +14,22 @@ import pytest
 
 PLANT = """
 kdir = _kernel_dir()
-etc = kdir + '/etc'
 out = {"kdir": kdir}
 try:
-    if MODE == 'file':
-        _os.unlink(etc + '/passwd')
-        _os.symlink(TARGET, etc + '/passwd')
-    else:
-        for name in _os.listdir(etc):
-            _os.unlink(etc + '/' + name)
-        _os.rmdir(etc)
-        _os.symlink(TARGET, etc)
+    if MODE == 'file':  # the connection file, which root rewrites on every (re)start
+        _os.unlink(kdir + '/kernel.json')
+        _os.symlink(TARGET, kdir + '/kernel.json')
+    else:  # every name root may create or touch in the directory: links into the decoy dir
+        for name in ['kernel.json'] + ['k-%d' % i for i in range(1, 6)]:
+            p = kdir + '/' + name
+            if _os.path.lexists(p):
+                _os.unlink(p)
+            _os.symlink(TARGET + '/' + name, p)
     out["planted"] = True
 except OSError as e:
     out["planted"] = _err(e)
+# The generated /etc files (hosts, passwd...) sit beside the kernel's directory, out of reach.
+out["etc_reachable"] = _os.path.lexists(kdir + '.etc')
 print(_json.dumps(out))
 """
 
@@ -51,6 +54,7 @@ def test_restart_does_not_follow_kernel_planted_symlinks(server, session_factory
     target = str(decoy / "victim") if mode == "file" else str(decoy)
     code = f"MODE = {mode!r}\nTARGET = {target!r}\n" + PLANT
     r = report(run(sid, PRELUDE + code))
+    assert r["planted"] is True and r["etc_reachable"] is False, r  # the attack really is in place
     api.post(f"/v1/sessions/{sid}/restart")  # any outcome: what matters is the host below
     st = decoy.stat()
     victim = decoy / "victim"

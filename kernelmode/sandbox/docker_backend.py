@@ -31,6 +31,7 @@ LABEL_APP = "app"
 LABEL_SERVER = "kernelmode.server"
 LABEL_DATA_DIR = "kernelmode.data_dir"
 IMAGE_PYTHON = "python"  # on the image's PATH (its kernel venv)
+LOG_CAP_MB = 10  # the engine's log of a kernel container, and what the launcher relays
 
 
 def server_id(data_dir: Path | str) -> str:
@@ -112,9 +113,13 @@ class DockerProvisioner(KernelmodeProvisioner):
                 LABEL_DATA_DIR: str(Path(self.runtime_dir).parent),
             },
             "hostname": "sandbox",
+            # What the kernel writes to fd 1/2 is kept by the engine too: bounded, like the
+            # bubblewrap kernel's log is by RLIMIT_FSIZE.
+            "log_config": {"type": "json-file", "config": {"max-size": f"{LOG_CAP_MB}m", "max-file": "1"}},
             "auto_remove": False,  # kept until cleanup: its OOMKilled state says why it died
         }
-        spec = {"name": container_name(self.kernel_id), "create": create}
+        spec = {"name": container_name(self.kernel_id), "create": create,
+                "log_cap_bytes": LOG_CAP_MB * 1024 * 1024}
         launcher_env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
         if os.environ.get("DOCKER_HOST"):
             launcher_env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]

@@ -42,10 +42,18 @@ def main() -> int:
     container.start()
 
     def relay() -> None:
+        """The kernel's raw output to its log, up to a cap (it is not the kernel's to fill the disk)."""
         out = sys.stdout.buffer
+        room = int(spec.get("log_cap_bytes", 10 << 20))
         for chunk in container.logs(stream=True, follow=True):
-            out.write(chunk)
+            if room <= 0:
+                continue  # keep draining: the engine's own log is capped too
+            out.write(chunk[:room])
             out.flush()
+            room -= len(chunk)
+            if room <= 0:
+                out.write(b"\n[kernelmode: the kernel's raw output was cut here]\n")
+                out.flush()
 
     threading.Thread(target=relay, daemon=True).start()
     status = container.wait()

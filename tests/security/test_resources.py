@@ -188,3 +188,20 @@ def test_output_flood_endless_loop_truncated_and_stopped(shared_sid, run):
     assert elapsed < 30, elapsed
     after = run(shared_sid, "print('ok')")
     assert after["status"] == "ok" and after["stdout"] == "ok\n"
+
+
+def test_raw_output_to_fd1_cannot_fill_the_host_disk(server, session_factory, run, api):
+    """Writes straight to fd 1 bypass the output caps and land in the kernel's log on the host:
+    bounded there (bubblewrap: RLIMIT_FSIZE = disk_mb; Docker: the relay's and engine's caps)."""
+    sid = session_factory(limits={"disk_mb": 16})
+    res = run(sid, "import os\nchunk = b'x' * (1 << 20)\nfor _ in range(24):\n"
+                   "    try:\n        os.write(1, chunk)\n    except OSError:\n        break\n'done'",
+              timeout_seconds=30)
+    # ipykernel also forwards fd 1 as stream output (capped): slow, so a timeout is fine here.
+    assert res["status"] in ("ok", "error", "timeout"), res
+    kernel_id = api.get(f"/v1/sessions/{sid}").json()["kernel_id"]
+    log = server.data_dir / "run" / f"{kernel_id}.log"
+    time.sleep(1)  # the Docker relay is asynchronous
+    assert log.stat().st_size <= 17 * (1 << 20), log.stat().st_size
+    after, _ = run_after_restart(api, sid, "1 + 1")
+    assert after["result"] == "2"  # and the session goes on

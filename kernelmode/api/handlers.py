@@ -216,6 +216,16 @@ class RestartHandler(BaseHandler):
         self.send(await self.app.sessions.restart(session_id))
 
 
+class MetricsHandler(BaseHandler):
+    """Prometheus text format; behind the token like the rest (scrape with a bearer token)."""
+
+    async def get(self) -> None:
+        from ..metrics import CONTENT_TYPE
+
+        self.set_header("Content-Type", CONTENT_TYPE)
+        self.finish(self.app.sessions.metrics.render())
+
+
 class ToolsHandler(BaseHandler):
     async def get(self) -> None:
         self.send(ToolList(tools=self.app.tools.infos()))
@@ -338,6 +348,7 @@ routes = [
     (r"/healthz", HealthHandler),
     (r"/readyz", ReadyHandler),
     (r"/openapi.json", OpenAPIHandler),
+    (r"/metrics", MetricsHandler),
     (r"/v1/tools", ToolsHandler),
     (r"/v1/execute", OneShotHandler),
     (r"/v1/sessions", SessionsHandler),

@@ -55,6 +55,10 @@ def openapi_document() -> dict[str, Any]:
         "/healthz": {"get": {"summary": "Liveness", "security": [], "responses": {"200": _json("Health", "Up")}}},
         "/readyz": {"get": {"summary": "Readiness (gateway up, sandbox usable)", "security": [],
                             "responses": {"200": _json("Health", "Ready"), "503": _json("Health", "Not ready")}}},
+        "/metrics": {"get": {"summary": "Prometheus metrics (text format), behind the token",
+                             "responses": {"200": {"description": "Prometheus text exposition format",
+                                                   "content": {"text/plain": {"schema": {"type": "string"}}}},
+                                           **_errors(401)}}},
         "/v1/tools": {"get": {"summary": "Host tools callable from kernel code as tools.NAME(...)",
                               "responses": {"200": _json("ToolList", "Tools"), **_errors(401)}}},
         "/v1/sessions": {

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 import uuid
+from collections import Counter as Tally
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -40,6 +41,7 @@ from ..errors import (
 from ..gateway.client import KERNEL_DEAD, GatewayClient, KernelConnection
 from ..gateway.execution import OutputCollector
 from ..kernel.preamble import MARKER, boot_code
+from ..metrics import Metrics
 from ..models import (
     Artifact,
     DeathCause,
@@ -118,6 +120,8 @@ class SessionManager:
         self._pool_task: asyncio.Task[None] | None = None
         self._stopping = False
         self.runs = RunRegistry(settings.sessions.run_retention_seconds)
+        self.metrics = Metrics()
+        self.metrics.watch(self._gauges)
         # Where each kernel's memory use can be read (its cgroup), if anywhere.
         self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
 
@@ -230,6 +234,11 @@ class SessionManager:
             await asyncio.to_thread(self.volumes.destroy, s.workspace)
 
     # -- queries -----------------------------------------------------------------------------------
+    def _gauges(self) -> tuple[dict[str, int], int, int]:
+        by_status: dict[str, int] = dict(Tally(str(s.info.status) for s in self._live.values()))
+        by_status["lost"] = sum(1 for i in self.store.all() if i.status == "lost")
+        return by_status, len(self._pool), self.pool_size
+
     def _with_usage(self, s: LiveSession) -> SessionInfo:
         if self._cgroups is None:
             return s.info
@@ -303,6 +312,7 @@ class SessionManager:
             self._creating.discard(sid)
         info.kernel_id = s.kernel_id
         self._live[sid] = s
+        self.metrics.sessions_created.labels("true" if info.from_pool else "false").inc()
         self.store.forget_runs(sid)  # runs of an earlier session with this id are not this one's
         self.store.save(info, s.kernel_id, s.workspace)
         log.info("session %s created (kernel %s)", sid, s.kernel_id)
@@ -347,7 +357,7 @@ class SessionManager:
         s.info.status = "dead" if state == KERNEL_DEAD else "restarting"
         log.warning("session %s: kernel %s is %s", s.info.session_id, s.kernel_id, state)
 
-    async def delete(self, session_id: str, keep_notebook: bool = True) -> None:
+    async def delete(self, session_id: str, keep_notebook: bool = True, reason: str = "closed") -> None:
         """Stop the session's kernel and remove its workspace; its history is kept as a notebook
         among its artifacts (``keep_notebook``) and its runs stay in the store."""
         if keep_notebook and self.harvester is not None and session_id in self._live and \
@@ -368,7 +378,8 @@ class SessionManager:
             await self._discard(s)
             self.broker.forget_session(session_id)
         self.store.delete(session_id)
-        log.info("session %s deleted", session_id)
+        self.metrics.sessions_ended.labels(reason).inc()
+        log.info("session %s deleted (%s)", session_id, reason)
 
     def live_session(self, session_id: str) -> LiveSession:
         """The live session (SessionNotFound, or KernelUnavailable when it is lost)."""
@@ -381,6 +392,7 @@ class SessionManager:
             return
         self.store.add_run(code, result, events)
         self.store.save(s.info, s.kernel_id, s.workspace)
+        self.metrics.observe_run(result, source="console")
         run_log.info(json.dumps({"event": "console_run", "session_id": s.info.session_id,
                                  "run_id": result.run_id, "status": result.status}))
 
@@ -498,6 +510,7 @@ class SessionManager:
         finally:
             self.runs.finished(run)
         run.result = result
+        self.metrics.observe_run(result)
         run_log.info(json.dumps({
             "event": "run", "session_id": session_id, "run_id": run.run_id, "status": result.status,
             "duration_ms": result.duration_ms, "state_lost": result.state_lost,
@@ -830,7 +843,7 @@ class SessionManager:
         for sid in expired:
             log.info("session %s expired after %d s idle", sid, self._live[sid].info.ttl_seconds)
             with contextlib.suppress(SessionNotFound):
-                await self.delete(sid)
+                await self.delete(sid, reason="expired")
         return expired
 
     async def _reap_forever(self) -> None:

@@ -1,0 +1,74 @@
+"""Prometheus metrics of one service (``GET /metrics``), with the prometheus_client library.
+
+Counters and the run-duration histogram are updated where things happen (the SessionManager);
+gauges (live sessions by status, warm pool) are read from the manager when scraped.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .models import RunResult
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _LiveState(Collector):
+    def __init__(self, read: Callable[[], tuple[dict[str, int], int, int]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Any]:
+        by_status, pool_ready, pool_size = self.read()
+        live = GaugeMetricFamily("kernelmode_sessions", "Sessions by status (live ones, and lost ones "
+                                 "of an earlier run)", labels=["status"])
+        for status, n in sorted(by_status.items()):
+            live.add_metric([status], n)
+        yield live
+        yield GaugeMetricFamily("kernelmode_pool_ready", "Warm kernels ready to be handed out", value=pool_ready)
+        yield GaugeMetricFamily("kernelmode_pool_size", "Configured warm pool size", value=pool_size)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        # A registry of its own: several services in one process (tests, library mode) do not mix.
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.runs = Counter("kernelmode_runs", "Runs by final status and where they came from",
+                            ["status", "source"], registry=r)
+        self.run_seconds = Histogram(
+            "kernelmode_run_duration_seconds", "Wall time of runs (queueing excluded)", ["source"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600), registry=r)
+        self.deaths = Counter("kernelmode_kernel_deaths", "Kernels that died in a run, by cause", ["cause"],
+                              registry=r)
+        self.tool_calls = Counter("kernelmode_tool_calls", "Host tool calls from kernel code",
+                                  ["tool", "outcome"], registry=r)
+        self.artifact_bytes = Counter("kernelmode_artifact_bytes", "Bytes of artifacts kept", registry=r)
+        self.artifacts = Counter("kernelmode_artifacts", "Artifacts kept", registry=r)
+        self.sessions_created = Counter("kernelmode_sessions_created", "Sessions created",
+                                        ["from_pool"], registry=r)
+        self.sessions_ended = Counter("kernelmode_sessions_ended", "Sessions deleted or reaped",
+                                      ["reason"], registry=r)
+
+    def watch(self, read: Callable[[], tuple[dict[str, int], int, int]]) -> None:
+        """``read() -> ({status: count}, pool ready, pool size)``, called at each scrape."""
+        self.registry.register(_LiveState(read))
+
+    def observe_run(self, result: RunResult, source: str = "api") -> None:
+        self.runs.labels(result.status, source).inc()
+        self.run_seconds.labels(source).observe(result.duration_ms / 1000)
+        if result.status == "kernel_died":
+            self.deaths.labels(result.cause.kind if result.cause else "unknown").inc()
+        for (tool, ok), n in Tally((c.tool, c.ok) for c in result.tool_calls).items():
+            self.tool_calls.labels(tool, "ok" if ok else "error").inc(n)
+        if result.artifacts:
+            self.artifacts.inc(len(result.artifacts))
+            self.artifact_bytes.inc(sum(a.size_bytes for a in result.artifacts))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

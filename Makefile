@@ -50,10 +50,12 @@ docker-test: setup docker-setup
 bench: setup
 	$(VENV)/bin/python bench/roundtrip.py
 	$(VENV)/bin/python bench/scale.py
+	$(VENV)/bin/python bench/backends.py
 
 bench-quick: setup
 	$(VENV)/bin/python bench/roundtrip.py --quick --no-write
 	$(VENV)/bin/python bench/scale.py --quick --no-write
+	$(VENV)/bin/python bench/backends.py --quick --no-write
 
 # The Docker sandbox backend: engine, daemon (no container network), base and kernel images.
 # Idempotent; a no-op in well under a second when all is there (scripts/docker-setup.sh).

@@ -99,6 +99,9 @@ class KernelmodeApp:
             self.settings.sandbox.bwrap_path, self.settings.sandbox.kernel_python, self.data_dir
         )
         log.info("sandbox: %s", self.sandbox_report)
+        version = cgroups.detect() if self.settings.sandbox.cgroups == "auto" else None
+        if version and (swept := cgroups.sweep_stale(version)):
+            log.info("removed %d empty kernel cgroup(s) left by killed servers", swept)
 
     async def start(self) -> None:
         s = self.settings

@@ -124,3 +124,23 @@ def existing(kernel_id: str, version: str) -> KernelCgroup:
     return KernelCgroup(
         "v1", [CGROUP_ROOT / "memory" / PARENT / kernel_id, CGROUP_ROOT / "pids" / PARENT / kernel_id]
     )
+
+
+def sweep_stale(version: str, min_age: float = 600.0) -> int:
+    """Remove kernel cgroups left empty by a killed server (rmdir refuses one with processes).
+
+    Only those older than ``min_age``: another server may have just made one for a kernel that
+    is about to join it.
+    """
+    parents = [CGROUP_ROOT / PARENT] if version == "v2" else [
+        CGROUP_ROOT / "memory" / PARENT, CGROUP_ROOT / "pids" / PARENT]
+    cutoff = time.time() - min_age
+    n = 0
+    for parent in parents:
+        with contextlib.suppress(OSError):
+            for d in parent.iterdir():
+                with contextlib.suppress(OSError):
+                    if d.is_dir() and d.stat().st_mtime < cutoff and not (d / "cgroup.procs").read_text().strip():
+                        d.rmdir()
+                        n += 1
+    return n

@@ -162,7 +162,7 @@ class KernelmodeMCP:
             raise ToolError(f"could not start a session: {e.message}") from e
 
     # -- results -----------------------------------------------------------------------------------
-    def _images(self, outputs: list[dict[str, Any]], skip: int) -> tuple[list[ContentBlock], list[str]]:
+    async def _images(self, outputs: list[dict[str, Any]], skip: int) -> tuple[list[ContentBlock], list[str]]:
         blocks: list[ContentBlock] = []
         notes: list[str] = []
         for out in outputs[skip:]:
@@ -175,7 +175,8 @@ class KernelmodeMCP:
                 break
             try:
                 raw = base64.b64decode(data[mime])
-                small, kind = fit_image(raw, mime, self.cfg.max_image_bytes)
+                # Decoding and resizing a big image takes a while: not on the event loop.
+                small, kind = await asyncio.to_thread(fit_image, raw, mime, self.cfg.max_image_bytes)
             except (ValueError, binascii.Error, ImageTooLarge) as e:
                 notes.append(f"an image could not be shown: {e}")
                 continue
@@ -192,10 +193,10 @@ class KernelmodeMCP:
                     out["data"][mime] = f"<{len(value)} characters left out: see artifacts>"
         return data
 
-    def _result(self, key: str | None, run: LiveRun, result: RunResult, note: str | None) -> CallToolResult:
+    async def _result(self, key: str | None, run: LiveRun, result: RunResult, note: str | None) -> CallToolResult:
         seen = self._seen.pop((key or "", run.run_id), (0, 0, 0))
         text = run_text(result, self.cfg.max_text_chars, seen[0], seen[1])
-        images, image_notes = self._images(result.outputs, seen[2])
+        images, image_notes = await self._images(result.outputs, seen[2])
         if result.status == "running":
             while len(self._seen) >= _MAX_FOLLOWED:  # runs nobody followed to the end
                 self._seen.pop(next(iter(self._seen)))
@@ -285,7 +286,7 @@ class KernelmodeMCP:
         except KernelmodeError as e:
             raise ToolError(e.message) from e
         result = await self._follow(ctx, run, self._wait(wait_seconds))
-        return self._result(key, run, result, note)
+        return await self._result(key, run, result, note)
 
     async def get_run(
         self,
@@ -301,7 +302,7 @@ class KernelmodeMCP:
         except NotFound as e:
             raise ToolError(e.message) from e
         result = await self._follow(ctx, run, self._wait(wait_seconds))
-        return self._result(self._conn_key(ctx), run, result, None)
+        return await self._result(self._conn_key(ctx), run, result, None)
 
     async def upload_file(
         self,

@@ -329,3 +329,13 @@ def test_warm_pool_hands_out_fresh_kernels_only(api, run):
     assert run(c["session_id"], "1 + 1")["result"] == "2"
     for sid in (b["session_id"], c["session_id"]):
         api.delete(f"/v1/sessions/{sid}")
+
+
+def test_exit_in_code_does_not_stop_the_kernel(session_factory, run):
+    """exit()/quit() would stop ipykernel's loop; the session's kernel is not the code's to end."""
+    sid = session_factory()
+    run(sid, "kept = 'yes'")
+    for code in ("exit()", "quit()", "exit"):
+        assert run(sid, code)["status"] == "ok", code
+    res = run(sid, "kept")
+    assert res["result"] == "'yes'" and res["state_lost"] is False

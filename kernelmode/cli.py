@@ -45,16 +45,20 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"kernelmode: {e.message}", file=sys.stderr)
         return 2
     server = settings.server
-    if args.host is not None:
-        server.host = args.host
-    if args.port is not None:
-        server.port = args.port
-    if args.token is not None:
-        server.token = args.token
-    if args.data_dir is not None:
-        server.data_dir = Path(args.data_dir)
-    if args.sandbox is not None:
-        settings.sandbox.backend = args.sandbox
+    try:
+        if args.host is not None:
+            server.host = args.host
+        if args.port is not None:
+            server.port = args.port
+        if args.token is not None:
+            server.token = args.token
+        if args.data_dir is not None:
+            server.data_dir = Path(args.data_dir)
+        if args.sandbox is not None:
+            settings.sandbox.backend = args.sandbox
+    except ValueError as e:  # pydantic's ValidationError (e.g. --token equal to a tenant's token)
+        print(f"kernelmode: {e}", file=sys.stderr)
+        return 2
     return asyncio.run(serve(settings))
 
 
@@ -113,6 +117,8 @@ def _config_check(args: argparse.Namespace) -> int:
     # Secrets interpolated from the environment stay out of the printout.
     if data["artifacts"].get("secret_key"):
         data["artifacts"]["secret_key"] = "***"
+    for tenant in data["server"]["tenants"]:
+        tenant["token"] = "***"
     for server in data["mcp_servers"]:
         for part in ("env", "headers"):
             server[part] = {k: "***" for k in server.get(part, {})}

@@ -28,11 +28,35 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+TENANT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+ADMIN_TENANT = "admin"  # the tenant of the admin token (server.token); no configured tenant may take it
+
+
+class TenantSettings(_Section):
+    """A client with its own token: it sees and manages only its own sessions."""
+
+    name: str = Field(pattern=TENANT_NAME_PATTERN, description="Shown in session info, logs and metrics.")
+    token: str = Field(min_length=16, description="This tenant's bearer token (at least 16 characters).")
+    max_sessions: int | None = Field(None, ge=1, description="Live sessions this tenant may hold.")
+    runs_per_minute: int | None = Field(
+        None, ge=1, description="Runs (REST, MCP, one-shot) this tenant may start per minute.")
+
+    @field_validator("name", mode="after")
+    @classmethod
+    def _not_admin(cls, v: str) -> str:
+        if v == ADMIN_TENANT:
+            raise ValueError(f"{ADMIN_TENANT!r} is the admin token's tenant (server.token)")
+        return v
+
+
 class ServerSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8888, ge=0, le=65535)
     data_dir: Path = Path("./.kernelmode")
-    token: str | None = Field(None, description="Bearer token; generated and printed when unset.")
+    token: str | None = Field(None, description="Admin bearer token (sees every session); generated "
+                              "and printed when unset.")
+    tenants: list[TenantSettings] = Field(
+        default_factory=list, description="Tenant tokens; each tenant sees only its own sessions.")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
 
     @field_validator("token", mode="before")
@@ -40,6 +64,16 @@ class ServerSettings(_Section):
     def _empty_token_is_none(cls, v: Any) -> Any:
         # An empty token would lock every client out: treat it as unset (generated, printed).
         return None if v is None or str(v).strip() == "" else str(v)
+
+    @model_validator(mode="after")
+    def _distinct_tenants(self) -> ServerSettings:
+        names = [t.name for t in self.tenants]
+        tokens = [t.token for t in self.tenants] + ([self.token] if self.token else [])
+        if len(set(names)) != len(names):
+            raise ValueError("tenants: two tenants have the same name")
+        if len(set(tokens)) != len(tokens):
+            raise ValueError("tenants: two tokens (of tenants, or a tenant's and server.token) are equal")
+        return self
 
 
 class SandboxSettings(_Section):

@@ -15,6 +15,7 @@
     │   └── SessionExists            (409 session_exists)
     ├── PayloadTooLarge              (413 payload_too_large)
     ├── TooManySessions              (429 too_many_sessions)
+    ├── QuotaExceeded                (429 quota_exceeded)     a tenant's sessions or runs per minute
     ├── SandboxUnavailable           (503 sandbox_unavailable)
     ├── GatewayError                 (502 gateway_error)      the Kernel Gateway failed us
     │   └── GatewayUnavailable       (503 gateway_unavailable)
@@ -98,6 +99,11 @@ class PayloadTooLarge(KernelmodeError):
 
 class TooManySessions(KernelmodeError):
     code = "too_many_sessions"
+    http_status = 429
+
+
+class QuotaExceeded(KernelmodeError):
+    code = "quota_exceeded"
     http_status = 429
 
 

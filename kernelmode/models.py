@@ -77,6 +77,9 @@ class SessionInfo(BaseModel):
         None, description="The session's Jupyter kernel (docker backend: container kernelmode-<kernel_id>).")
     memory_bytes: int | None = Field(
         None, description="Memory the kernel's processes use now (from its cgroup; None without cgroups).")
+    tenant: str | None = Field(
+        None, description="The tenant that owns the session: its token's tenant name ('admin' for the "
+        "admin token).")
 
 
 class SessionList(BaseModel):

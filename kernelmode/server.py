@@ -27,6 +27,7 @@ from .sandbox.docker_backend import server_id
 from .sandbox.kernelspec import check_bwrap, install_kernelspec
 from .sessions import SessionManager
 from .sessions.store import SessionStore
+from .tenants import Tenants
 from .tools.broker import ToolBroker
 from .tools.registry import ToolRegistry
 
@@ -43,6 +44,7 @@ class KernelmodeApp:
         self.tools = tools if tools is not None else ToolRegistry()
         self.token = settings.server.token or secrets.token_urlsafe(24)
         self.token_generated = settings.server.token is None
+        self.tenants = Tenants(settings, self.token)
         self.data_dir = settings.server.data_dir.resolve()
         self.sandbox_report = ""
         self.gateway_process: GatewayProcess | None = None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 from typing import Any
@@ -42,9 +41,11 @@ class ChannelsHandler(websocket.WebSocketHandler):
     async def get(self, *args: Any, **kwargs: Any) -> None:
         header = self.request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.app.token.encode()):
+        principal = self.app.tenants.authenticate(token.strip()) if scheme.lower() == "bearer" else None
+        if principal is None:
             return self._refuse(401, "unauthorized", "missing or wrong bearer token")
         try:
+            self.app.sessions.authorize(principal, args[0])
             s = self.app.sessions.live_session(args[0])
             self._upstream = await self.app.gateway.open_channels(s.kernel_id)
         except KernelmodeError as e:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hmac
 import json
 import logging
 import os
@@ -41,6 +40,7 @@ from ..models import (
     SessionList,
     ToolList,
 )
+from ..tenants import ADMIN, Principal
 from .openapi import openapi_document
 
 log = logging.getLogger("kernelmode.api")
@@ -52,6 +52,7 @@ class BaseHandler(web.RequestHandler):
     """JSON in, JSON out, bearer token, errors as ``{"error": {"code", "message"}}``."""
 
     public = False
+    principal: Principal = ADMIN  # who sent the request (set by prepare from the token)
 
     @property
     def app(self) -> Any:
@@ -66,9 +67,15 @@ class BaseHandler(web.RequestHandler):
             return
         header = self.request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
-        expected = self.app.token.encode()
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+        principal = self.app.tenants.authenticate(token.strip()) if scheme.lower() == "bearer" else None
+        if principal is None:
             raise Unauthorized("missing or wrong bearer token (send `Authorization: Bearer <token>`)")
+        self.principal = principal
+
+    def own(self, session_id: str) -> str:
+        """The id, if the caller may use that session (another tenant's is a 404 like an unknown id)."""
+        self.app.sessions.authorize(self.principal, session_id)
+        return session_id
 
     def body_model(self, model: type[M]) -> M:
         raw = self.request.body or b"{}"
@@ -144,28 +151,29 @@ class OpenAPIHandler(BaseHandler):
 
 class SessionsHandler(BaseHandler):
     async def get(self) -> None:
-        self.send(SessionList(sessions=self.app.sessions.all()))
+        self.send(SessionList(sessions=self.app.sessions.all(self.principal)))
 
     async def post(self) -> None:
         req = self.body_model(SessionCreate)
-        info = await self.app.sessions.create(req)
+        info = await self.app.sessions.create(req, self.principal)
         self.send(info, 201)
 
 
 class SessionHandler(BaseHandler):
     async def get(self, session_id: str) -> None:
-        self.send(self.app.sessions.get(session_id))
+        self.send(self.app.sessions.get(self.own(session_id)))
 
     async def delete(self, session_id: str) -> None:
-        await self.app.sessions.delete(session_id)
+        await self.app.sessions.delete(self.own(session_id))
         self.set_status(204)
         self.finish()
 
 
 class ExecuteHandler(BaseHandler):
     async def post(self, session_id: str) -> None:
-        self.app.sessions.get(session_id)  # 404 before validating the body
+        self.app.sessions.get(self.own(session_id))  # 404 before validating the body
         req = self.body_model(ExecuteRequest)
+        self.app.tenants.count_run(self.principal)
         result = await self.app.sessions.execute(session_id, req.code, req.timeout_seconds, req.wait_seconds)
         if result.status == "running":
             self.set_header("Location", f"/v1/runs/{result.run_id}")
@@ -179,7 +187,7 @@ class RunHandler(BaseHandler):
     there is something new (or the run ends)."""
 
     async def get(self, run_id: str) -> None:
-        run = self.app.sessions.get_run(run_id)
+        run = self.app.sessions.get_run(run_id, self.principal)
         try:
             offset = int(self.get_query_argument("offset", "0"))
             wait = float(self.get_query_argument("wait_seconds", "0"))
@@ -203,17 +211,19 @@ class OneShotHandler(BaseHandler):
                 files.append((f.path, base64.b64decode(f.content_base64, validate=True)))
             except (binascii.Error, ValueError) as e:
                 raise ValidationError(f"files[{i}].content_base64 is not valid base64: {e}") from e
-        self.send(await self.app.sessions.one_shot(req.code, files, req.timeout_seconds, req.tools))
+        self.app.tenants.count_run(self.principal)
+        self.send(await self.app.sessions.one_shot(req.code, files, req.timeout_seconds, req.tools,
+                                                   self.principal))
 
 
 class InterruptHandler(BaseHandler):
     async def post(self, session_id: str) -> None:
-        self.send(await self.app.sessions.interrupt(session_id))
+        self.send(await self.app.sessions.interrupt(self.own(session_id)))
 
 
 class RestartHandler(BaseHandler):
     async def post(self, session_id: str) -> None:
-        self.send(await self.app.sessions.restart(session_id))
+        self.send(await self.app.sessions.restart(self.own(session_id)))
 
 
 class MetricsHandler(BaseHandler):
@@ -221,6 +231,9 @@ class MetricsHandler(BaseHandler):
 
     async def get(self) -> None:
         from ..metrics import CONTENT_TYPE
+
+        if not self.principal.admin:
+            raise Forbidden("metrics cover every tenant: scrape them with the admin token")
 
         self.set_header("Content-Type", CONTENT_TYPE)
         self.finish(self.app.sessions.metrics.render())
@@ -237,7 +250,7 @@ _ACTIVE_TYPES = {"text/html", "image/svg+xml", "application/xhtml+xml", "text/xm
 
 class FilesHandler(BaseHandler):
     async def get(self, session_id: str) -> None:
-        files = await self.app.sessions.list_files(session_id)
+        files = await self.app.sessions.list_files(self.own(session_id))
         self.send(FileList.model_validate({"files": files}))
 
 
@@ -276,11 +289,12 @@ class FileHandler(BaseHandler):
             raise PayloadTooLarge(f"the upload is over this server's limit of {cap} bytes")
         overwrite = self.get_query_argument("overwrite", "false").lower() in ("1", "true", "yes")
         self._spool.seek(0)
-        result = await self.app.sessions.upload(session_id, path, self._spool, self._received, overwrite)
+        result = await self.app.sessions.upload(self.own(session_id), path, self._spool, self._received,
+                                                overwrite)
         self.send(result, 201)
 
     async def get(self, session_id: str, path: str) -> None:
-        fd, size, mime = await asyncio.to_thread(self.app.sessions.open_file, session_id, path)
+        fd, size, mime = await asyncio.to_thread(self.app.sessions.open_file, self.own(session_id), path)
         self.set_header("Content-Type", mime)
         self.set_header("Content-Length", str(size))
         self.set_header("X-Content-Type-Options", "nosniff")
@@ -296,14 +310,14 @@ class FileHandler(BaseHandler):
 
 class ArtifactsHandler(BaseHandler):
     async def get(self, session_id: str) -> None:
-        self.send(ArtifactList(artifacts=await self.app.sessions.artifacts(session_id)))
+        self.send(ArtifactList(artifacts=await self.app.sessions.artifacts(self.own(session_id))))
 
 
 class NotebookHandler(BaseHandler):
     """The session's runs as an .ipynb (console runs included; also after the session is gone)."""
 
     async def get(self, session_id: str) -> None:
-        data = await asyncio.to_thread(self.app.sessions.notebook, session_id)
+        data = await asyncio.to_thread(self.app.sessions.notebook, self.own(session_id))
         self.set_header("Content-Type", "application/x-ipynb+json")
         self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(session_id)}.ipynb")
         self.finish(data)

@@ -18,7 +18,7 @@ from tornado.iostream import StreamClosedError
 
 from ..api.handlers import BaseHandler
 from ..errors import PayloadTooLarge
-from .server import KernelmodeMCP
+from .server import TENANT_HEADER, KernelmodeMCP
 
 
 class McpHttp:
@@ -110,7 +110,9 @@ class McpHandler(BaseHandler):
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
             "method": req.method, "scheme": req.protocol, "path": req.path, "raw_path": req.path.encode(),
             "query_string": req.query.encode("latin-1"), "root_path": "",
-            "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in req.headers.get_all()],
+            # The caller's tenant, from its token; never a header the client sent itself.
+            "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in req.headers.get_all()
+                        if k.lower() != TENANT_HEADER] + [(TENANT_HEADER.encode(), self.principal.tenant.encode())],
             "client": (req.remote_ip, 0), "server": (host or req.host, int(port) if port.isdigit() else 80),
             "state": {},
         }

@@ -3,7 +3,8 @@
 Transports are elsewhere (``http.py`` for /mcp, ``stdio.py`` for `kernelmode mcp`); this module
 is what the tools do and say. Every connection gets its own session on first use (keyed by the
 stdio process, or by the streamable-HTTP ``Mcp-Session-Id``); naming a ``session_id`` reaches
-any session, as over REST with the same token.
+any session the token may see, as over REST. Over HTTP the caller's tenant comes from the
+``/mcp`` handler (``TENANT_HEADER``, set from the bearer token); over stdio the caller is the admin.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from ..artifacts.workspace import clean_path
 from ..errors import KernelmodeError, NotFound, SessionNotFound
 from ..models import SESSION_ID_PATTERN, RunResult, SessionCreate
 from ..sessions.runs import LiveRun
+from ..tenants import ADMIN, Principal
 from .images import INLINE_TYPES, ImageTooLarge, fit_image
 from .render import clip, run_text, size_text
 
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("kernelmode.mcp")
 
 _STDIO = "stdio"
+# Set by the /mcp handler from the bearer token (a client's own header of this name is dropped).
+TENANT_HEADER = "x-kernelmode-tenant"
 _MAX_FOLLOWED = 10_000  # runs whose shown output is remembered for get_run
 _TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-yaml",
                "image/svg+xml", "application/x-ipynb+json", "application/sql")
@@ -103,18 +107,31 @@ class KernelmodeMCP:
             raise MCPError(METHOD_NOT_FOUND, "server/discover is not offered: use the initialize handshake")
         return await call_next(ctx)
 
+    def _principal(self, ctx: Context[Any]) -> Principal:
+        headers: Mapping[str, str] | None = ctx.headers
+        if headers is None:
+            return ADMIN  # stdio: whoever started the process owns the server
+        principal = self.app.tenants.get(headers.get(TENANT_HEADER, ""))
+        if principal is None:  # cannot happen behind McpHandler; refuse rather than guess
+            raise ToolError("this request carries no tenant")
+        return principal
+
     @staticmethod
     def _conn_key(ctx: Context[Any]) -> str | None:
         headers: Mapping[str, str] | None = ctx.headers
         if headers is None:
             return _STDIO  # one stdio process serves one client
         mcp_session = headers.get("mcp-session-id")  # checked by the SDK: it names a live MCP session
-        return f"http:{mcp_session}" if mcp_session else None
+        # The tenant is part of the key: another tenant's request naming this MCP session id
+        # never reaches this connection's kernel.
+        return f"http:{headers.get(TENANT_HEADER, '')}:{mcp_session}" if mcp_session else None
 
     async def _session(self, ctx: Context[Any], session_id: str | None) -> tuple[str, str | None]:
         """(session id, a note for the model or None)."""
+        principal = self._principal(ctx)
         if session_id:
             try:
+                self.app.sessions.authorize(principal, session_id)
                 info = self.app.sessions.get(session_id)
             except SessionNotFound as e:
                 raise ToolError(f"unknown session {session_id!r}: omit session_id to use this "
@@ -125,7 +142,7 @@ class KernelmodeMCP:
             return session_id, None
         key = self._conn_key(ctx)
         if key is None:
-            info = await self._create()
+            info = await self._create(principal)
             return info.session_id, (
                 f"NOTE: this connection is stateless, so a new session was made. Pass "
                 f"session_id={info.session_id!r} in later calls to keep these variables.")
@@ -138,7 +155,7 @@ class KernelmodeMCP:
                         return sid, None
                 except SessionNotFound:
                     pass
-            info = await self._create()
+            info = await self._create(principal)
             self._forget_gone_connections()
             self._own[key] = info.session_id
             note = None if sid is None else (
@@ -155,9 +172,9 @@ class KernelmodeMCP:
             if lock is not None and not lock.locked():
                 del self._own_locks[key]
 
-    async def _create(self) -> Any:
+    async def _create(self, principal: Principal) -> Any:
         try:
-            return await self.app.sessions.create(SessionCreate())
+            return await self.app.sessions.create(SessionCreate(), principal)
         except KernelmodeError as e:
             raise ToolError(f"could not start a session: {e.message}") from e
 
@@ -282,6 +299,7 @@ class KernelmodeMCP:
         key = self._conn_key(ctx)
         sid, note = await self._session(ctx, session_id)
         try:
+            self.app.tenants.count_run(self._principal(ctx))
             run = self.app.sessions.submit(sid, code, timeout_seconds)
         except KernelmodeError as e:
             raise ToolError(e.message) from e
@@ -298,7 +316,7 @@ class KernelmodeMCP:
         """Follow a run that was still RUNNING: returns the output that came since you last looked
         and, once the run has ended, its final result (status, value, error, files)."""
         try:
-            run = self.app.sessions.get_run(run_id)
+            run = self.app.sessions.get_run(run_id, self._principal(ctx))
         except NotFound as e:
             raise ToolError(e.message) from e
         result = await self._follow(ctx, run, self._wait(wait_seconds))
@@ -429,6 +447,7 @@ class KernelmodeMCP:
         if sid is None:
             return "This connection has no session open."
         try:
+            self.app.sessions.authorize(self._principal(ctx), sid)
             await self.app.sessions.delete(sid)
         except SessionNotFound as e:
             raise ToolError(f"unknown session {sid!r}") from e
@@ -456,7 +475,7 @@ class KernelmodeMCP:
         key = self._conn_key(ctx)
         own = self._own.get(key) if key else None
         rows = []
-        for s in self.app.sessions.all():
+        for s in self.app.sessions.all(self._principal(ctx)):
             mark = "  <- this connection's session" if s.session_id == own else ""
             rows.append(f"- {s.session_id}: {s.status}, {s.execution_count} runs, "
                         f"last active {s.last_activity:%Y-%m-%d %H:%M:%S} UTC{mark}")

@@ -32,6 +32,7 @@ from ..errors import (
     KernelmodeError,
     KernelUnavailable,
     PayloadTooLarge,
+    QuotaExceeded,
     RunNotFound,
     SessionExists,
     SessionNotFound,
@@ -56,6 +57,7 @@ from ..models import (
 )
 from ..sandbox import cgroups
 from ..sandbox.spec import KernelParams, pop_death_record
+from ..tenants import ADMIN, Principal
 from ..tools.broker import ToolBroker
 from .runs import LiveRun, RunRegistry
 from .store import SessionStore
@@ -113,7 +115,7 @@ class SessionManager:
         self.state_dir = state_dir
         self.sandbox = sandbox
         self._live: dict[str, LiveSession] = {}
-        self._creating: set[str] = set()
+        self._creating: dict[str, str] = {}  # session id -> tenant, while its kernel starts
         self._reaper: asyncio.Task[None] | None = None
         # Warm pool: started, sandboxed, preamble-ready kernels that no session has used yet.
         self._pool: list[LiveSession] = []
@@ -245,9 +247,20 @@ class SessionManager:
         memory = cgroups.existing(s.kernel_id, self._cgroups).memory_bytes()
         return s.info.model_copy(update={"memory_bytes": memory})
 
-    def all(self) -> list[SessionInfo]:
+    def all(self, principal: Principal = ADMIN) -> list[SessionInfo]:
+        """The sessions ``principal`` may see (a tenant: its own; the admin: all)."""
         live = {sid: self._with_usage(s) for sid, s in self._live.items()}
-        return [live.get(i.session_id, i) for i in self.store.all()]
+        infos = [live.get(i.session_id, i) for i in self.store.all()]
+        return [i for i in infos if principal.may_see(i.tenant)]
+
+    def authorize(self, principal: Principal, session_id: str) -> None:
+        """Another tenant's session id is answered exactly like an unknown one."""
+        if principal.admin:
+            return
+        live = self._live.get(session_id)
+        owner = live.info.tenant if live is not None else self.store.owner(session_id)
+        if not principal.may_see(owner):
+            raise SessionNotFound(f"no session {session_id!r}")
 
     def get(self, session_id: str) -> SessionInfo:
         if session_id in self._live:
@@ -274,15 +287,25 @@ class SessionManager:
         return len(self._live) + len(self._creating)
 
     # -- create / delete ---------------------------------------------------------------------------
-    async def create(self, req: SessionCreate) -> SessionInfo:
+    async def create(self, req: SessionCreate, principal: Principal = ADMIN) -> SessionInfo:
         sid = req.session_id or uuid.uuid4().hex
-        if sid in self._live or sid in self._creating or self.store.get(sid) is not None:
+        tenant = principal.tenant
+        owner = self.store.owner(sid)
+        if (sid in self._live or sid in self._creating or self.store.get(sid) is not None
+                or owner not in (None, tenant)):  # a closed session's records stay its tenant's
             raise SessionExists(f"session {sid!r} already exists")
         if self.live_count >= self.settings.sessions.max_sessions:
             raise TooManySessions(
                 f"the server holds its maximum of {self.settings.sessions.max_sessions} sessions; "
                 "delete one or wait for idle sessions to expire"
             )
+        cap = principal.max_sessions
+        if cap is not None:
+            held = (sum(1 for s in self._live.values() if s.info.tenant == tenant)
+                    + sum(1 for t in self._creating.values() if t == tenant))
+            if held >= cap:
+                raise QuotaExceeded(f"tenant {tenant!r} holds its maximum of {cap} sessions; "
+                                    "delete one or wait for idle sessions to expire")
         self.broker.registry.check_allow_list(req.tools)
         base = self.settings.sandbox.limits
         limits = req.limits.apply(base) if req.limits else base
@@ -291,9 +314,9 @@ class SessionManager:
         info = SessionInfo(
             session_id=sid, status="idle", created_at=now, last_activity=now,
             expires_at=now + timedelta(seconds=ttl), ttl_seconds=ttl, limits=limits,
-            sandbox=self.sandbox, tools=req.tools,
+            sandbox=self.sandbox, tools=req.tools, tenant=tenant,
         )
-        self._creating.add(sid)
+        self._creating[sid] = tenant
         try:
             s = self._take_warm(limits)
             if s is not None:
@@ -309,13 +332,13 @@ class SessionManager:
             else:
                 s = await self._new_kernel(info)
         finally:
-            self._creating.discard(sid)
+            self._creating.pop(sid, None)
         info.kernel_id = s.kernel_id
         self._live[sid] = s
         self.metrics.sessions_created.labels("true" if info.from_pool else "false").inc()
-        self.store.forget_runs(sid)  # runs of an earlier session with this id are not this one's
+        self.store.take_id(sid, tenant)  # runs of an earlier session with this id are not this one's
         self.store.save(info, s.kernel_id, s.workspace)
-        log.info("session %s created (kernel %s)", sid, s.kernel_id)
+        log.info("session %s created (kernel %s, tenant %s)", sid, s.kernel_id, tenant)
         return info
 
     async def _connect(self, s: LiveSession, timeout: float) -> None:
@@ -430,13 +453,14 @@ class SessionManager:
         return await self.wait(self.submit(session_id, code, timeout_seconds), wait_seconds)
 
     async def one_shot(self, code: str, files: list[tuple[str, bytes]], timeout_seconds: float | None = None,
-                       tools: list[str] | None = None) -> RunResult:
+                       tools: list[str] | None = None, principal: Principal = ADMIN) -> RunResult:
         """Run code in a fresh kernel (from the warm pool when there is one), then discard it.
 
         The result's artifacts stay in the store under the throw-away session's id.
         """
         self._timeout(timeout_seconds)  # refuse a bad timeout before taking a kernel
-        info = await self.create(SessionCreate(session_id=f"oneshot-{uuid.uuid4().hex[:20]}", tools=tools))
+        info = await self.create(SessionCreate(session_id=f"oneshot-{uuid.uuid4().hex[:20]}", tools=tools),
+                                 principal)
         sid = info.session_id
         try:
             for path, data in files:
@@ -462,14 +486,24 @@ class SessionManager:
         cfg = self.settings.sessions
         return OutputCollector(cfg.max_output_bytes, max_display_bytes=cfg.max_display_bytes)
 
-    def get_run(self, run_id: str) -> LiveRun:
+    def get_run(self, run_id: str, principal: Principal = ADMIN) -> LiveRun:
+        """The run, if ``principal`` may see its session (another tenant's run is unknown)."""
+        unknown = RunNotFound(f"no run {run_id!r} (finished runs stay for "
+                              f"{self.settings.sessions.run_retention_seconds:g} s)")
         run = self.runs.get(run_id)
         if run is not None:
+            try:
+                self.authorize(principal, run.session_id)
+            except SessionNotFound:
+                raise unknown from None
             return run
         stored = self.store.get_run(run_id)
         if stored is None:
-            raise RunNotFound(f"no run {run_id!r} (finished runs stay for "
-                              f"{self.settings.sessions.run_retention_seconds:g} s)")
+            raise unknown
+        try:
+            self.authorize(principal, stored.session_id)
+        except SessionNotFound:
+            raise unknown from None
         # Finished long ago: the result is complete, the event stream is not kept.
         return LiveRun(run_id=run_id, session_id=stored.session_id, result=stored,
                        collector=self._collector(),
@@ -766,7 +800,7 @@ class SessionManager:
             return []
         runs = self.store.runs(session_id)
         if not runs and session_id not in self._live and self.store.get(session_id) is None:
-            raise SessionNotFound(f"no session or artifacts {session_id!r}")
+            raise SessionNotFound(f"no session {session_id!r}")
         kept = [await self.harvester.relink(session_id, r.run_id, a) for _, r in runs for a in r.artifacts]
         return kept + [await self.harvester.relink(session_id, SESSION_FILES, a)
                        for a in self.store.session_files(session_id)]
@@ -776,7 +810,7 @@ class SessionManager:
         history = self.store.history(session_id)
         info = self._live[session_id].info if session_id in self._live else self.store.get(session_id)
         if info is None and not history:
-            raise SessionNotFound(f"no session or runs {session_id!r}")
+            raise SessionNotFound(f"no session {session_id!r}")
         return notebook.to_bytes(notebook.session_notebook(session_id, info, history))
 
     async def _keep_notebook(self, session_id: str, name: str) -> Artifact:

@@ -24,6 +24,11 @@ CREATE TABLE IF NOT EXISTS runs (
     result TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS runs_by_session ON runs (session_id, seq);
+-- Who owns a session id's records (runs, artifacts, notebook): kept after the session is closed.
+CREATE TABLE IF NOT EXISTS owners (
+    session_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS session_files (
     session_id TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -70,10 +75,17 @@ class SessionStore:
         """Forget the session; its runs stay (their artifacts outlive the session)."""
         self._db.execute("DELETE FROM sessions WHERE session_id=?", (session_id,))
 
-    def forget_runs(self, session_id: str) -> None:
-        """A new session takes over an id: the old session's runs are no longer its."""
+    def take_id(self, session_id: str, tenant: str) -> None:
+        """A new session takes over an id: the old session's runs and files are no longer its."""
         self._db.execute("DELETE FROM runs WHERE session_id=?", (session_id,))
         self._db.execute("DELETE FROM session_files WHERE session_id=?", (session_id,))
+        self._db.execute("INSERT OR REPLACE INTO owners (session_id, tenant) VALUES (?, ?)",
+                         (session_id, tenant))
+
+    def owner(self, session_id: str) -> str | None:
+        """The tenant of the id's records, or None (unknown id, or made before tenants existed)."""
+        row = self._db.execute("SELECT tenant FROM owners WHERE session_id=?", (session_id,)).fetchone()
+        return row[0] if row else None
 
     def add_session_file(self, session_id: str, artifact: Artifact) -> None:
         """A file of the session itself (its notebook), kept like the runs' artifacts."""

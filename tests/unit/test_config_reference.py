@@ -30,8 +30,9 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "kernelmode.example.yaml"
 DOCS = REPO / "docs" / "configuration.md"
 
-# The ${VAR}s the example interpolates (secrets of its two MCP servers).
-EXAMPLE_ENV = {"GITHUB_TOKEN": "ghp_example_not_a_token", "SEARCH_TOKEN": "search-example-token"}
+# The ${VAR}s the example interpolates (secrets of its two MCP servers, a tenant's token).
+EXAMPLE_ENV = {"GITHUB_TOKEN": "ghp_example_not_a_token", "SEARCH_TOKEN": "search-example-token",
+               "TEAM_A_TOKEN": "team-a-example-token-0123"}
 
 # Settings the example shows only as a commented-out line (`# key: value`), and why.
 COMMENTED_OUT = {
@@ -97,7 +98,7 @@ def test_the_walk_finds_every_section_and_limits() -> None:
     paths = {p: m for p, m, _ in MODELS}
     assert set(Settings.model_fields) <= set(paths), "every section is a model"
     assert paths["sandbox.limits"] is Limits
-    assert {p for p, _, under_list in MODELS if under_list} == {"tools", "mcp_servers"}
+    assert {p for p, _, under_list in MODELS if under_list} == {"tools", "mcp_servers", "server.tenants"}
 
 
 # -- the example file --------------------------------------------------------------------------------
@@ -181,6 +182,8 @@ def test_config_check_accepts_the_example() -> None:
         server["headers"] = {k: "***" for k in server["headers"]}
     if expected["artifacts"]["secret_key"]:
         expected["artifacts"]["secret_key"] = "***"
+    for tenant in expected["server"]["tenants"]:
+        tenant["token"] = "***"
     assert printed == expected
     assert all(value not in proc.stdout for value in EXAMPLE_ENV.values())
 

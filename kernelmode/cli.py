@@ -9,16 +9,17 @@ import logging
 import sys
 from pathlib import Path
 
+from .audit import LOGGER_NAME as AUDIT_LOGGER
 from .config import load_settings
 from .errors import ConfigError
 
 
 class _JsonFormatter(logging.Formatter):
-    """Run records are JSON already; other records become JSON lines too."""
+    """Audit records are JSON already; other records become JSON lines too."""
 
     def format(self, record: logging.LogRecord) -> str:
         msg = record.getMessage()
-        if record.name == "kernelmode.runs":
+        if record.name == AUDIT_LOGGER:
             return msg
         line = {"level": record.levelname.lower(), "logger": record.name, "message": msg}
         if record.exc_info:

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from .audit import audit
 from .config import ADMIN_TENANT, Settings
 from .errors import QuotaExceeded
 
@@ -74,6 +75,7 @@ class Tenants:
         while window and now - window[0] >= RUN_WINDOW_SECONDS:
             window.popleft()
         if len(window) >= cap:
+            audit("quota_refused", tenant=principal.tenant, quota="runs_per_minute", limit=cap)
             retry = max(1, int(RUN_WINDOW_SECONDS - (now - window[0])) + 1)
             raise QuotaExceeded(
                 f"tenant {principal.tenant!r} has started its {cap} runs of the last minute; "

@@ -27,6 +27,7 @@ from ..artifacts.base import StoreError
 from ..artifacts.harvester import SESSION_FILES, Harvester
 from ..artifacts.volume import WorkspaceVolumes
 from ..artifacts.workspace import FileEntry, Workspace, WorkspaceFull, clean_path, mime_type
+from ..audit import audit
 from ..config import Settings
 from ..errors import (
     KernelmodeError,
@@ -63,7 +64,6 @@ from .runs import LiveRun, RunRegistry
 from .store import SessionStore
 
 log = logging.getLogger("kernelmode.sessions")
-run_log = logging.getLogger("kernelmode.runs")
 
 # Synthetic events the manager puts into a run's message queue.
 _KERNEL_STATUS = "kernelmode_kernel_status"
@@ -304,6 +304,7 @@ class SessionManager:
             held = (sum(1 for s in self._live.values() if s.info.tenant == tenant)
                     + sum(1 for t in self._creating.values() if t == tenant))
             if held >= cap:
+                audit("quota_refused", tenant=tenant, quota="max_sessions", limit=cap)
                 raise QuotaExceeded(f"tenant {tenant!r} holds its maximum of {cap} sessions; "
                                     "delete one or wait for idle sessions to expire")
         self.broker.registry.check_allow_list(req.tools)
@@ -339,6 +340,8 @@ class SessionManager:
         self.store.take_id(sid, tenant)  # runs of an earlier session with this id are not this one's
         self.store.save(info, s.kernel_id, s.workspace)
         log.info("session %s created (kernel %s, tenant %s)", sid, s.kernel_id, tenant)
+        audit("session_created", session_id=sid, tenant=tenant, kernel_id=s.kernel_id,
+              from_pool=info.from_pool, sandbox=self.sandbox)
         return info
 
     async def _connect(self, s: LiveSession, timeout: float) -> None:
@@ -379,6 +382,8 @@ class SessionManager:
         s.state_lost_pending = True
         s.info.status = "dead" if state == KERNEL_DEAD else "restarting"
         log.warning("session %s: kernel %s is %s", s.info.session_id, s.kernel_id, state)
+        audit("kernel_died", session_id=s.info.session_id, tenant=s.info.tenant, kernel_id=s.kernel_id,
+              then=state)
 
     async def delete(self, session_id: str, keep_notebook: bool = True, reason: str = "closed") -> None:
         """Stop the session's kernel and remove its workspace; its history is kept as a notebook
@@ -390,6 +395,7 @@ class SessionManager:
             except (KernelmodeError, StoreError) as e:
                 log.warning("session %s: the notebook could not be kept: %s", session_id, e)
         s = self._live.pop(session_id, None)
+        tenant = s.info.tenant if s is not None else self.store.owner(session_id)
         if s is None:
             workspace = self.store.workspace(session_id)
             if self.store.get(session_id) is None:
@@ -403,6 +409,7 @@ class SessionManager:
         self.store.delete(session_id)
         self.metrics.sessions_ended.labels(reason).inc()
         log.info("session %s deleted (%s)", session_id, reason)
+        audit("session_closed", session_id=session_id, tenant=tenant, reason=reason)
 
     def live_session(self, session_id: str) -> LiveSession:
         """The live session (SessionNotFound, or KernelUnavailable when it is lost)."""
@@ -416,8 +423,8 @@ class SessionManager:
         self.store.add_run(code, result, events)
         self.store.save(s.info, s.kernel_id, s.workspace)
         self.metrics.observe_run(result, source="console")
-        run_log.info(json.dumps({"event": "console_run", "session_id": s.info.session_id,
-                                 "run_id": result.run_id, "status": result.status}))
+        audit("console_run", session_id=s.info.session_id, tenant=s.info.tenant, run_id=result.run_id,
+              status=result.status)
 
     # -- running code ------------------------------------------------------------------------------
     def _timeout(self, timeout_seconds: float | None) -> float:
@@ -545,10 +552,10 @@ class SessionManager:
             self.runs.finished(run)
         run.result = result
         self.metrics.observe_run(result)
-        run_log.info(json.dumps({
-            "event": "run", "session_id": session_id, "run_id": run.run_id, "status": result.status,
-            "duration_ms": result.duration_ms, "state_lost": result.state_lost,
-        }))
+        audit("run", session_id=session_id, tenant=s.info.tenant, run_id=run.run_id, status=result.status,
+              duration_ms=result.duration_ms, state_lost=result.state_lost,
+              cause=result.cause.model_dump() if result.cause else None,
+              tool_calls=len(result.tool_calls), artifacts=len(result.artifacts))
         return result
 
     async def _ensure_ready(self, s: LiveSession) -> None:
@@ -740,6 +747,7 @@ class SessionManager:
         await self._connect(s, timeout)
         self.store.save(s.info, s.kernel_id, s.workspace)
         log.warning("session %s: its kernel was replaced (now %s)", s.info.session_id, s.kernel_id)
+        audit("kernel_replaced", session_id=s.info.session_id, tenant=s.info.tenant, kernel_id=s.kernel_id)
 
     async def _restart_kernel(self, s: LiveSession) -> None:
         timeout = self.settings.sessions.kernel_start_timeout_seconds
@@ -747,6 +755,8 @@ class SessionManager:
         try:
             await self.gateway.restart_kernel(s.kernel_id, timeout)
             await self._connect(s, timeout)
+            audit("kernel_restarted", session_id=s.info.session_id, tenant=s.info.tenant,
+                  kernel_id=s.kernel_id)
         except KernelmodeError as e:
             log.error("session %s: kernel restart failed: %s", s.info.session_id, e)
             s.kernel_state = KERNEL_DEAD

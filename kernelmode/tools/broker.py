@@ -8,18 +8,16 @@ recorded for the RunResult.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..audit import audit
 from ..config import ToolBrokerSettings
 from ..kernel.preamble import PING
 from ..models import ToolCall
 from .base import ToolFailed
 from .registry import ToolRegistry, allowed
-
-log = logging.getLogger("kernelmode.tool_calls")
 
 
 @dataclass
@@ -101,6 +99,5 @@ class ToolBroker:
             duration_ms=round((time.monotonic() - started) * 1000, 3),
             bytes_in=bytes_in, bytes_out=len(reply),
         )
-        log.info(json.dumps({"event": "tool_call", "session_id": session_id, "run_id": run_id,
-                             **record.model_dump()}))
+        audit("tool_call", session_id=session_id, run_id=run_id, **record.model_dump())
         return reply, record

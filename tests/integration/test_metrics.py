@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -43,3 +46,31 @@ def test_metrics_count_runs_deaths_sessions(api: httpx.Client, session_factory, 
 
 def test_metrics_need_the_token(server: Server) -> None:
     assert httpx.get(server.url + "/metrics").status_code == 401
+
+
+def _audit(server: Server, session_id: str) -> list[dict]:
+    lines = [json.loads(x) for x in server.log().splitlines() if x.startswith('{"ts"')]
+    return [x for x in lines if x.get("session_id") == session_id]
+
+
+def test_audit_line_per_session_event_and_run(api: httpx.Client, server: Server, run) -> None:
+    """One JSON line per session event and run on stderr (logger kernelmode.audit), with the tenant."""
+    sid = api.post("/v1/sessions", json={}).json()["session_id"]
+    ok = run(sid, "x = 1")
+    died = run(sid, "import os; os._exit(3)")
+    assert died["status"] == "kernel_died"
+    api.delete(f"/v1/sessions/{sid}")
+    deadline = time.monotonic() + 10  # stderr is written by another process
+    while time.monotonic() < deadline and not any(x["event"] == "session_closed" for x in _audit(server, sid)):
+        time.sleep(0.1)
+    lines = _audit(server, sid)
+    events = [x["event"] for x in lines]
+    assert events[0] == "session_created" and events[-1] == "session_closed", events
+    assert events.count("run") == 2, events
+    by_run = {x["run_id"]: x for x in lines if x["event"] == "run"}
+    assert by_run[ok["run_id"]]["status"] == "ok"
+    assert by_run[died["run_id"]]["status"] == "kernel_died"
+    assert by_run[died["run_id"]]["cause"] == {"kind": "exit", "exit_code": 3, "signal": None}
+    assert {x["tenant"] for x in lines} == {"admin"}
+    assert lines[-1]["reason"] == "closed"
+    assert all(x["ts"].endswith("+00:00") for x in lines)

@@ -92,6 +92,16 @@ def test_results_positional_keyword_item_and_async(tapi):
     assert r["result"] == "15"
 
 
+
+def test_each_tool_call_is_an_audit_line(tapi, tool_server: Server):
+    sid = _new(tapi)
+    r = _run(tapi, sid, "tools.add(20, 22)")
+    assert r["result"] == "42"
+    lines = [json.loads(x) for x in tool_server.log().splitlines() if x.startswith('{"ts"')]
+    calls = [x for x in lines if x["event"] == "tool_call" and x["run_id"] == r["run_id"]]
+    assert len(calls) == 1 and calls[0]["session_id"] == sid and calls[0]["tool"] == "add" and calls[0]["ok"]
+
+
 def test_errors_are_tool_error_with_the_message(tapi):
     sid = _new(tapi)
     r = _run(tapi, sid, "tools.fail('boom')")

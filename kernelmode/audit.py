@@ -1,0 +1,26 @@
+"""The audit trail: one JSON line per session event, run and tool call (logger ``kernelmode.audit``).
+
+Each line has ``ts`` (UTC, ISO 8601), ``event`` and the ids it concerns; the CLI's log formatter
+writes these lines as they are, so a log shipper can filter on ``"event"``. Events:
+``session_created``, ``session_closed`` (with ``reason``: closed, expired, lost...),
+``kernel_died`` (with ``cause``), ``kernel_restarted``, ``kernel_replaced``, ``run``,
+``console_run``, ``tool_call``, ``quota_refused``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timezone
+from typing import Any
+
+LOGGER_NAME = "kernelmode.audit"
+_log = logging.getLogger(LOGGER_NAME)
+
+
+def audit(event: str, **fields: Any) -> None:
+    """Log one audit line (values that JSON cannot hold are written as strings)."""
+    if not _log.isEnabledFor(logging.INFO):
+        return
+    line = {"ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "event": event, **fields}
+    _log.info(json.dumps(line, default=str))

@@ -54,6 +54,8 @@ class Metrics:
                                         ["from_pool"], registry=r)
         self.sessions_ended = Counter("kernelmode_sessions_ended", "Sessions deleted or reaped",
                                       ["reason"], registry=r)
+        self.gateway_restarts = Counter("kernelmode_gateway_restarts",
+                                        "Kernel Gateway deaths followed by a restart", registry=r)
 
     def watch(self, read: Callable[[], tuple[dict[str, int], int, int]]) -> None:
         """``read() -> ({status: count}, pool ready, pool size)``, called at each scrape."""

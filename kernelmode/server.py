@@ -18,6 +18,7 @@ from .api.handlers import NotFoundHandler, all_routes
 from .artifacts.base import ArtifactStore, StoreError
 from .artifacts.harvester import Harvester
 from .artifacts.local import LocalStore
+from .audit import audit
 from .config import Settings
 from .errors import KernelmodeError, SandboxUnavailable
 from .gateway.client import GatewayClient
@@ -55,6 +56,9 @@ class KernelmodeApp:
         self.port = settings.server.port
         self.mcp: Any = None  # KernelmodeMCP, when the MCP front door is on
         self.mcp_http: Any = None
+        self._gateway_watch: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.gateway_restarts = 0
 
     # -- start -------------------------------------------------------------------------------------
     def _prepare_dirs(self) -> dict[str, Path]:
@@ -153,6 +157,7 @@ class KernelmodeApp:
                                        s.sandbox.backend, ToolBroker(self.tools, s.tool_calls),
                                        self.harvester)
         await self.sessions.start()
+        self._gateway_watch = asyncio.create_task(self._watch_gateway(), name="gateway-watch")
         route_table: list[Any] = all_routes()
         if s.mcp.enabled:
             from .mcp.http import McpHandler, McpHttp
@@ -168,6 +173,41 @@ class KernelmodeApp:
         self.port = socks[0].getsockname()[1]
         self.http.add_sockets(socks)
         self.harvester.public_url = (s.artifacts.public_url or self.url).rstrip("/")
+
+    async def _watch_gateway(self) -> None:
+        """The gateway's exit is seen at once (we are its parent): sessions are told their
+        kernels are gone, then a new gateway is started (with backoff while that fails)."""
+        assert self.gateway_process is not None and self.gateway is not None
+        while not self._stopping:
+            proc = self.gateway_process.proc
+            assert proc is not None
+            code = await proc.wait()
+            if self._stopping:
+                return
+            log.error("the kernel gateway exited (code %s), and its kernels with it; restarting it\n%s",
+                      code, self.gateway_process.log_tail(1000))
+            audit("gateway_died", exit_code=code)
+            await self.sessions.gateway_lost()
+            if self.settings.sandbox.backend == "docker":  # their launchers died with the gateway
+                from .sandbox.docker_backend import remove_orphans, server_id
+
+                await asyncio.to_thread(remove_orphans, server_id(self.data_dir))
+            backoff = 0.5
+            while not self._stopping:
+                try:
+                    await self.gateway_process.start(self.settings.gateway.startup_timeout_seconds)
+                    break
+                except KernelmodeError as e:
+                    log.error("the kernel gateway did not restart (%s); retrying in %.1f s", e.message, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+            if self._stopping:
+                return
+            self.gateway.url = self.gateway_process.url  # a new port; same token
+            self.gateway_restarts += 1
+            self.sessions.metrics.gateway_restarts.inc()
+            audit("gateway_restarted", restarts=self.gateway_restarts)
+            self.sessions.gateway_back()
 
     async def _start_store(self) -> ArtifactStore:
         cfg = self.settings.artifacts
@@ -196,7 +236,7 @@ class KernelmodeApp:
         gateway_ok = bool(self.gateway_process and self.gateway_process.running and self.gateway
                           and await self.gateway.ping())
         return {
-            "gateway": {"ok": gateway_ok},
+            "gateway": {"ok": gateway_ok, "restarts": self.gateway_restarts},
             "artifacts": {"ok": getattr(self, "store_error", None) is None,
                           "store": self.settings.artifacts.store,
                           "error": getattr(self, "store_error", None)},
@@ -209,6 +249,11 @@ class KernelmodeApp:
 
     # -- stop --------------------------------------------------------------------------------------
     async def stop(self) -> None:
+        self._stopping = True
+        if self._gateway_watch is not None:
+            self._gateway_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._gateway_watch
         if self.http is not None:
             self.http.stop()
         if self.mcp_http is not None:

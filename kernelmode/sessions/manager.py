@@ -161,6 +161,22 @@ class SessionManager:
         await asyncio.to_thread(self.volumes.sweep, {s.workspace for s in self._live.values()})
         self._live.clear()
 
+    async def gateway_lost(self) -> None:
+        """The Kernel Gateway died, and every kernel with it: each session is marked ``dead``
+        (its next run gets a fresh kernel on the same workspace and reports ``state_lost``), and
+        the warm pool is dropped (refilled once a new gateway answers)."""
+        for s in list(self._live.values()):
+            if s.conn is not None:
+                await s.conn.close()
+            self._on_kernel_status(s, KERNEL_DEAD)
+            self.store.save(s.info, s.kernel_id, s.workspace)
+        for s in self._pool:
+            await self._discard(s, shutdown=False)
+        self._pool.clear()
+
+    def gateway_back(self) -> None:
+        self._refill_pool()
+
     # -- warm pool ---------------------------------------------------------------------------------
     @property
     def pool_size(self) -> int:

@@ -140,6 +140,9 @@ class GatewaySettings(_Section):
     startup_timeout_seconds: float = Field(60.0, gt=0)
     # How often the gateway checks that a kernel is alive; bounds how fast a death is seen.
     poll_interval_seconds: float = Field(0.5, gt=0)
+    orphan_timeout_seconds: float = Field(
+        120.0, ge=2, description="A gateway whose manager died shuts down (with its kernels) after "
+        "this long unless a restarted manager adopts it.")
 
     @field_validator("config_dir", mode="after")
     @classmethod

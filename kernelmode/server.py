@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import secrets
@@ -57,6 +59,7 @@ class KernelmodeApp:
         self.mcp: Any = None  # KernelmodeMCP, when the MCP front door is on
         self.mcp_http: Any = None
         self._gateway_watch: asyncio.Task[None] | None = None
+        self._lease: asyncio.Task[None] | None = None
         self._stopping = False
         self.gateway_restarts = 0
 
@@ -83,13 +86,13 @@ class KernelmodeApp:
         log.info("sandbox backend: %s (auto: docker %s)", sb.backend,
                  "usable" if usable else f"not usable: {why}")
 
-    def _check_sandbox(self) -> None:
+    def _check_sandbox(self, adopted: set[str]) -> None:
         backend = self.settings.sandbox.backend
         if backend == "docker":
             from .sandbox.docker_backend import check_docker, remove_orphans, server_id
 
             self.sandbox_report = check_docker(self.settings.sandbox.docker_image)
-            removed = remove_orphans(server_id(self.data_dir))
+            removed = remove_orphans(server_id(self.data_dir), keep=adopted)
             if removed:
                 log.info("removed %d kernel container(s) left by an earlier run", removed)
             log.info("sandbox: %s", self.sandbox_report)
@@ -114,7 +117,10 @@ class KernelmodeApp:
         self.tools.add_from_settings(s.tools, s.mcp_servers)  # a bad tool fails before anything runs
         dirs = self._prepare_dirs()
         self._choose_backend()
-        self._check_sandbox()
+        self.gateway_process = self._gateway_process(dirs)
+        # A gateway that a crashed manager left running keeps its kernels: adopt them.
+        adopted = await self.gateway_process.adopt()
+        self._check_sandbox(set(adopted or ()))
         install_kernelspec(dirs["kernels"], s.sandbox.backend, s.sandbox.kernel_python,
                            s.gateway.config_dir / "kernelspec.json")
         self.limits_mechanism = (
@@ -125,26 +131,9 @@ class KernelmodeApp:
             else "rlimits (as, nproc, cpu, fsize, nofile)"
         )
         log.info("kernel limits enforced by %s", self.limits_mechanism)
-        self.gateway_process = GatewayProcess(
-            s.gateway.config_dir / "kernel_gateway_config.py",
-            dirs["gateway"],
-            {
-                "JUPYTER_PATH": str(self.data_dir),  # -> data_dir/kernels/kernelmode
-                "KERNELMODE_GW_RUNTIME_DIR": str(dirs["run"]),
-                "KERNELMODE_GW_STATE_DIR": str(dirs["state"]),
-                "KERNELMODE_GW_LIMITS": s.sandbox.limits.model_dump_json(),
-                "KERNELMODE_GW_BWRAP": s.sandbox.bwrap_path,
-                "KERNELMODE_GW_UID_BASE": str(s.sandbox.uid_base),
-                "KERNELMODE_GW_UID_COUNT": str(s.sandbox.uid_count),
-                "KERNELMODE_GW_CGROUPS": s.sandbox.cgroups,
-                "KERNELMODE_GW_POLL_INTERVAL": str(s.gateway.poll_interval_seconds),
-                "KERNELMODE_GW_DOCKER_IMAGE": s.sandbox.docker_image,
-                "KERNELMODE_GW_DOCKER_CPUS": str(s.sandbox.docker_cpus),
-                "KERNELMODE_GW_SERVER_ID": server_id(self.data_dir),
-                **({"DOCKER_HOST": os.environ["DOCKER_HOST"]} if os.environ.get("DOCKER_HOST") else {}),
-            },
-        )
-        await self.gateway_process.start(s.gateway.startup_timeout_seconds)
+        if adopted is None:
+            await self.gateway_process.start(s.gateway.startup_timeout_seconds)
+        self._lease = asyncio.create_task(self._renew_lease_forever(), name="gateway-lease")
         self.gateway = GatewayClient(self.gateway_process.url, self.gateway_process.token,
                                      request_timeout=s.sessions.kernel_start_timeout_seconds + 10)
         self.store = SessionStore(self.data_dir / "sessions.sqlite3")
@@ -156,7 +145,7 @@ class KernelmodeApp:
         self.sessions = SessionManager(s, self.gateway, self.store, self.data_dir, dirs["state"],
                                        s.sandbox.backend, ToolBroker(self.tools, s.tool_calls),
                                        self.harvester)
-        await self.sessions.start()
+        await self.sessions.start(set(adopted or ()))
         self._gateway_watch = asyncio.create_task(self._watch_gateway(), name="gateway-watch")
         route_table: list[Any] = all_routes()
         if s.mcp.enabled:
@@ -174,14 +163,43 @@ class KernelmodeApp:
         self.http.add_sockets(socks)
         self.harvester.public_url = (s.artifacts.public_url or self.url).rstrip("/")
 
+    def _gateway_process(self, dirs: dict[str, Path]) -> GatewayProcess:
+        s = self.settings
+        env = {
+            "JUPYTER_PATH": str(self.data_dir),  # -> data_dir/kernels/kernelmode
+            "KERNELMODE_GW_RUNTIME_DIR": str(dirs["run"]),
+            "KERNELMODE_GW_STATE_DIR": str(dirs["state"]),
+            "KERNELMODE_GW_LIMITS": s.sandbox.limits.model_dump_json(),
+            "KERNELMODE_GW_BWRAP": s.sandbox.bwrap_path,
+            "KERNELMODE_GW_UID_BASE": str(s.sandbox.uid_base),
+            "KERNELMODE_GW_UID_COUNT": str(s.sandbox.uid_count),
+            "KERNELMODE_GW_CGROUPS": s.sandbox.cgroups,
+            "KERNELMODE_GW_POLL_INTERVAL": str(s.gateway.poll_interval_seconds),
+            "KERNELMODE_GW_DOCKER_IMAGE": s.sandbox.docker_image,
+            "KERNELMODE_GW_DOCKER_CPUS": str(s.sandbox.docker_cpus),
+            "KERNELMODE_GW_SERVER_ID": server_id(self.data_dir),
+            **({"DOCKER_HOST": os.environ["DOCKER_HOST"]} if os.environ.get("DOCKER_HOST") else {}),
+        }
+        # What the running kernels depend on: a gateway started with other values is not adopted.
+        fingerprint = hashlib.sha256(json.dumps(
+            {**env, "backend": s.sandbox.backend, "python": str(s.sandbox.kernel_python),
+             "config": str(s.gateway.config_dir)}, sort_keys=True).encode()).hexdigest()
+        return GatewayProcess(s.gateway.config_dir / "kernel_gateway_config.py", dirs["gateway"], env,
+                              orphan_timeout=s.gateway.orphan_timeout_seconds, fingerprint=fingerprint)
+
+    async def _renew_lease_forever(self) -> None:
+        while True:
+            if self.gateway_process is not None:
+                with contextlib.suppress(OSError):
+                    self.gateway_process.renew_lease()
+            await asyncio.sleep(1.0)
+
     async def _watch_gateway(self) -> None:
         """The gateway's exit is seen at once (we are its parent): sessions are told their
         kernels are gone, then a new gateway is started (with backoff while that fails)."""
         assert self.gateway_process is not None and self.gateway is not None
         while not self._stopping:
-            proc = self.gateway_process.proc
-            assert proc is not None
-            code = await proc.wait()
+            code = await self.gateway_process.wait()
             if self._stopping:
                 return
             log.error("the kernel gateway exited (code %s), and its kernels with it; restarting it\n%s",
@@ -250,10 +268,11 @@ class KernelmodeApp:
     # -- stop --------------------------------------------------------------------------------------
     async def stop(self) -> None:
         self._stopping = True
-        if self._gateway_watch is not None:
-            self._gateway_watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._gateway_watch
+        for task in (self._gateway_watch, self._lease):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.http is not None:
             self.http.stop()
         if self.mcp_http is not None:

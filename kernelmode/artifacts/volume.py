@@ -41,9 +41,10 @@ def _mounts_under(root: Path) -> list[Path]:
     return found
 
 
-def detach_all(root: Path) -> None:
-    """Lazily unmount every volume under ``root`` (what a killed manager left mounted)."""
-    for mount_point in sorted(_mounts_under(root), reverse=True):
+def detach_all(root: Path, keep: set[Path] | frozenset[Path] = frozenset()) -> None:
+    """Lazily unmount every volume under ``root`` (what a killed manager left mounted) but those
+    in ``keep`` (workspaces of adopted kernels)."""
+    for mount_point in sorted((m for m in _mounts_under(root) if m not in keep), reverse=True):
         with contextlib.suppress(KernelUnavailable):
             _run("umount", "-l", str(mount_point))
 
@@ -54,9 +55,9 @@ class WorkspaceVolumes:
         self.enabled = False
         self.mode = mode
 
-    def start(self) -> str:
-        """Unmount what a previous run left mounted; decide whether volumes work here."""
-        detach_all(self.root)
+    def start(self, keep: set[Path] | frozenset[Path] = frozenset()) -> str:
+        """Unmount what a previous run left mounted (but ``keep``); decide whether volumes work here."""
+        detach_all(self.root, keep)
         if self.mode == "off":
             return "off"
         missing = [t for t in ("mkfs.ext4", "mount", "umount") if shutil.which(t) is None]

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import threading
+import time
+
 import zmq
 import zmq.asyncio
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
@@ -9,6 +15,23 @@ from kernel_gateway.services.kernels.manager import SeedingMappingKernelManager
 from traitlets import default
 
 MAX_ZMQ_SOCKETS = 65_536
+log = logging.getLogger("kernelmode.gateway")
+
+
+def watch_lease(path: str, timeout: float, interval: float = 1.0) -> None:
+    """SIGTERM this gateway (which shuts its kernels down) once its manager's lease file is older
+    than ``timeout``: a manager that crashed and never came back leaves nothing running for long.
+    A manager that comes back in time adopts the gateway and renews the lease."""
+    while True:
+        time.sleep(interval)
+        try:
+            age = time.time() - os.stat(path).st_mtime
+        except OSError:
+            age = float("inf")
+        if age > timeout:
+            log.warning("no manager for %.0f s (lease %s): shutting down with my kernels", age, path)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
 
 
 class NoDelayWebsocketConnection(ZMQChannelsWebsocketConnection):
@@ -31,6 +54,13 @@ class ManyKernelsMappingKernelManager(SeedingMappingKernelManager):
     with a websocket attached) made kernel starts fail with "Too many open files" at ~170
     kernels.
     """
+
+    def __init__(self, **kwargs):  # noqa: ANN003, ANN204
+        super().__init__(**kwargs)
+        lease = os.environ.get("KERNELMODE_GW_LEASE")
+        if lease:  # started by kernelmode's manager (always, but for a hand-started gateway)
+            timeout = float(os.environ.get("KERNELMODE_GW_ORPHAN_TIMEOUT", "120"))
+            threading.Thread(target=watch_lease, args=(lease, timeout), name="lease", daemon=True).start()
 
     @default("context")
     def _context_default(self) -> zmq.asyncio.Context:

@@ -1,10 +1,17 @@
-"""Run a Jupyter Kernel Gateway as a child process that only the manager can reach."""
+"""Run a Jupyter Kernel Gateway as a child process that only the manager can reach.
+
+The gateway outlives a manager that crashes, so that a restarted manager can adopt it with its
+kernels (and their variables): its pid, port and token are kept in ``gateway.json`` (0600), and
+the manager renews a lease file every second. A gateway whose lease is older than its orphan
+timeout (a manager that never came back) shuts itself and its kernels down
+(``kg_extensions.watch_lease``).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
+import json
 import logging
 import os
 import resource
@@ -22,7 +29,8 @@ from ..errors import GatewayUnavailable
 
 log = logging.getLogger("kernelmode.gateway")
 
-_PR_SET_PDEATHSIG = 1
+STATE_FILE = "gateway.json"
+LEASE_FILE = "manager.lease"
 
 
 def raise_open_files_limit() -> None:
@@ -35,11 +43,15 @@ def raise_open_files_limit() -> None:
 
 
 def _child_setup() -> None:
-    """In the gateway child before exec: SIGTERM if the manager dies (even by SIGKILL), and
-    room for many kernels' sockets."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    """In the gateway child before exec: room for many kernels' sockets."""
     raise_open_files_limit()
+
+
+def _is_gateway(pid: int) -> bool:
+    try:
+        return b"kernel_gateway" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _free_port() -> int:
@@ -51,14 +63,23 @@ def _free_port() -> int:
 class GatewayProcess:
     """One Kernel Gateway child: loopback only, random port, random token, scrubbed env."""
 
-    def __init__(self, config_file: Path, work_dir: Path, extra_env: Mapping[str, str]) -> None:
+    def __init__(self, config_file: Path, work_dir: Path, extra_env: Mapping[str, str],
+                 orphan_timeout: float = 120.0, fingerprint: str = "") -> None:
+        """``fingerprint``: what the kernels depend on (backend, limits...); a gateway left by a
+        manager with another fingerprint is not adopted."""
         self.config_file = config_file
         self.work_dir = work_dir
         self.extra_env = dict(extra_env)
+        self.orphan_timeout = orphan_timeout
+        self.fingerprint = fingerprint
         self.token = secrets.token_urlsafe(32)
         self.port = 0
         self.proc: asyncio.subprocess.Process | None = None
+        self.pid: int | None = None  # of the gateway, ours or adopted
+        self.adopted = False
         self.log_path = work_dir / "gateway.log"
+        self.state_path = work_dir / STATE_FILE
+        self.lease_path = work_dir / LEASE_FILE
 
     @property
     def url(self) -> str:
@@ -78,6 +99,8 @@ class GatewayProcess:
             "JUPYTER_PLATFORM_DIRS": "1",
             "KERNELMODE_GW_PORT": str(self.port),
             "KERNELMODE_GW_TOKEN": self.token,
+            "KERNELMODE_GW_LEASE": str(self.lease_path),
+            "KERNELMODE_GW_ORPHAN_TIMEOUT": str(self.orphan_timeout),
         }
         env.update(self.extra_env)
         return env
@@ -86,6 +109,7 @@ class GatewayProcess:
         if not self.config_file.is_file():
             raise GatewayUnavailable(f"gateway config {self.config_file} not found")
         self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.renew_lease()
         self.port = _free_port()
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         logf = os.fdopen(fd, "ab")
@@ -98,8 +122,73 @@ class GatewayProcess:
             )
         finally:
             logf.close()
+        self.pid, self.adopted = self.proc.pid, False
         await self._wait_ready(timeout)
+        self._save_state()
         log.info("kernel gateway ready on %s (pid %s)", self.url, self.proc.pid)
+
+    def renew_lease(self) -> None:
+        """Tell the gateway its manager lives (called every second)."""
+        self.lease_path.touch(mode=0o600)
+        os.utime(self.lease_path)
+
+    def _save_state(self) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"pid": self.pid, "port": self.port, "token": self.token,
+                       "fingerprint": self.fingerprint}, f)
+        os.replace(tmp, self.state_path)
+
+    async def adopt(self) -> list[str] | None:
+        """Take over the gateway a crashed manager left running: its kernel ids, or None when
+        there is none to adopt (a gateway found unusable is killed, with its kernels)."""
+        try:
+            state = json.loads(self.state_path.read_text())
+            pid, port, token = int(state["pid"]), int(state["port"]), str(state["token"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not _is_gateway(pid):
+            return None
+        if state.get("fingerprint") != self.fingerprint:
+            log.info("the gateway left running (pid %s) has other settings: stopping it", pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+            return None
+        self.renew_lease()
+        req = HTTPRequest(f"http://127.0.0.1:{port}/api/kernels", request_timeout=5,
+                          headers={"Authorization": f"token {token}"})
+        try:
+            resp = await AsyncHTTPClient().fetch(req)
+            kernels = [str(k["id"]) for k in json.loads(resp.body)]
+        except (HTTPClientError, OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("the gateway left running (pid %s) does not answer (%s): killing it", pid, e)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            return None
+        self.pid, self.port, self.token, self.adopted = pid, port, token, True
+        log.info("adopted the kernel gateway left running on %s (pid %s, %d kernel(s))",
+                 self.url, pid, len(kernels))
+        return kernels
+
+    async def wait(self) -> int | None:
+        """Until the gateway exits: its exit code (None for an adopted gateway, not our child)."""
+        if self.proc is not None and not self.adopted:
+            return await self.proc.wait()
+        assert self.pid is not None
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return None
+        loop = asyncio.get_running_loop()
+        gone = asyncio.Event()
+        loop.add_reader(pidfd, gone.set)  # a pidfd turns readable when its process exits
+        try:
+            await gone.wait()
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        return None
 
     def log_tail(self, n: int = 2000) -> str:
         with contextlib.suppress(OSError):
@@ -127,21 +216,25 @@ class GatewayProcess:
 
     @property
     def running(self) -> bool:
+        if self.adopted:
+            return self.pid is not None and _is_gateway(self.pid)
         return self.proc is not None and self.proc.returncode is None
 
     async def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM (the gateway shuts its kernels down), then SIGKILL of the whole group."""
-        proc = self.proc
-        if proc is None:
+        pid = self.pid
+        if pid is None:
             return
-        if proc.returncode is None:
+        if self.running:
             with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
+                os.kill(pid, signal.SIGTERM)
             try:
-                await asyncio.wait_for(proc.wait(), timeout)
+                await asyncio.wait_for(self.wait(), timeout)
             except asyncio.TimeoutError:
                 log.warning("kernel gateway did not stop in %.0f s; killing it", timeout)
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(proc.wait(), 5)
+            os.killpg(pid, signal.SIGKILL)
+        if self.proc is not None and not self.adopted:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.proc.wait(), 5)
+        self.state_path.unlink(missing_ok=True)

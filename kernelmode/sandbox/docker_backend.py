@@ -30,6 +30,7 @@ LAUNCHER = str(Path(__file__).with_name("docker_launcher.py"))
 LABEL_APP = "app"
 LABEL_SERVER = "kernelmode.server"
 LABEL_DATA_DIR = "kernelmode.data_dir"
+LABEL_KERNEL_ID = "kernelmode.kernel_id"
 IMAGE_PYTHON = "python"  # on the image's PATH (its kernel venv)
 LOG_CAP_MB = 10  # the engine's log of a kernel container, and what the launcher relays
 
@@ -108,7 +109,7 @@ class DockerProvisioner(KernelmodeProvisioner):
             "labels": {
                 LABEL_APP: "kernelmode",
                 "kernelmode.session_id": self.params.session_id,
-                "kernelmode.kernel_id": self.kernel_id,
+                LABEL_KERNEL_ID: self.kernel_id,
                 LABEL_SERVER: self.server,
                 LABEL_DATA_DIR: str(Path(self.runtime_dir).parent),
             },
@@ -177,9 +178,10 @@ class DockerProvisioner(KernelmodeProvisioner):
                 sock.unlink()
 
 
-def remove_orphans(server: str) -> int:
-    """Remove this server's containers (at start every earlier session is lost), and those of
-    servers whose data dir is gone (a server that was killed and never came back)."""
+def remove_orphans(server: str, keep: set[str] | frozenset[str] = frozenset()) -> int:
+    """Remove this server's containers but those of the kernels in ``keep`` (adopted from a
+    gateway that outlived its manager), and those of servers whose data dir is gone (a server
+    that was killed and never came back)."""
     from docker.errors import DockerException
 
     n = 0
@@ -187,7 +189,8 @@ def remove_orphans(server: str) -> int:
         for c in _client().containers.list(all=True, filters={"label": f"{LABEL_APP}=kernelmode"}):
             data_dir = c.labels.get(LABEL_DATA_DIR)
             gone = data_dir is not None and not Path(data_dir).exists()
-            if c.labels.get(LABEL_SERVER) == server or gone:
+            mine = c.labels.get(LABEL_SERVER) == server and c.labels.get(LABEL_KERNEL_ID) not in keep
+            if mine or gone:
                 with contextlib.suppress(DockerException):
                     c.remove(force=True)
                     n += 1

@@ -128,14 +128,29 @@ class SessionManager:
         self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    async def start(self) -> None:
-        lost = self.store.mark_all_lost()
+    async def start(self, running_kernels: set[str] | frozenset[str] = frozenset()) -> None:
+        """``running_kernels``: kernels of an adopted gateway (left by a crashed manager); the
+        sessions they belong to are taken over with their variables, the rest become ``lost``."""
+        adoptable = [i for i in self.store.all()
+                     if i.status != "lost" and i.kernel_id in running_kernels and i.kernel_id]
+        lost = self.store.mark_all_lost(keep={i.session_id for i in adoptable})
         if lost:
             log.info("%d session(s) of a previous run are marked lost", lost)
         self.workspaces.mkdir(parents=True, exist_ok=True)
         self.workspaces.chmod(0o711)
-        self.quota = await asyncio.to_thread(self.volumes.start)
+        keep_mounted = {w for i in adoptable if (w := self.store.workspace(i.session_id)) is not None}
+        self.quota = await asyncio.to_thread(self.volumes.start, keep_mounted)
         log.info("workspace quota: %s", self.quota)
+        in_flight = {r.session_id: r for r in self.store.runs_in_flight()}
+        adopted = await self._adopt(adoptable, in_flight)
+        for run in in_flight.values():  # the server died under them: they end as interrupted
+            self.store.end_run(run.model_copy(update={
+                "status": "interrupted", "state_lost": run.session_id not in adopted,
+                "error": RunError(ename="ServerRestarted", evalue="the server stopped while this code "
+                                  "ran; its output after that is lost", traceback="")}))
+        for kernel_id in running_kernels - {s.kernel_id for s in self._live.values()}:
+            with contextlib.suppress(KernelmodeError):  # pool kernels of the dead manager, and the like
+                await self.gateway.shutdown_kernel(kernel_id)
         # Workspaces of kernels that belong to no session (a previous run's pool) are litter.
         keep = self.store.workspaces()
         for d in self.workspaces.iterdir():
@@ -160,6 +175,44 @@ class SessionManager:
         self._pool.clear()
         await asyncio.to_thread(self.volumes.sweep, {s.workspace for s in self._live.values()})
         self._live.clear()
+
+    async def _adopt(self, infos: list[SessionInfo], in_flight: dict[str, RunResult]) -> set[str]:
+        """Reconnect to the running kernels of sessions a crashed manager held; an interrupted
+        run is stopped first (a kernel that does not answer then is given up: its session is lost)."""
+        timeout = self.settings.sessions.kernel_start_timeout_seconds
+
+        async def adopt(info: SessionInfo) -> str | None:
+            assert info.kernel_id is not None
+            workspace = self.store.workspace(info.session_id)
+            if workspace is None:
+                return None
+            s = LiveSession(info=info, kernel_id=info.kernel_id, workspace=workspace)
+            try:
+                if info.session_id in in_flight:
+                    await self.gateway.interrupt_kernel(s.kernel_id)
+                await self._connect(s, min(timeout, 30.0))
+                s.files = await asyncio.to_thread(s.workspace_view().scan)
+            except KernelmodeError as e:
+                log.warning("session %s: its kernel could not be adopted (%s)", info.session_id, e)
+                if s.conn is not None:
+                    await s.conn.close()
+                with contextlib.suppress(KernelmodeError):
+                    await self.gateway.shutdown_kernel(s.kernel_id)
+                self.store.mark_lost(info)
+                return None
+            s.info.status = "idle"
+            s.touch()
+            self._live[info.session_id] = s
+            self.store.save(s.info, s.kernel_id, s.workspace)
+            audit("session_adopted", session_id=info.session_id, tenant=info.tenant, kernel_id=s.kernel_id)
+            return info.session_id
+
+        done = await asyncio.gather(*(adopt(i) for i in infos))
+        adopted = {sid for sid in done if sid is not None}
+        if infos:
+            log.info("adopted %d of %d session(s) whose kernels outlived the previous manager",
+                     len(adopted), len(infos))
+        return adopted
 
     async def gateway_lost(self) -> None:
         """The Kernel Gateway died, and every kernel with it: each session is marked ``dead``
@@ -543,6 +596,9 @@ class SessionManager:
                 try:
                     await self._ensure_ready(s)
                     await self._install_preamble(s, self.settings.sessions.kernel_start_timeout_seconds)
+                    # Recorded as running first: if this server dies now, its successor can say
+                    # the run was interrupted.
+                    self.store.add_run(run.code, run.snapshot())
                     result = await self._run(s, run, timeout)
                 finally:
                     s.touch()
@@ -563,6 +619,7 @@ class SessionManager:
         except Exception as e:
             run.failure = e if isinstance(e, KernelmodeError) else KernelmodeError(
                 f"internal error ({type(e).__name__}); see the server log")
+            self.store.forget_run_if_running(run.run_id)  # it failed as a request, not as code
             raise
         finally:
             self.runs.finished(run)

@@ -112,23 +112,39 @@ class SessionStore:
              info.session_id),
         )
 
-    def mark_all_lost(self) -> int:
-        """Sessions of a previous `serve`: their kernels are gone with its gateway."""
+    def mark_all_lost(self, keep: set[str] | frozenset[str] = frozenset()) -> int:
+        """Sessions of a previous `serve` whose kernels are gone (all but those in ``keep``,
+        whose kernels were adopted)."""
         n = 0
         for info in self.all():
-            if info.status != "lost":
+            if info.status != "lost" and info.session_id not in keep:
                 self.mark_lost(info)
                 n += 1
         return n
 
     def add_run(self, code: str, result: RunResult, events: list[dict[str, Any]] | None = None) -> None:
         """``events``: the run's output in arrival order (what a notebook export shows)."""
+        # A run is written when it starts (status running) and again when it ends, in its place.
         self._db.execute(
-            "INSERT OR REPLACE INTO runs (run_id, session_id, seq, code, result, events) VALUES "
-            "(?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs WHERE session_id=?), ?, ?, ?)",
+            "INSERT INTO runs (run_id, session_id, seq, code, result, events) VALUES "
+            "(?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs WHERE session_id=?), ?, ?, ?) "
+            "ON CONFLICT(run_id) DO UPDATE SET result=excluded.result, events=excluded.events",
             (result.run_id, result.session_id, result.session_id, code, result.model_dump_json(),
              json.dumps(events, default=str) if events is not None else None),
         )
+
+    def runs_in_flight(self) -> list[RunResult]:
+        """Runs recorded as started and never as ended (their server died under them)."""
+        rows = self._db.execute(
+            "SELECT result FROM runs WHERE json_extract(result, '$.status') = 'running'").fetchall()
+        return [RunResult.model_validate_json(r[0]) for r in rows]
+
+    def forget_run_if_running(self, run_id: str) -> None:
+        self._db.execute("DELETE FROM runs WHERE run_id=? AND json_extract(result, '$.status') = 'running'",
+                         (run_id,))
+
+    def end_run(self, result: RunResult) -> None:
+        self._db.execute("UPDATE runs SET result=? WHERE run_id=?", (result.model_dump_json(), result.run_id))
 
     def get_run(self, run_id: str) -> RunResult | None:
         row = self._db.execute("SELECT result FROM runs WHERE run_id=?", (run_id,)).fetchone()

@@ -70,8 +70,10 @@ def test_cap_shutdown_and_lost_sessions_after_restart():
 
 
 def test_sigkill_of_the_manager_leaves_no_kernel():
+    """A manager that is killed and never comes back: its gateway (kept for adoption) shuts
+    itself and its kernels down once the manager's lease is older than the orphan timeout."""
     data_dir = Path(tempfile.mkdtemp(prefix="kmkill-", dir="/tmp"))
-    srv = start_server(data_dir=data_dir)
+    srv = start_server({"KERNELMODE_GATEWAY__ORPHAN_TIMEOUT_SECONDS": "3"}, data_dir=data_dir)
     try:
         with srv.client() as c:
             assert c.post("/v1/sessions", json={}).status_code == 201

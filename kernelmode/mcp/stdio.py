@@ -118,6 +118,8 @@ async def embedded(settings: Settings) -> int:
         temp_dir = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir=_TEMP_BASE))
         (temp_dir / "owner.pid").write_text(str(os.getpid()))
         settings.server.data_dir = temp_dir
+        # Nobody will adopt this private gateway after a crash: it should not wait long.
+        settings.gateway.orphan_timeout_seconds = 5.0
     settings.mcp.enabled = True
     app = KernelmodeApp(settings)
     # MCP clients stop their servers by closing stdin, then SIGTERM to the process group: either

@@ -33,15 +33,22 @@ ETC_FILES = (
 
 # kernel id -> host uid; outlives a provisioner instance (one is made per start).
 _uids: dict[str, int] = {}
+_next_uid = [0]  # where the search for a free uid starts: after the last one handed out
 
 
 def _allocate_uid(kernel_id: str, base: int, count: int) -> int:
+    """A host uid no live kernel has. Uids are handed out round-robin, so a freed uid is reused
+    as late as possible (never right away by the next kernel, which a straggler of the old one
+    could otherwise share a uid with)."""
     if kernel_id not in _uids:
         used = set(_uids.values())
-        free = next((base + i for i in range(count) if base + i not in used), None)
+        start = _next_uid[0] % count
+        free = next((base + (start + i) % count for i in range(count)
+                     if base + (start + i) % count not in used), None)
         if free is None:
             raise RuntimeError("kernelmode: no free sandbox uid left (sandbox.uid_count)")
         _uids[kernel_id] = free
+        _next_uid[0] = free - base + 1
     return _uids[kernel_id]
 
 

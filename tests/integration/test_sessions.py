@@ -274,14 +274,59 @@ def test_openapi_document(api):
     assert "state_lost" in doc["components"]["schemas"]["RunResult"]["properties"]
 
 
-def test_idle_session_is_reaped_after_ttl(api, session_factory):
+def test_idle_session_is_reaped_after_ttl(server, api, session_factory, run):
+    """After the idle TTL plus a reaping interval nothing of the session is left (processes,
+    container, workspace, its mount) but its artifacts and its notebook."""
     import time
+    from pathlib import Path
+
+    from tests.conftest import BACKEND
+    from tests.integration.test_lifecycle import _processes_mentioning
 
     sid = session_factory(ttl_seconds=10)
+    r = run(sid, "import subprocess\n"
+                 "subprocess.Popen(['sleep', '3600'], start_new_session=True)\n"
+                 "open('/mnt/data/kept.txt', 'w').write('kept')")
+    assert r["status"] == "ok" and [a["path"] for a in r["artifacts"]] == ["/mnt/data/kept.txt"]
+    kernel_id = api.get(f"/v1/sessions/{sid}").json()["kernel_id"]
+    workspace = server.data_dir / "workspaces" / kernel_id
+    assert workspace.is_dir()
+    uid = workspace.stat().st_uid  # the kernel's own host uid (as root)
+
+    def processes_of_uid() -> list[str]:
+        found = []
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                real = next(x for x in status.read_text().splitlines() if x.startswith("Uid:")).split()[1]
+            except (OSError, StopIteration):
+                continue
+            if int(real) == uid:
+                found.append(status.parent.name)
+        return found
+
+    if uid != 0:
+        assert processes_of_uid()  # the kernel and its detached `sleep`
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and api.get(f"/v1/sessions/{sid}").status_code == 200:
         time.sleep(0.5)
     assert api.get(f"/v1/sessions/{sid}").status_code == 404
+    deadline = time.monotonic() + 15  # the kernel's shutdown may take a moment after the 404
+    while time.monotonic() < deadline and (workspace.exists() or _processes_mentioning(kernel_id)
+                                           or (uid != 0 and processes_of_uid())):
+        time.sleep(0.2)
+    assert not workspace.exists() and not workspace.with_name(kernel_id + ".img").exists()
+    assert _processes_mentioning(kernel_id) == []
+    if uid != 0:
+        assert processes_of_uid() == []  # not even the detached `sleep`
+    assert str(workspace) not in Path("/proc/self/mountinfo").read_text()
+    if BACKEND == "docker":
+        import docker
+
+        client = docker.from_env()
+        assert client.containers.list(all=True, filters={"label": f"kernelmode.kernel_id={kernel_id}"}) == []
+        client.close()
+    artifacts = api.get(f"/v1/sessions/{sid}/artifacts").json()["artifacts"]
+    assert {a["path"] for a in artifacts} == {"/mnt/data/kept.txt", "notebook.ipynb"}
 
 
 def test_delete_during_a_run_ends_the_run_and_the_session_stays_gone(server, api):

@@ -26,9 +26,9 @@ class Limits(_Strict):
 
     memory_mb: int = Field(1024, ge=128, le=1_048_576, description="Memory cap (cgroup, else RLIMIT_AS); a kernel needs ~60 MB to start.")
     cpu_seconds: int = Field(600, ge=1, le=31_536_000, description="CPU time cap (RLIMIT_CPU).")
-    pids: int = Field(128, ge=8, le=65_536, description="Process/thread cap (cgroup pids, else RLIMIT_NPROC).")
+    pids: int = Field(128, ge=32, le=65_536, description="Process/thread cap (cgroup pids, else RLIMIT_NPROC); a kernel runs ~10 threads.")
     disk_mb: int = Field(1024, ge=1, le=1_048_576, description="Largest file a kernel may write (RLIMIT_FSIZE).")
-    open_files: int = Field(1024, ge=64, le=65_536, description="Open file descriptors (RLIMIT_NOFILE).")
+    open_files: int = Field(1024, ge=128, le=65_536, description="Open file descriptors (RLIMIT_NOFILE); a kernel needs ~70 to start.")
 
 
 class LimitsPatch(_Strict):
@@ -36,9 +36,9 @@ class LimitsPatch(_Strict):
 
     memory_mb: int | None = Field(None, ge=128, le=1_048_576)
     cpu_seconds: int | None = Field(None, ge=1, le=31_536_000)
-    pids: int | None = Field(None, ge=8, le=65_536)
+    pids: int | None = Field(None, ge=32, le=65_536)
     disk_mb: int | None = Field(None, ge=1, le=1_048_576)
-    open_files: int | None = Field(None, ge=64, le=65_536)
+    open_files: int | None = Field(None, ge=128, le=65_536)
 
     def apply(self, base: Limits) -> Limits:
         return base.model_copy(update=self.model_dump(exclude_none=True))

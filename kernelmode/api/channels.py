@@ -38,6 +38,13 @@ class ChannelsHandler(websocket.WebSocketHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": {"code": code, "message": message}}))
 
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        # tornado's own refusals (a method other than GET, a form body it cannot parse) in JSON,
+        # like every other error of the API
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        code = {405: "method_not_allowed"}.get(status_code, "http_error")
+        self._refuse(status_code, code, getattr(exc, "log_message", None) or self._reason)
+
     async def get(self, *args: Any, **kwargs: Any) -> None:
         header = self.request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
@@ -47,11 +54,24 @@ class ChannelsHandler(websocket.WebSocketHandler):
         try:
             self.app.sessions.authorize(principal, args[0])
             s = self.app.sessions.live_session(args[0])
+            if not self._is_upgrade():  # before the upstream is opened: a plain GET would leak it
+                return self._refuse(400, "websocket_required", "this route is a websocket: send "
+                                    f"`Upgrade: websocket` with the {WS_PROTOCOL} subprotocol")
             self._upstream = await self.app.gateway.open_channels(s.kernel_id)
         except KernelmodeError as e:
             return self._refuse(e.http_status, e.code, e.message)
         self._tap = ConsoleTap(self.app.sessions, s, self._send_upstream)
-        await super().get(*args, **kwargs)
+        try:
+            await super().get(*args, **kwargs)  # returns when the websocket ends, or at once if refused
+        finally:
+            if self._pump is None and self._upstream is not None:  # refused (origin, version...)
+                await self._upstream.close()
+
+    def _is_upgrade(self) -> bool:
+        """The handshake headers tornado checks first (it answers plain text without them)."""
+        headers = self.request.headers
+        connection = [part.strip().lower() for part in headers.get("Connection", "").split(",")]
+        return headers.get("Upgrade", "").lower() == "websocket" and "upgrade" in connection
 
     def select_subprotocol(self, subprotocols: list[str]) -> str | None:
         return WS_PROTOCOL if WS_PROTOCOL in subprotocols else None

@@ -70,6 +70,8 @@ def openapi_document() -> dict[str, Any]:
             "post": {"summary": "One-shot run in a fresh kernel that is discarded afterwards",
                      "requestBody": {**body("OneShotRequest"), "required": True},
                      "responses": {"200": _json("RunResult", "The run, with its artifacts"),
+                                   "409": _json("ErrorBody", "Two files at one path, or a file where "
+                                                "another needs a folder"),
                                    **_errors(400, 401, 413, 422, 429, 503)}},
         },
         "/v1/sessions/{session_id}": {
@@ -132,7 +134,9 @@ def openapi_document() -> dict[str, Any]:
             "parameters": [sid],
             "get": {"summary": "Websocket to the session's kernel channels (v1.kernel.websocket.jupyter.org), "
                                "for consoles: `kernelmode console`",
-                    "responses": {"101": {"description": "Switching protocols"}, **_errors(401, 404, 503)}},
+                    "responses": {"101": {"description": "Switching protocols"},
+                                  "400": _json("ErrorBody", "Not a websocket upgrade request"),
+                                  **_errors(401, 404, 503)}},
         },
         "/v1/sessions/{session_id}/restart": {
             "parameters": [sid],
@@ -140,6 +144,12 @@ def openapi_document() -> dict[str, Any]:
                      "responses": {"200": _json("SessionInfo", "Restarted"), **_errors(401, 404, 503)}},
         },
     }
+    # Tornado parses a form body (urlencoded, multipart) before any handler code runs, the token
+    # check included: one it cannot parse is answered 400 on every route.
+    for item in paths.values():
+        for op in item.values():
+            if isinstance(op, dict) and "responses" in op:
+                op["responses"].setdefault("400", _json("ErrorBody", "Malformed request body"))
     return {
         "openapi": "3.1.0",
         "info": {"title": "kernelmode", "version": __version__,

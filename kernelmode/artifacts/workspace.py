@@ -23,6 +23,7 @@ from ..errors import Conflict, NotFound, PayloadTooLarge, ValidationError
 from ..sandbox.spec import WORKSPACE_MOUNT
 
 MAX_PATH_LENGTH = 1024
+NAME_MAX = 255  # bytes in one path component (Linux file systems)
 
 
 class FileNotFound(NotFound):
@@ -54,6 +55,12 @@ def clean_path(rel: str) -> PurePosixPath:
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise ValidationError("the file path may not contain '..', '.' or empty parts")
+    try:
+        too_long = any(len(p.encode()) > NAME_MAX for p in parts)
+    except UnicodeEncodeError as e:  # a lone surrogate (JSON "\ud800"): no file system name
+        raise ValidationError("the file path is not valid Unicode") from e
+    if too_long:  # the file system would refuse it (ENAMETOOLONG)
+        raise ValidationError(f"a file or folder name in the path is longer than {NAME_MAX} bytes")
     return PurePosixPath(*parts)
 
 

@@ -22,12 +22,26 @@ _RLIMITS = {
 }
 
 
+def _set_rlimit(which: int, value: int) -> None:
+    """Cap a resource at ``value``; where the host's hard limit is lower and may not be raised
+    (no CAP_SYS_RESOURCE, as in many containers), at that hard limit: a limit stricter than asked,
+    never a kernel that cannot start."""
+    hard = resource.getrlimit(which)[1]
+    if hard != resource.RLIM_INFINITY and value > hard:
+        try:
+            resource.setrlimit(which, (value, value))
+            return
+        except (ValueError, OSError):
+            value = hard
+    resource.setrlimit(which, (value, value))
+
+
 def apply(spec: dict) -> None:
     for procs_file in spec.get("cgroup_procs", []):
         with open(procs_file, "w") as f:
             f.write(str(os.getpid()))
     for name, value in spec.get("rlimits", {}).items():
-        resource.setrlimit(_RLIMITS[name], (value, value))
+        _set_rlimit(_RLIMITS[name], value)
     os.umask(0o077)
     uid, gid = spec.get("uid"), spec.get("gid")
     if uid is not None and gid is not None:

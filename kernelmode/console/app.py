@@ -106,9 +106,27 @@ def _jupyter_console(conn_file: Path, interrupt: Callable[[], Any], args: list[s
 
     app = KernelmodeConsoleApp.instance()
     app.initialize(["--existing", str(conn_file), "--ZMQTerminalIPythonApp.confirm_exit=False",
-                    "--ZMQTerminalInteractiveShell.kernel_timeout=30", *args])
+                    "--ZMQTerminalInteractiveShell.kernel_timeout=30", "--ZMQCompleter.timeout=10", *args])
+    _completions_never_crash(app.shell.Completer)
     app.start()
     return 0
+
+
+def _completions_never_crash(completer: Any) -> None:
+    """A kernel too busy to answer a completion in time is no completion, not an "Unhandled
+    exception in event loop" that stops the prompt at "Press ENTER to continue..."."""
+    from queue import Empty
+
+    ask = completer.complete_request
+
+    def complete_request(code: str, cursor_pos: int) -> dict[str, Any]:
+        try:
+            return dict(ask(code, cursor_pos))
+        except Empty:
+            return {"matches": [], "cursor_start": cursor_pos, "cursor_end": cursor_pos,
+                    "metadata": {}, "status": "ok"}
+
+    completer.complete_request = complete_request
 
 
 def _quietly(fn: Callable[[], Any]) -> None:

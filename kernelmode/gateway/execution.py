@@ -42,6 +42,9 @@ class OutputCollector:
 
     def _take(self, kind: str, text: str) -> str:
         room = self.max_bytes - self._sizes[kind]
+        if len(text) > room:  # a character is at least a byte: never encode more than fits
+            text = text[: max(room, 0)]
+            self.truncated = True
         data = text.encode("utf-8", errors="replace")
         if len(data) > room:
             self.truncated = True

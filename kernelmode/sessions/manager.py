@@ -458,7 +458,7 @@ class SessionManager:
         """Stop the session's kernel and remove its workspace; its history is kept as a notebook
         among its artifacts (``keep_notebook``) and its runs stay in the store."""
         if keep_notebook and self.harvester is not None and session_id in self._live and \
-                self.store.runs(session_id):
+                self.store.has_runs(session_id):
             try:
                 await self._keep_notebook(session_id, "notebook.ipynb")
             except (KernelmodeError, StoreError) as e:

@@ -158,6 +158,9 @@ class SessionStore:
         return [(code, RunResult.model_validate_json(res), json.loads(ev) if ev else None)
                 for code, res, ev in rows]
 
+    def has_runs(self, session_id: str) -> bool:
+        return self._db.execute("SELECT 1 FROM runs WHERE session_id=? LIMIT 1", (session_id,)).fetchone() is not None
+
     def runs(self, session_id: str) -> list[tuple[str, RunResult]]:
         rows = self._db.execute(
             "SELECT code, result FROM runs WHERE session_id=? ORDER BY seq", (session_id,)

@@ -626,6 +626,53 @@ def summary_line(stats: dict[str, Stats]) -> str:
             f"(median ms: direct={d:.3f} rest={r:.3f} rest_httpx={h:.3f} mcp={m:.3f} stock_kg={k:.3f})")
 
 
+# Other benchmarks keep sections of their own in RESULTS.md between a line starting with
+# SECTION_BEGIN and the matching SECTION_END line (bench/load.py): rewriting the file keeps them.
+SECTION_BEGIN = "<!-- BEGIN "
+SECTION_END = "<!-- END "
+
+
+def _section_markers(name: str) -> tuple[str, str]:
+    return (f"{SECTION_BEGIN}{name}: generated, replaced when it runs again -->",
+            f"{SECTION_END}{name} -->")
+
+
+def kept_sections(path: Path) -> str:
+    """The marked sections of other benchmarks in ``path`` (with their markers), or ''."""
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+    except OSError:
+        return ""
+    out: list[str] = []
+    end: str | None = None
+    for line in lines:
+        if end is None and line.startswith(SECTION_BEGIN):
+            name = line[len(SECTION_BEGIN):].split(":", 1)[0].strip()
+            end = _section_markers(name)[1]
+        if end is not None:
+            out.append(line)
+            if line.strip() == end:
+                end = None
+    return "".join(out)
+
+
+def write_section(path: Path, name: str, body: str) -> None:
+    """Put ``body`` in ``path`` as the marked section ``name``: in place of the one there, else
+    at the end; the rest of the file is left as it is."""
+    begin, end = _section_markers(name)
+    block = f"{begin}\n{body.strip()}\n{end}\n"
+    text = path.read_text() if path.exists() else ""
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith(f"{SECTION_BEGIN}{name}:")]
+    if starts:
+        i = starts[0]
+        j = next((k for k in range(i, len(lines)) if lines[k].strip() == end), len(lines) - 1)
+        lines[i:j + 1] = [block]
+        path.write_text("".join(lines))
+    else:
+        path.write_text(text + ("\n" if text and not text.endswith("\n\n") else "") + block)
+
+
 def write_markdown(path: Path, stats: dict[str, Stats], info: dict[str, str],
                    args: argparse.Namespace, wall_s: float) -> None:
     d, r, h, m, k = (stats[p].median for p in PATHS)
@@ -664,7 +711,9 @@ validates it, runs the tool and answers with an `input_reply`. Goal: median <= 3
 
 Session creation (warm pool and cold), throughput with 1/5/20 sessions, memory per idle session
 and growth to 200 live sessions: [SCALE.md](SCALE.md) (`bench/scale.py`), with
-[a chart of latency against live sessions](growth.png).
+[a chart of latency against live sessions](growth.png). Many sessions executing at once, every
+reply checked, and the manager's memory under output floods: the Load section at the end of this
+file (`bench/load.py`).
 
 ## Method
 
@@ -726,7 +775,8 @@ overhead down hop by hop, with CPU time per process (writes bench/PROFILE.md).
 |---|---|
 {machine}
 """
-    path.write_text(text)
+    kept = kept_sections(path)  # e.g. bench/load.py's section, written by another run
+    path.write_text(text + ("\n" + kept if kept else ""))
 
 
 # -- main --------------------------------------------------------------------------------------------

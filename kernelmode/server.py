@@ -175,6 +175,7 @@ class KernelmodeApp:
             "KERNELMODE_GW_UID_COUNT": str(s.sandbox.uid_count),
             "KERNELMODE_GW_CGROUPS": s.sandbox.cgroups,
             "KERNELMODE_GW_POLL_INTERVAL": str(s.gateway.poll_interval_seconds),
+            "KERNELMODE_GW_MAX_STREAM_CHARS": str(s.sessions.max_output_bytes + 1),
             "KERNELMODE_GW_DOCKER_IMAGE": s.sandbox.docker_image,
             "KERNELMODE_GW_DOCKER_CPUS": str(s.sandbox.docker_cpus),
             "KERNELMODE_GW_SERVER_ID": server_id(self.data_dir),

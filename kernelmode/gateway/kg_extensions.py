@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -15,6 +16,21 @@ from kernel_gateway.services.kernels.manager import SeedingMappingKernelManager
 from traitlets import default
 
 MAX_ZMQ_SOCKETS = 65_536
+# The manager's cap on a stream (sessions.max_output_bytes) + 1: longer stream texts are cut here.
+STREAM_CHARS = int(os.environ.get("KERNELMODE_GW_MAX_STREAM_CHARS", "0"))
+
+
+def _cut_stream(parts: list) -> list:
+    """[header, parent, metadata, content, *buffers] of a message; a ``stream`` message's text is
+    cut to STREAM_CHARS characters (which the manager then marks as truncated)."""
+    try:
+        if json.loads(bytes(parts[0])).get("msg_type") != "stream":
+            return parts
+        content = json.loads(bytes(parts[3]))
+        content["text"] = str(content.get("text", ""))[:STREAM_CHARS]
+    except (ValueError, TypeError, AttributeError):
+        return parts
+    return [parts[0], parts[1], parts[2], json.dumps(content).encode(), *parts[4:]]
 log = logging.getLogger("kernelmode.gateway")
 
 
@@ -45,6 +61,15 @@ class NoDelayWebsocketConnection(ZMQChannelsWebsocketConnection):
     def connect(self):  # noqa: ANN201 (same signature as the parent)
         self.websocket_handler.set_nodelay(True)
         return super().connect()
+
+    def _on_zmq_reply(self, stream, msg_list):  # noqa: ANN001, ANN202
+        """Cut a stream message's text to what the manager keeps anyway (its output cap), here,
+        before it is framed and sent: one huge ``print`` then costs the manager nothing."""
+        if (STREAM_CHARS and self.subprotocol == "v1.kernel.websocket.jupyter.org"
+                and getattr(stream, "channel", None) == "iopub" and len(msg_list) >= 4
+                and len(msg_list[3]) > STREAM_CHARS + 1024):
+            msg_list = _cut_stream(msg_list)
+        return super()._on_zmq_reply(stream, msg_list)
 
 
 class ManyKernelsMappingKernelManager(SeedingMappingKernelManager):

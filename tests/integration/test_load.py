@@ -154,3 +154,26 @@ async def test_output_floods_keep_the_manager_memory_bounded(server: Server) -> 
                 assert (await s.run("1+1")).result == "2"
         finally:
             await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+
+
+async def test_one_huge_print_never_reaches_the_manager_whole(server: Server) -> None:
+    """A single 64 MiB `print` is one stream message: the gateway cuts it to the output cap before
+    sending it on, so the manager's peak memory grows by far less than the message."""
+    pid = server.proc.pid
+    if not _reset_hwm(pid):
+        import pytest
+
+        pytest.skip("cannot reset VmHWM here (/proc/PID/clear_refs needs root)")
+    async with _client(server) as km:
+        session = (await _create(km, 1))[0]
+        try:
+            assert (await session.run("1+1")).result == "2"
+            _reset_hwm(pid)
+            before = _hwm_kb(pid)
+            r = await session.run("print('z' * (64 * 2**20))\n'done'", timeout_seconds=300)
+            growth_mb = (_hwm_kb(pid) - before) / 1024
+            assert r.status == "ok" and r.result == "'done'" and r.truncated
+            assert CAP - 2048 <= len(r.stdout.encode()) <= CAP
+            assert growth_mb < 32, f"the manager's peak grew {growth_mb:.0f} MB for a 64 MiB print"
+        finally:
+            await session.close()

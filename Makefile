@@ -43,7 +43,8 @@ test: setup lint
 	$(MAKE) docker-test
 
 DOCKER_SUITES ?= tests/security tests/sandbox tests/integration/test_sessions.py \
-	tests/integration/test_lifecycle.py tests/integration/test_files.py
+	tests/integration/test_lifecycle.py tests/integration/test_files.py \
+	tests/integration/test_recovery.py
 docker-test: setup docker-setup
 	KM_TEST_BACKEND=docker $(VENV)/bin/pytest -ra $(DOCKER_SUITES)
 
@@ -51,11 +52,15 @@ bench: setup
 	$(VENV)/bin/python bench/roundtrip.py
 	$(VENV)/bin/python bench/scale.py
 	$(VENV)/bin/python bench/backends.py
+	$(VENV)/bin/python bench/recovery.py
+	$(VENV)/bin/python bench/load.py
 
 bench-quick: setup
 	$(VENV)/bin/python bench/roundtrip.py --quick --no-write
 	$(VENV)/bin/python bench/scale.py --quick --no-write
 	$(VENV)/bin/python bench/backends.py --quick --no-write
+	$(VENV)/bin/python bench/recovery.py --quick --no-write
+	$(VENV)/bin/python bench/load.py --quick --no-write
 
 # The Docker sandbox backend: engine, daemon (no container network), base and kernel images.
 # Idempotent; a no-op in well under a second when all is there (scripts/docker-setup.sh).

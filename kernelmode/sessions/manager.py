@@ -117,6 +117,7 @@ class SessionManager:
         self._live: dict[str, LiveSession] = {}
         self._creating: dict[str, str] = {}  # session id -> tenant, while its kernel starts
         self._reaper: asyncio.Task[None] | None = None
+        self._strays: asyncio.Task[None] | None = None
         # Warm pool: started, sandboxed, preamble-ready kernels that no session has used yet.
         self._pool: list[LiveSession] = []
         self._pool_task: asyncio.Task[None] | None = None
@@ -148,9 +149,9 @@ class SessionManager:
                 "status": "interrupted", "state_lost": run.session_id not in adopted,
                 "error": RunError(ename="ServerRestarted", evalue="the server stopped while this code "
                                   "ran; its output after that is lost", traceback="")}))
-        for kernel_id in running_kernels - {s.kernel_id for s in self._live.values()}:
-            with contextlib.suppress(KernelmodeError):  # pool kernels of the dead manager, and the like
-                await self.gateway.shutdown_kernel(kernel_id)
+        strays = running_kernels - {s.kernel_id for s in self._live.values()}
+        if strays:  # pool kernels of the dead manager, and the like: after start, in the background
+            self._strays = asyncio.create_task(self._shut_down(strays), name="strays")
         # Workspaces of kernels that belong to no session (a previous run's pool) are litter.
         keep = self.store.workspaces()
         for d in self.workspaces.iterdir():
@@ -161,7 +162,7 @@ class SessionManager:
 
     async def stop(self) -> None:
         self._stopping = True
-        for task in (self._reaper, self._pool_task):
+        for task in (self._reaper, self._pool_task, self._strays):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -175,6 +176,12 @@ class SessionManager:
         self._pool.clear()
         await asyncio.to_thread(self.volumes.sweep, {s.workspace for s in self._live.values()})
         self._live.clear()
+
+    async def _shut_down(self, kernel_ids: set[str] | frozenset[str]) -> None:
+        for kernel_id in kernel_ids:
+            with contextlib.suppress(KernelmodeError):
+                await self.gateway.shutdown_kernel(kernel_id)
+        # Their workspaces are no session's: the start-up sweep of workspaces/ removed them.
 
     async def _adopt(self, infos: list[SessionInfo], in_flight: dict[str, RunResult]) -> set[str]:
         """Reconnect to the running kernels of sessions a crashed manager held; an interrupted

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -22,7 +23,7 @@ from .artifacts.harvester import Harvester
 from .artifacts.local import LocalStore
 from .audit import audit
 from .config import Settings
-from .errors import KernelmodeError, SandboxUnavailable
+from .errors import ConfigError, KernelmodeError, SandboxUnavailable
 from .gateway.client import GatewayClient
 from .gateway.process import GatewayProcess, raise_open_files_limit
 from .sandbox import cgroups
@@ -62,17 +63,34 @@ class KernelmodeApp:
         self._lease: asyncio.Task[None] | None = None
         self._stopping = False
         self.gateway_restarts = 0
+        self._lock_fd: int | None = None
 
     # -- start -------------------------------------------------------------------------------------
     def _prepare_dirs(self) -> dict[str, Path]:
         dirs = {name: self.data_dir / name for name in ("run", "state", "gateway", "kernels")}
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_data_dir()
         # Kernels run as other uids and must traverse (not list) the data dir to their own parts.
         self.data_dir.chmod(0o711)
         for name, d in dirs.items():
             d.mkdir(exist_ok=True)
             d.chmod(0o711 if name == "run" else 0o700)
         return dirs
+
+    def _lock_data_dir(self) -> None:
+        """One `serve` per data dir: a second one would adopt (steal) the first one's gateway and
+        kernels. The lock dies with its process, so a crashed manager's successor gets it."""
+        fd = os.open(self.data_dir / "serve.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ConfigError(f"another kernelmode serve (pid {owner}) is using the data dir "
+                              f"{self.data_dir}: stop it, or give this one another --data-dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd  # held (open) until this process ends
 
     def _choose_backend(self) -> None:
         """'auto': Docker when an engine answers and the kernel image exists, else bubblewrap."""
@@ -287,6 +305,9 @@ class KernelmodeApp:
             await self.artifact_store.stop()
         if self.store is not None:
             self.store.close()
+        if self._lock_fd is not None:  # the data dir is free for the next serve
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
 
 async def serve(settings: Settings, tools: ToolRegistry | None = None) -> int:

@@ -148,3 +148,22 @@ def test_rest_quickstart_example_runs(server):
     assert proc.returncode == 0, proc.stderr
     assert "2: ok -> 22.5" in proc.stdout
     assert "3: error AttributeError" in proc.stdout
+
+
+def test_a_second_serve_on_the_same_data_dir_is_refused():
+    """It would adopt the first one's gateway and kernels from under it."""
+    data_dir = Path(tempfile.mkdtemp(prefix="kmlock-", dir="/tmp"))
+    srv = start_server(data_dir=data_dir)
+    try:
+        second = subprocess.run(
+            [sys.executable, "-m", "kernelmode.cli", "serve", "--port", "0", "--data-dir", str(data_dir)],
+            capture_output=True, text=True, timeout=120, cwd=str(REPO))
+        assert second.returncode == 1
+        assert f"another kernelmode serve (pid {srv.proc.pid}) is using the data dir" in second.stderr
+        with srv.client() as c:  # the first one is untouched
+            assert c.get("/readyz").status_code == 200
+    finally:
+        srv.stop()
+    srv = start_server(data_dir=data_dir)  # free again once the first has stopped
+    srv.stop()
+    shutil.rmtree(data_dir, ignore_errors=True)

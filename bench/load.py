@@ -60,9 +60,9 @@ for _p in (str(REPO), str(HERE)):
 
 from roundtrip import (  # noqa: E402
     KERNEL_PYTHON,
-    MSG_TIMEOUT,
     DirectKernel,
     Stats,
+    now_ms,
     run_stoppable,
     write_section,
 )
@@ -75,10 +75,6 @@ PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 CONCURRENCY = 4  # sessions created at a time
 MAX_OUTPUT_BYTES = 1024 * 1024  # the default cap per stream, set explicitly so the checks know it
 LINE = "x" * 1023  # + "\n": 1 KiB per printed line
-
-
-def ms_since(t0: int) -> float:
-    return (time.perf_counter_ns() - t0) / 1e6
 
 
 # -- memory from /proc ---------------------------------------------------------------------------------
@@ -193,38 +189,12 @@ def huge_code(nbytes: int, tag: str) -> str:
 # -- 0. the floor ----------------------------------------------------------------------------------------
 
 
-class Direct(DirectKernel):
-    """roundtrip.py's unsandboxed ipykernel, running any cell: (ms, text result, stdout)."""
-
-    async def run_cell(self, code: str) -> tuple[float, str | None, str]:
-        kc = self.kc
-        t0 = time.perf_counter_ns()
-        msg_id = kc.execute(code)
-        result, out = None, []
-        while True:
-            msg = await kc.get_shell_msg(timeout=MSG_TIMEOUT)
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_reply":
-                break
-        while True:
-            msg = await kc.get_iopub_msg(timeout=MSG_TIMEOUT)
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind = msg["msg_type"]
-            if kind == "execute_result":
-                result = msg["content"]["data"].get("text/plain")
-            elif kind == "stream":
-                out.append(msg["content"]["text"])
-            elif kind == "status" and msg["content"]["execution_state"] == "idle":
-                break
-        return ms_since(t0), result, "".join(out)
-
-
 async def step_floor(srv: KmServer, km: AsyncClient, tmp: Path,
                      args: argparse.Namespace) -> dict[str, Stats]:
     print(f"\n[0] the floor: {args.floor} warm runs each, direct ipykernel vs one REST session, "
           "interleaved ...", flush=True)
     (tmp / "direct").mkdir()
-    direct = Direct(tmp / "direct", "ipc")
+    direct = DirectKernel(tmp / "direct", "ipc")
     stats = {"direct": Stats("direct"), "rest": Stats("rest")}
     session: AsyncSession | None = None
     try:
@@ -249,7 +219,7 @@ async def step_floor(srv: KmServer, km: AsyncClient, tmp: Path,
             else:
                 t0 = time.perf_counter_ns()
                 r = await session.run(code)  # type: ignore[union-attr]
-                ms, result, out = ms_since(t0), r.result, r.stdout
+                ms, result, out = now_ms(t0), r.result, r.stdout
             if result != want or out != nonce + "\n":
                 raise RuntimeError(f"floor ({path}): {result!r} / {out!r}, expected {want!r}")
             if record:
@@ -452,7 +422,7 @@ async def step_load(srv: KmServer, km: AsyncClient, http: httpx.AsyncClient,
                 tally.errors[kind] = tally.errors.get(kind, 0) + 1
                 tally.flag("lost", f"{where}: {kind}")
                 continue
-            ms = ms_since(t)
+            ms = now_ms(t)
             if r.status != "ok":
                 kind = f"status {r.status}" + (f" ({r.error.ename}: {r.error.evalue})" if r.error else "")
                 tally.errors[kind[:160]] = tally.errors.get(kind[:160], 0) + 1

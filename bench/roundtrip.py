@@ -133,11 +133,12 @@ class DirectKernel:
         self.kc.start_channels()
         await self.kc.wait_for_ready(timeout=60)
 
-    async def roundtrip(self) -> float:
+    async def run_cell(self, code: str) -> tuple[float, str | None, str]:
+        """(ms until execute_reply and idle, text result, stdout) of one cell."""
         kc = self.kc
         t0 = time.perf_counter_ns()
-        msg_id = kc.execute(CODE)
-        result = None
+        msg_id = kc.execute(code)
+        result, out = None, []
         while True:
             msg = await kc.get_shell_msg(timeout=MSG_TIMEOUT)
             if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_reply":
@@ -146,11 +147,17 @@ class DirectKernel:
             msg = await kc.get_iopub_msg(timeout=MSG_TIMEOUT)
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
-            if msg["msg_type"] == "execute_result":
+            kind = msg["msg_type"]
+            if kind == "execute_result":
                 result = msg["content"]["data"].get("text/plain")
-            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            elif kind == "stream":
+                out.append(msg["content"]["text"])
+            elif kind == "status" and msg["content"]["execution_state"] == "idle":
                 break
-        elapsed = now_ms(t0)
+        return now_ms(t0), result, "".join(out)
+
+    async def roundtrip(self) -> float:
+        elapsed, result, _ = await self.run_cell(CODE)
         if result != EXPECTED:
             raise RuntimeError(f"direct kernel answered {result!r}, not {EXPECTED!r}")
         return elapsed

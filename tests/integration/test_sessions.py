@@ -282,6 +282,7 @@ def test_idle_session_is_reaped_after_ttl(server, api, session_factory, run):
 
     from tests.conftest import BACKEND
     from tests.integration.test_lifecycle import _processes_mentioning
+    from tests.integration.test_recovery import _containers_of
 
     sid = session_factory(ttl_seconds=10)
     r = run(sid, "import subprocess\n"
@@ -320,11 +321,7 @@ def test_idle_session_is_reaped_after_ttl(server, api, session_factory, run):
         assert processes_of_uid() == []  # not even the detached `sleep`
     assert str(workspace) not in Path("/proc/self/mountinfo").read_text()
     if BACKEND == "docker":
-        import docker
-
-        client = docker.from_env()
-        assert client.containers.list(all=True, filters={"label": f"kernelmode.kernel_id={kernel_id}"}) == []
-        client.close()
+        assert _containers_of(kernel_id) == []
     artifacts = api.get(f"/v1/sessions/{sid}/artifacts").json()["artifacts"]
     assert {a["path"] for a in artifacts} == {"/mnt/data/kept.txt", "notebook.ipynb"}
 

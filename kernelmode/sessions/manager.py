@@ -329,13 +329,15 @@ class SessionManager:
         infos = [live.get(i.session_id, i) for i in self.store.all()]
         return [i for i in infos if principal.may_see(i.tenant)]
 
+    def may_see(self, principal: Principal, session_id: str) -> bool:
+        if principal.admin:
+            return True
+        live = self._live.get(session_id)
+        return principal.may_see(live.info.tenant if live is not None else self.store.owner(session_id))
+
     def authorize(self, principal: Principal, session_id: str) -> None:
         """Another tenant's session id is answered exactly like an unknown one."""
-        if principal.admin:
-            return
-        live = self._live.get(session_id)
-        owner = live.info.tenant if live is not None else self.store.owner(session_id)
-        if not principal.may_see(owner):
+        if not self.may_see(principal, session_id):
             raise SessionNotFound(f"no session {session_id!r}")
 
     def get(self, session_id: str) -> SessionInfo:
@@ -571,26 +573,15 @@ class SessionManager:
 
     def get_run(self, run_id: str, principal: Principal = ADMIN) -> LiveRun:
         """The run, if ``principal`` may see its session (another tenant's run is unknown)."""
-        unknown = RunNotFound(f"no run {run_id!r} (finished runs stay for "
-                              f"{self.settings.sessions.run_retention_seconds:g} s)")
         run = self.runs.get(run_id)
-        if run is not None:
-            try:
-                self.authorize(principal, run.session_id)
-            except SessionNotFound:
-                raise unknown from None
-            return run
-        stored = self.store.get_run(run_id)
-        if stored is None:
-            raise unknown
-        try:
-            self.authorize(principal, stored.session_id)
-        except SessionNotFound:
-            raise unknown from None
-        # Finished long ago: the result is complete, the event stream is not kept.
-        return LiveRun(run_id=run_id, session_id=stored.session_id, result=stored,
-                       collector=self._collector(),
-                       finished_at=time.monotonic())
+        if run is None and (stored := self.store.get_run(run_id)) is not None:
+            # Finished long ago: the result is complete, the event stream is not kept.
+            run = LiveRun(run_id=run_id, session_id=stored.session_id, result=stored,
+                          collector=self._collector(), finished_at=time.monotonic())
+        if run is None or not self.may_see(principal, run.session_id):
+            raise RunNotFound(f"no run {run_id!r} (finished runs stay for "
+                              f"{self.settings.sessions.run_retention_seconds:g} s)")
+        return run
 
     async def _execute(self, s: LiveSession, run: LiveRun, timeout: float) -> RunResult:
         session_id = s.info.session_id

@@ -128,6 +128,47 @@ class BaseHandler(web.RequestHandler):
         super().log_exception(typ, value, tb)
 
 
+# A streamed handler that answers before reading the body makes tornado close the socket with the
+# body unread; the kernel then resets the connection, and the reset can destroy the answer before
+# the client reads it (the MCP SDK saw a bare ReadError instead of 401). So a rejected request
+# whose body is at most this size is read (and dropped) first; a bigger one is cut off unread.
+DRAIN_BEFORE_REJECTING = 1 << 20
+
+
+class StreamedBodyHandler(BaseHandler):
+    """Base of ``@web.stream_request_body`` handlers: subclasses set up their body in
+    ``prepare_body`` and store chunks in ``data_received`` unless ``rejected``."""
+
+    rejected = False
+
+    def prepare(self) -> None:
+        try:
+            super().prepare()
+            self.prepare_body()
+        except KernelmodeError as e:
+            if e.http_status >= 500 or not self._drain_then_answer(e):
+                raise
+
+    def prepare_body(self) -> None:
+        """Check the headers and set up what the body will stream into."""
+
+    def _drain_then_answer(self, error: KernelmodeError) -> bool:
+        length = self.request.headers.get("Content-Length", "0") or "0"
+        conn = self.request.connection
+        if not length.isdigit() or int(length) > DRAIN_BEFORE_REJECTING or not isinstance(conn, HTTP1Connection):
+            return False
+        conn.set_max_body_size(DRAIN_BEFORE_REJECTING)
+        self.rejected = True
+
+        def answer(*_args: Any, **_kwargs: Any) -> None:
+            raise error
+
+        # tornado looks the verb's method up on the instance once the body is in: whichever verb
+        # this was, no handler code runs for the rejected request.
+        setattr(self, self.request.method.lower(), answer)
+        return True
+
+
 class HealthHandler(BaseHandler):
     public = True
 
@@ -255,14 +296,13 @@ class FilesHandler(BaseHandler):
 
 
 @web.stream_request_body
-class FileHandler(BaseHandler):
+class FileHandler(StreamedBodyHandler):
     """Uploads stream to a spool file (not memory) under their own size cap."""
 
     _spool: Any = None
     _received = 0
 
-    def prepare(self) -> None:
-        super().prepare()
+    def prepare_body(self) -> None:
         if self.request.method != "PUT":
             return
         cap = self.app.settings.artifacts.max_upload_bytes
@@ -276,7 +316,8 @@ class FileHandler(BaseHandler):
 
     def data_received(self, chunk: bytes) -> None:
         self._received += len(chunk)
-        if self._spool is not None and self._received <= self.app.settings.artifacts.max_upload_bytes:
+        if self._spool is not None and not self.rejected \
+                and self._received <= self.app.settings.artifacts.max_upload_bytes:
             self._spool.write(chunk)
 
     def on_finish(self) -> None:

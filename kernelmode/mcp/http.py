@@ -16,7 +16,7 @@ from tornado import web
 from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
-from ..api.handlers import BaseHandler
+from ..api.handlers import StreamedBodyHandler
 from ..errors import PayloadTooLarge
 from .server import TENANT_HEADER, KernelmodeMCP
 
@@ -61,7 +61,7 @@ class McpHttp:
 
 
 @web.stream_request_body
-class McpHandler(BaseHandler):
+class McpHandler(StreamedBodyHandler):
     """One ASGI call per HTTP request: POST (JSON-RPC in, JSON or SSE out), GET (the server's
     event stream), DELETE (end the MCP session)."""
 
@@ -75,7 +75,9 @@ class McpHandler(BaseHandler):
     def prepare(self) -> None:
         self._chunks = []
         self._closed = asyncio.Event()
-        super().prepare()  # the bearer token
+        super().prepare()  # the bearer token, then prepare_body
+
+    def prepare_body(self) -> None:
         cap = self.app.mcp_http.max_body_bytes
         length = int(self.request.headers.get("Content-Length", "0") or 0)
         if length > cap:
@@ -85,7 +87,7 @@ class McpHandler(BaseHandler):
 
     def data_received(self, chunk: bytes) -> None:
         self._size += len(chunk)
-        if self._size <= self.app.mcp_http.max_body_bytes:
+        if self._size <= self.app.mcp_http.max_body_bytes and not self.rejected:
             self._chunks.append(chunk)
 
     def on_connection_close(self) -> None:

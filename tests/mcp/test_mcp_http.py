@@ -370,14 +370,17 @@ def test_http_requires_the_token(server: Server, auth: str | None) -> None:
 
 
 async def test_sdk_client_with_wrong_token_fails(server: Server) -> None:
-    http = httpx2.AsyncClient(headers={"Authorization": "Bearer wrong-token"}, timeout=httpx2.Timeout(10, read=30))
-    try:
-        with pytest.raises(Exception) as info:  # noqa: PT011 (the SDK wraps it in groups)
-            async with Client(streamable_http_client(server.url + "/mcp", http_client=http)) as c:
-                await c.list_tools()
-        assert any(isinstance(e, MCPError) for e in _leaves(info.value)), repr(info.value)
-    finally:
-        await http.aclose()
+    # Repeated: a refusal that hung up before reading the body failed with a bare ReadError ~1 in 50.
+    for _ in range(30):
+        http = httpx2.AsyncClient(headers={"Authorization": "Bearer wrong-token"},
+                                  timeout=httpx2.Timeout(10, read=30))
+        try:
+            with pytest.raises(Exception) as info:  # noqa: PT011 (the SDK wraps it in groups)
+                async with Client(streamable_http_client(server.url + "/mcp", http_client=http)) as c:
+                    await c.list_tools()
+            assert any(isinstance(e, MCPError) for e in _leaves(info.value)), repr(info.value)
+        finally:
+            await http.aclose()
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import time
 from urllib.parse import urlparse
 
 import httpx
@@ -52,6 +54,30 @@ def test_unauthenticated_requests_rejected(server, method, path, how):
     assert r.status_code == 401, r.text
     assert r.headers["content-type"].startswith("application/json")
     assert r.json()["error"]["code"] == "unauthorized"
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/mcp"), ("PUT", "/v1/sessions/x/files/a.txt")])
+def test_refusal_reads_a_small_streamed_body_first(server, method, path):
+    """A refusal waits for a small body before it answers and hangs up: hanging up with the body
+    unread makes the kernel reset the connection, which can destroy the answer before the client
+    reads it (the MCP SDK saw a bare ReadError instead of the 401, about 1 run in 50)."""
+    body = b'{"jsonrpc": "2.0", "id": 1, "method": "initialize"}'
+    u = urlparse(server.url)
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+        head = [f"{method} {path} HTTP/1.1", f"Host: {u.netloc}", f"Content-Length: {len(body)}",
+                "Content-Type: application/json", "Authorization: Bearer wrong-token", "Connection: close"]
+        s.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+        time.sleep(0.3)
+        s.setblocking(False)
+        with pytest.raises(BlockingIOError):  # no answer (and no hang-up) before the body is in
+            s.recv(1)
+        s.setblocking(True)
+        s.sendall(body)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:300]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "unauthorized"
 
 
 def test_unauthenticated_requests_have_no_effect(server, session_factory, api):

@@ -126,9 +126,16 @@ async def embedded(settings: Settings) -> int:
     # way, clean up (kernels, volumes, the data dir) before exiting.
     main = asyncio.current_task()
     loop = asyncio.get_running_loop()
+    stopping = False
+
+    def on_signal() -> None:
+        # The SDK closes stdin, then sends SIGTERM 2 s later: by then the cleanup may be under
+        # way, and cancelling it would leave the data dir behind.
+        if not stopping and main is not None:
+            main.cancel()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        if main is not None:
-            loop.add_signal_handler(sig, main.cancel)
+        loop.add_signal_handler(sig, on_signal)
     try:
         try:
             await app.start()
@@ -141,6 +148,7 @@ async def embedded(settings: Settings) -> int:
     except asyncio.CancelledError:
         return 0
     finally:
+        stopping = True
         with contextlib.suppress(Exception):
             await app.stop()
         if temp_dir is not None:

@@ -61,6 +61,7 @@ class ConsoleTap:
                 code=str(msg["content"].get("code", "")),
                 collector=OutputCollector(cfg.max_output_bytes, max_display_bytes=cfg.max_display_bytes),
                 started=time.monotonic())
+            self.s.console_cells += 1
         return True
 
     def from_kernel(self, channel: str, msg: dict[str, Any]) -> bool:
@@ -95,6 +96,7 @@ class ConsoleTap:
 
     def _record(self, msg_id: str, run: _ConsoleRun) -> None:
         del self._runs[msg_id]
+        self.s.console_cells -= 1
         c = run.collector
         result = RunResult(
             run_id=uuid.uuid4().hex, session_id=self.s.info.session_id,
@@ -108,5 +110,7 @@ class ConsoleTap:
         self.manager.record_console_run(self.s, run.code, result, c.events)
 
     def close(self) -> None:
+        self.s.console_cells -= len(self._runs)
+        self._runs.clear()
         for task in list(self._tasks):
             task.cancel()

@@ -84,6 +84,11 @@ class LiveSession:
     needs_ready: bool = False  # the kernel restarted: reconnect and wait for kernel_info
     state_lost_pending: bool = False  # tell the next result that variables are gone
     interrupt_requested: bool = False
+    # ipykernel ignores SIGINT between cells, so an interrupt asked for before the run's cell has
+    # started (kernel being readied, preamble, request in flight) is held and sent at its start.
+    cell_started: bool = True
+    interrupt_held: bool = False
+    console_cells: int = 0  # cells a console attached to the session has running or queued
     kernel_state: str = "alive"  # alive | restarting | dead (from the gateway)
     pending_cause: DeathCause | None = None
     closed: bool = False  # deleted: a run in progress must not wait for its kernel
@@ -591,6 +596,8 @@ class SessionManager:
                     raise SessionNotFound(f"no session {session_id!r}")
                 started = time.monotonic()
                 s.info.status = "busy"
+                # From here an interrupt is this run's, even before its cell starts in the kernel.
+                s.interrupt_requested, s.interrupt_held, s.cell_started = False, False, False
                 try:
                     await self._ensure_ready(s)
                     await self._install_preamble(s, self.settings.sessions.kernel_start_timeout_seconds)
@@ -599,6 +606,7 @@ class SessionManager:
                     self.store.add_run(run.code, run.snapshot())
                     result = await self._run(s, run, timeout)
                 finally:
+                    s.cell_started, s.interrupt_held = True, False
                     s.touch()
                     if s.info.status == "busy":
                         s.info.status = "idle"
@@ -645,7 +653,6 @@ class SessionManager:
         run_id, code, collector = run.run_id, run.code, run.collector
         state_lost = s.state_lost_pending
         s.state_lost_pending = False
-        s.interrupt_requested = False
         cause = s.pending_cause
         s.pending_cause = None
         tool_calls: list[ToolCall] = []
@@ -656,6 +663,14 @@ class SessionManager:
             answering.add(task)
             task.add_done_callback(answering.discard)
 
+        held_interrupt: list[asyncio.Task[None]] = []
+
+        def on_start() -> None:
+            s.cell_started = True
+            if s.interrupt_held:
+                s.interrupt_held = False
+                held_interrupt.append(asyncio.create_task(self._quiet_interrupt(s)))
+
         # allow_stdin: tool calls come back as input_requests (the preamble makes a plain
         # input() fail inside the kernel).
         queue = await s.conn.send("shell", "execute_request", {
@@ -664,7 +679,7 @@ class SessionManager:
         })
         loop = asyncio.get_running_loop()
         try:
-            outcome = await self._collect(queue, collector, loop.time() + timeout, on_input)
+            outcome = await self._collect(queue, collector, loop.time() + timeout, on_input, on_start)
             status: RunStatus
             if outcome == "done":
                 status = "ok" if collector.reply_status == "ok" else "error"
@@ -673,7 +688,7 @@ class SessionManager:
                     status = "interrupted"
             elif outcome == "timeout":
                 status = "timeout"
-                state_lost |= await self._stop_runaway(s, queue, collector, on_input)
+                state_lost |= await self._stop_runaway(s, queue, collector, on_input, on_start)
                 collector.error = RunError(
                     ename="TimeoutError",
                     evalue=f"the run exceeded its timeout of {timeout:g} s and was "
@@ -693,6 +708,8 @@ class SessionManager:
             s.conn.forget(queue)
             for task in list(answering):
                 task.cancel()
+            # Delivered before the next run can start, so it cannot interrupt that one.
+            await asyncio.gather(*held_interrupt, return_exceptions=True)
         return RunResult(
             run_id=run_id, session_id=s.info.session_id, status=status,
             stdout=collector.stdout, stderr=collector.stderr, result=collector.result,
@@ -749,7 +766,8 @@ class SessionManager:
 
     @staticmethod
     async def _collect(queue: asyncio.Queue[dict[str, Any]], collector: OutputCollector, deadline: float,
-                       on_input: Callable[[dict[str, Any]], None] | None = None) -> str:
+                       on_input: Callable[[dict[str, Any]], None] | None = None,
+                       on_start: Callable[[], None] | None = None) -> str:
         """Read until execute_reply and idle: 'done', 'timeout', 'died' or 'restarted'.
 
         One timer for the whole run (not one per message); what arrived before the deadline
@@ -757,13 +775,14 @@ class SessionManager:
         """
         remaining = max(deadline - asyncio.get_running_loop().time(), 0.001)
         try:
-            return await asyncio.wait_for(SessionManager._drain(queue, collector, on_input), remaining)
+            return await asyncio.wait_for(SessionManager._drain(queue, collector, on_input, on_start), remaining)
         except asyncio.TimeoutError:
             return "timeout"
 
     @staticmethod
     async def _drain(queue: asyncio.Queue[dict[str, Any]], collector: OutputCollector,
-                     on_input: Callable[[dict[str, Any]], None] | None) -> str:
+                     on_input: Callable[[dict[str, Any]], None] | None,
+                     on_start: Callable[[], None] | None = None) -> str:
         got_reply = got_idle = False
         while not (got_reply and got_idle):
             msg = await queue.get()
@@ -779,6 +798,9 @@ class SessionManager:
                 if on_input is not None:
                     on_input(msg)
                 continue
+            if kind == "execute_input" and on_start is not None:
+                on_start()
+                on_start = None
             if kind == "execute_reply":
                 got_reply = True
             collector.add(msg)
@@ -786,7 +808,8 @@ class SessionManager:
 
     async def _stop_runaway(self, s: LiveSession, queue: asyncio.Queue[dict[str, Any]],
                             collector: OutputCollector,
-                            on_input: Callable[[dict[str, Any]], None] | None) -> bool:
+                            on_input: Callable[[dict[str, Any]], None] | None,
+                            on_start: Callable[[], None] | None = None) -> bool:
         """Interrupt a run past its timeout; restart the kernel if that does not stop it.
 
         Returns True when the kernel was restarted (the session's state is lost).
@@ -794,9 +817,12 @@ class SessionManager:
         cfg = self.settings.sessions
         loop = asyncio.get_running_loop()
         with contextlib.suppress(KernelmodeError):
-            await self.gateway.interrupt_kernel(s.kernel_id)
+            if s.cell_started:
+                await self.gateway.interrupt_kernel(s.kernel_id)
+            else:  # timed out before its cell started (a busy kernel): stop the cell once it does
+                s.interrupt_held = True
             outcome = await self._collect(queue, collector, loop.time() + cfg.interrupt_grace_seconds,
-                                          on_input)
+                                          on_input, on_start)
             if outcome == "done":
                 return False
         log.warning("session %s: interrupt did not stop the run; restarting its kernel", s.info.session_id)
@@ -933,8 +959,17 @@ class SessionManager:
     async def interrupt(self, session_id: str) -> SessionInfo:
         s = self._session(session_id)
         s.interrupt_requested = True
-        await self.gateway.interrupt_kernel(s.kernel_id)
+        if not s.cell_started and not s.console_cells:
+            s.interrupt_held = True  # the run sends it when its cell starts
+        else:  # the run's cell, or a person's console cell, is what the kernel is running
+            await self.gateway.interrupt_kernel(s.kernel_id)
         return s.info
+
+    async def _quiet_interrupt(self, s: LiveSession) -> None:
+        try:
+            await self.gateway.interrupt_kernel(s.kernel_id)
+        except KernelmodeError as e:
+            log.warning("session %s: interrupt not delivered: %s", s.info.session_id, e)
 
     async def restart(self, session_id: str) -> SessionInfo:
         """Restart the kernel now (a running call ends as ``interrupted`` with state lost)."""

@@ -191,3 +191,36 @@ def test_connection_file_for_other_frontends(srv: Server, api: httpx.Client, sid
         proc.wait(30)
     results = [m["content"]["data"]["text/plain"] for m in outputs if m["msg_type"] == "execute_result"]
     assert results == ["6"]
+
+
+def test_an_interrupt_before_the_runs_cell_starts_is_held_for_it(srv: Server, api: httpx.Client, sid: str) -> None:
+    """The kernel is busy with something else (here a frontend's silent request) when an agent's
+    run arrives, and the agent interrupts at once: the signal waits for the run's own cell
+    (sent now, it would hit the other request, and the run's endless loop would time out)."""
+    proc = subprocess.Popen([*KM, "console", sid, "--url", srv.url, "--token", srv.token, "--connection-file"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    try:
+        assert proc.stdout is not None
+        kc = BlockingKernelClient(connection_file=proc.stdout.readline().rsplit(": ", 1)[1].strip())
+        kc.load_connection_file()
+        kc.start_channels()
+        try:
+            busy = kc.execute("import time; time.sleep(3)", silent=True)
+            time.sleep(0.5)  # the kernel is in the silent request
+            r = api.post(f"/v1/sessions/{sid}/execute", json={"code": "while True: pass", "wait_seconds": 0,
+                                                              "timeout_seconds": 30})
+            assert r.status_code == 202
+            assert api.post(f"/v1/sessions/{sid}/interrupt").status_code == 200
+            reply = kc.get_shell_msg(timeout=30)
+            assert reply["parent_header"]["msg_id"] == busy
+            assert reply["content"]["status"] == "ok"  # the silent request was not interrupted
+        finally:
+            kc.stop_channels()
+        deadline = time.monotonic() + 60
+        while not (final := api.get(f"/v1/runs/{r.json()['run_id']}", params={"wait_seconds": 10}).json())["done"]:
+            assert time.monotonic() < deadline, final
+        assert final["result"]["status"] == "interrupted", final
+        assert final["result"]["state_lost"] is False
+    finally:
+        proc.terminate()
+        proc.wait(30)

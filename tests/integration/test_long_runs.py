@@ -77,6 +77,21 @@ def test_an_interrupted_long_run_reports_interrupted(api: httpx.Client, session_
     assert final["result"]["error"]["ename"] == "KeyboardInterrupt"
 
 
+def test_an_interrupt_before_the_cell_starts_still_lands(api: httpx.Client, session_factory) -> None:
+    """Interrupt at once, while the kernel is still being readied for a fresh session's first
+    run: ipykernel ignores SIGINT between cells, so the manager sends it again at the cell's
+    start. (Lost, the loop below would run into its timeout.)"""
+    for _ in range(3):
+        sid = session_factory()
+        r = api.post(f"/v1/sessions/{sid}/execute", json={"code": "while True: pass", "wait_seconds": 0,
+                                                          "timeout_seconds": 20})
+        assert r.status_code == 202
+        assert api.post(f"/v1/sessions/{sid}/interrupt").status_code == 200
+        _, final = poll_until_done(api, r.json()["run_id"])
+        assert final["result"]["status"] == "interrupted", final
+        assert final["result"]["state_lost"] is False
+
+
 def test_deleting_the_session_ends_its_run_with_a_failure(api: httpx.Client, session_factory) -> None:
     sid = session_factory()
     r = api.post(f"/v1/sessions/{sid}/execute", json={"code": "import time; time.sleep(30)", "wait_seconds": 0.3})

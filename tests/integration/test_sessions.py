@@ -150,7 +150,7 @@ def test_concurrent_calls_run_one_at_a_time_in_arrival_order(server, session_fac
         assert c.get("/healthz").status_code == 200
 
     def call(i: int) -> None:
-        code = f"import time\nstart = time.time()\ntime.sleep(0.3)\norder.append({i})\n(start, time.time())"
+        code = f"import time\nstart = time.time()\ntime.sleep(0.8)\norder.append({i})\n(start, time.time())"
         results[i] = clients[i].post(f"/v1/sessions/{sid}/execute", json={"code": code}).json()
 
     threads = []
@@ -158,7 +158,7 @@ def test_concurrent_calls_run_one_at_a_time_in_arrival_order(server, session_fac
         t = threading.Thread(target=call, args=(i,))
         t.start()
         threads.append(t)
-        time.sleep(0.2)  # fix the arrival order
+        time.sleep(0.4)  # fix the arrival order (each call still arrives while another runs)
     for t in threads:
         t.join(60)
     for c in clients:

@@ -173,11 +173,10 @@ class SessionManager:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         for s in list(self._live.values()):
-            if s.conn:
-                await s.conn.close()
             self.store.mark_lost(s.info)
-        for s in self._pool:
-            await self._discard(s)
+        # At once, not one by one: an MCP client gives its stdio server 2 s to exit.
+        await asyncio.gather(*(s.conn.close() for s in self._live.values() if s.conn),
+                             *(self._discard(s) for s in self._pool), return_exceptions=True)
         self._pool.clear()
         await asyncio.to_thread(self.volumes.sweep, {s.workspace for s in self._live.values()})
         self._live.clear()

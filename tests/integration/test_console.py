@@ -88,8 +88,9 @@ def test_console_shares_the_agents_kernel(srv: Server, api: httpx.Client, sid: s
         child.expect("str")
         child.expect(PROMPT)
         # Ctrl-C interrupts a long loop (through kernelmode: the stock console cannot).
-        child.sendline("import time\nwhile True: time.sleep(0.05)\n")
-        time.sleep(1.5)
+        child.sendline("exec(\"import time\\nprint('spin' + 'ning', flush=True)\\nwhile True: time.sleep(0.05)\")")
+        child.expect("spinning")  # the loop runs (the echo of the line says 'spin' + 'ning')
+        time.sleep(0.3)
         child.sendintr()
         child.expect("KeyboardInterrupt")
         child.expect(PROMPT)

@@ -61,6 +61,8 @@ def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None 
         **os.environ,
         "KERNELMODE_TOKEN": token,
         "KERNELMODE_SESSIONS__REAP_INTERVAL_SECONDS": "0.5",
+        # An interrupt that works must not lose a race with the grace on a loaded machine.
+        "KERNELMODE_SESSIONS__INTERRUPT_GRACE_SECONDS": "6",
         # Canary secrets in the server's environment: no kernel may ever see them.
         "KM_SECRET_CANARY": CANARY,
         "AWS_SECRET_ACCESS_KEY": CANARY,

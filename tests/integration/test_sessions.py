@@ -359,6 +359,7 @@ def test_warm_pool_hands_out_fresh_kernels_only(api, run):
     assert a["from_pool"] is True
     run(a["session_id"], "secret_of_a = 1\nopen('a.txt', 'w').write('a')")
     assert api.delete(f"/v1/sessions/{a['session_id']}").status_code == 204
+    deadline = time.monotonic() + 60
     while api.get("/readyz").json()["checks"]["pool"]["ready"] < 1 and time.monotonic() < deadline:
         time.sleep(0.2)
     b = api.post("/v1/sessions", json={}).json()

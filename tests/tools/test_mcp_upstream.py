@@ -191,7 +191,7 @@ async def test_timeout(upstream: UpstreamMcpServer) -> None:
     t0 = time.monotonic()
     with pytest.raises(ToolFailed, match=r"tool t\.slow timed out after 0\.5 s"):
         await tools["slow"].call({"seconds": 10}, 0.5)
-    assert time.monotonic() - t0 < 1.5
+    assert time.monotonic() - t0 < 5  # its own timeout, not the tool's 10 s
     # the connection is still fine
     assert upstream.available
     assert await tools["slow"].call({"seconds": 0.01}, 10) == "slept 0.01"
@@ -233,14 +233,14 @@ async def test_stdio_crash_respawn_and_stop() -> None:
         t0 = time.monotonic()
         with pytest.raises(ToolFailed, match="MCP server t is unavailable"):
             await tools["crash"].call({}, 10)
-        assert time.monotonic() - t0 < 2
+        assert time.monotonic() - t0 < 5  # not the call's 10 s timeout
         # calls right after the crash fail fast too (or work if already respawned)
         t0 = time.monotonic()
         try:
             await tools["add"].call({"a": 1, "b": 1}, 10)
         except ToolFailed as e:
             assert "unavailable" in str(e)
-        assert time.monotonic() - t0 < 2
+        assert time.monotonic() - t0 < 5
         assert await up.wait_available(15), up.last_error
         # respawned: a new process, refreshed tool list, old Tool objects work again
         assert await tools["add"].call({"a": 2, "b": 3}, 10) == 5
@@ -307,11 +307,11 @@ async def test_stop_without_start() -> None:
 
 async def test_http_unreachable() -> None:
     port = free_port()  # nobody listens here
-    settings = McpServerSettings(name="gone", url=f"http://127.0.0.1:{port}/mcp", connect_timeout_seconds=3)
+    settings = McpServerSettings(name="gone", url=f"http://127.0.0.1:{port}/mcp", connect_timeout_seconds=10)
     up = UpstreamMcpServer(settings)
     t0 = time.monotonic()
     await up.start()
-    assert time.monotonic() - t0 < 4
+    assert time.monotonic() - t0 < 9  # refused at once, not the connect timeout
     assert not up.available
     assert up.last_error
     assert up.tools() == []
@@ -337,7 +337,7 @@ async def test_http_server_restart() -> None:
         t0 = time.monotonic()
         with pytest.raises(ToolFailed, match="MCP server h is unavailable"):
             await add.call({"a": 1, "b": 2}, 10)
-        assert time.monotonic() - t0 < 2
+        assert time.monotonic() - t0 < 5  # not the call's 10 s timeout
         srv.start()  # same port
         assert await up.wait_available(15), up.last_error
         assert await add.call({"a": 20, "b": 22}, 10) == 42

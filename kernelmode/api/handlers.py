@@ -48,11 +48,27 @@ M = TypeVar("M", bound=BaseModel)
 SID = SESSION_ID_PATTERN.strip("^$")
 
 
+# Every handler streams its body, so that the token is checked before any of the body is read
+# (a buffered handler gets the body whole, and form bodies parsed, before ``prepare``). A refusal
+# made before the body is read would make tornado hang up on the unread bytes; the kernel then
+# resets the connection, and the reset can destroy the answer before the client reads it (the MCP
+# SDK saw a bare ReadError instead of its 401). So a refused body of up to this size is read and
+# dropped first; a bigger one is cut off unread.
+DRAIN_BEFORE_REJECTING = 1 << 20
+
+
+@web.stream_request_body
 class BaseHandler(web.RequestHandler):
-    """JSON in, JSON out, bearer token, errors as ``{"error": {"code", "message"}}``."""
+    """JSON in, JSON out, bearer token, errors as ``{"error": {"code", "message"}}``.
+
+    Subclasses check their headers in ``prepare_body``; the body is buffered (``body``) unless
+    a subclass streams it elsewhere by overriding ``data_received``.
+    """
 
     public = False
     principal: Principal = ADMIN  # who sent the request (set by prepare from the token)
+    rejected = False  # refused before its body was read: the body is dropped
+    _body_chunks: list[bytes]
 
     @property
     def app(self) -> Any:
@@ -63,6 +79,16 @@ class BaseHandler(web.RequestHandler):
         self.set_header("Cache-Control", "no-store")
 
     def prepare(self) -> None:
+        self._body_chunks = []
+        try:
+            self.authenticate()
+            self.prepare_body()
+        except (KernelmodeError, web.HTTPError) as e:
+            status = e.http_status if isinstance(e, KernelmodeError) else e.status_code
+            if status >= 500 or not self._drain_then_answer(e):
+                raise
+
+    def authenticate(self) -> None:
         if self.public:
             return
         header = self.request.headers.get("Authorization", "")
@@ -72,13 +98,40 @@ class BaseHandler(web.RequestHandler):
             raise Unauthorized("missing or wrong bearer token (send `Authorization: Bearer <token>`)")
         self.principal = principal
 
+    def prepare_body(self) -> None:
+        """Check the headers and set up what the body will stream into."""
+
+    def data_received(self, chunk: bytes) -> None:
+        if not self.rejected:  # the server's max_body_bytes caps the total
+            self._body_chunks.append(chunk)
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self._body_chunks)
+
+    def _drain_then_answer(self, error: Exception) -> bool:
+        length = self.request.headers.get("Content-Length", "0") or "0"
+        conn = self.request.connection
+        if not length.isdigit() or int(length) > DRAIN_BEFORE_REJECTING or not isinstance(conn, HTTP1Connection):
+            return False
+        conn.set_max_body_size(DRAIN_BEFORE_REJECTING)
+        self.rejected = True
+
+        def answer(*_args: Any, **_kwargs: Any) -> None:
+            raise error
+
+        # tornado looks the verb's method up on the instance once the body is in: whichever verb
+        # this was, no handler code runs for the refused request.
+        setattr(self, self.request.method.lower(), answer)
+        return True
+
     def own(self, session_id: str) -> str:
         """The id, if the caller may use that session (another tenant's is a 404 like an unknown id)."""
         self.app.sessions.authorize(self.principal, session_id)
         return session_id
 
     def body_model(self, model: type[M]) -> M:
-        raw = self.request.body or b"{}"
+        raw = self.body or b"{}"
         try:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
@@ -126,47 +179,6 @@ class BaseHandler(web.RequestHandler):
         if isinstance(value, KernelmodeError) and value.http_status < 500:
             return  # a client error, answered as such
         super().log_exception(typ, value, tb)
-
-
-# A streamed handler that answers before reading the body makes tornado close the socket with the
-# body unread; the kernel then resets the connection, and the reset can destroy the answer before
-# the client reads it (the MCP SDK saw a bare ReadError instead of 401). So a rejected request
-# whose body is at most this size is read (and dropped) first; a bigger one is cut off unread.
-DRAIN_BEFORE_REJECTING = 1 << 20
-
-
-class StreamedBodyHandler(BaseHandler):
-    """Base of ``@web.stream_request_body`` handlers: subclasses set up their body in
-    ``prepare_body`` and store chunks in ``data_received`` unless ``rejected``."""
-
-    rejected = False
-
-    def prepare(self) -> None:
-        try:
-            super().prepare()
-            self.prepare_body()
-        except KernelmodeError as e:
-            if e.http_status >= 500 or not self._drain_then_answer(e):
-                raise
-
-    def prepare_body(self) -> None:
-        """Check the headers and set up what the body will stream into."""
-
-    def _drain_then_answer(self, error: KernelmodeError) -> bool:
-        length = self.request.headers.get("Content-Length", "0") or "0"
-        conn = self.request.connection
-        if not length.isdigit() or int(length) > DRAIN_BEFORE_REJECTING or not isinstance(conn, HTTP1Connection):
-            return False
-        conn.set_max_body_size(DRAIN_BEFORE_REJECTING)
-        self.rejected = True
-
-        def answer(*_args: Any, **_kwargs: Any) -> None:
-            raise error
-
-        # tornado looks the verb's method up on the instance once the body is in: whichever verb
-        # this was, no handler code runs for the rejected request.
-        setattr(self, self.request.method.lower(), answer)
-        return True
 
 
 class HealthHandler(BaseHandler):
@@ -295,8 +307,7 @@ class FilesHandler(BaseHandler):
         self.send(FileList.model_validate({"files": files}))
 
 
-@web.stream_request_body
-class FileHandler(StreamedBodyHandler):
+class FileHandler(BaseHandler):
     """Uploads stream to a spool file (not memory) under their own size cap."""
 
     _spool: Any = None
@@ -391,8 +402,7 @@ class PublicArtifactHandler(BaseHandler):
 
 
 class NotFoundHandler(BaseHandler):
-    def prepare(self) -> None:
-        super().prepare()
+    def prepare_body(self) -> None:  # after the token check: unknown routes are no one's business
         path = self.request.path
         if path.startswith("/v1/sessions/"):
             raise SessionNotFound(f"no such session or route: {path} (ids match {SESSION_ID_PATTERN})")

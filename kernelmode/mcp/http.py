@@ -12,11 +12,10 @@ from typing import Any
 
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
-from tornado import web
 from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
-from ..api.handlers import StreamedBodyHandler
+from ..api.handlers import BaseHandler
 from ..errors import PayloadTooLarge
 from .server import TENANT_HEADER, KernelmodeMCP
 
@@ -60,20 +59,16 @@ class McpHttp:
                 await asyncio.wait_for(self._task, 10)
 
 
-@web.stream_request_body
-class McpHandler(StreamedBodyHandler):
+class McpHandler(BaseHandler):
     """One ASGI call per HTTP request: POST (JSON-RPC in, JSON or SSE out), GET (the server's
     event stream), DELETE (end the MCP session)."""
 
-    _chunks: list[bytes]
-    _size = 0
     _closed: asyncio.Event
 
     def set_default_headers(self) -> None:
         self.set_header("Cache-Control", "no-store")
 
     def prepare(self) -> None:
-        self._chunks = []
         self._closed = asyncio.Event()
         super().prepare()  # the bearer token, then prepare_body
 
@@ -84,11 +79,6 @@ class McpHandler(StreamedBodyHandler):
             raise PayloadTooLarge(f"the MCP request is {length} bytes, over this server's limit of {cap}")
         if isinstance(self.request.connection, HTTP1Connection):
             self.request.connection.set_max_body_size(cap + 1)
-
-    def data_received(self, chunk: bytes) -> None:
-        self._size += len(chunk)
-        if self._size <= self.app.mcp_http.max_body_bytes and not self.rejected:
-            self._chunks.append(chunk)
 
     def on_connection_close(self) -> None:
         self._closed.set()
@@ -103,7 +93,8 @@ class McpHandler(StreamedBodyHandler):
         await self._asgi()
 
     async def _asgi(self) -> None:
-        if self._size > self.app.mcp_http.max_body_bytes:
+        body = self.body  # at most max_body_bytes + 1 (the connection's cap)
+        if len(body) > self.app.mcp_http.max_body_bytes:
             raise PayloadTooLarge(f"the MCP request is over this server's limit of "
                                   f"{self.app.mcp_http.max_body_bytes} bytes")
         req = self.request
@@ -118,7 +109,6 @@ class McpHandler(StreamedBodyHandler):
             "client": (req.remote_ip, 0), "server": (host or req.host, int(port) if port.isdigit() else 80),
             "state": {},
         }
-        body = b"".join(self._chunks)
         body_sent = False
 
         async def receive() -> dict[str, Any]:

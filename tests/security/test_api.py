@@ -80,6 +80,17 @@ def test_refusal_reads_a_small_streamed_body_first(server, method, path):
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "unauthorized"
 
 
+@pytest.mark.parametrize("content_type", ["multipart/form-data; boundary=x", "application/x-www-form-urlencoded"])
+def test_unauthenticated_form_bodies_are_not_parsed(server, content_type):
+    """The token is checked before any of the body is read: a (malformed) form body without it
+    gets the 401, not the form parser's 400."""
+    body = b"--x\r\nContent-Disposition: form-data\r\n\r\n" + b"%zz&" * 1000
+    for path in ("/v1/sessions", "/v1/sessions/x/files/a.txt", "/mcp", "/no/such/route"):
+        r = httpx.post(server.url + path, content=body, headers={"Content-Type": content_type}, timeout=30)
+        assert r.status_code == 401, (path, r.text)
+        assert r.json()["error"]["code"] == "unauthorized"
+
+
 def test_unauthenticated_requests_have_no_effect(server, session_factory, api):
     sid = session_factory()
     before = {s["session_id"] for s in api.get("/v1/sessions").json()["sessions"]}

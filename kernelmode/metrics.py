@@ -39,8 +39,9 @@ class Metrics:
         # A registry of its own: several services in one process (tests, library mode) do not mix.
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.runs = Counter("kernelmode_runs", "Runs by final status and where they came from",
-                            ["status", "source"], registry=r)
+        # Tenants are configured (few), so a tenant label keeps the series count small.
+        self.runs = Counter("kernelmode_runs", "Runs by final status, where they came from and tenant",
+                            ["status", "source", "tenant"], registry=r)
         self.run_seconds = Histogram(
             "kernelmode_run_duration_seconds", "Wall time of runs (queueing excluded)", ["source"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600), registry=r)
@@ -51,9 +52,9 @@ class Metrics:
         self.artifact_bytes = Counter("kernelmode_artifact_bytes", "Bytes of artifacts kept", registry=r)
         self.artifacts = Counter("kernelmode_artifacts", "Artifacts kept", registry=r)
         self.sessions_created = Counter("kernelmode_sessions_created", "Sessions created",
-                                        ["from_pool"], registry=r)
+                                        ["from_pool", "tenant"], registry=r)
         self.sessions_ended = Counter("kernelmode_sessions_ended", "Sessions deleted or reaped",
-                                      ["reason"], registry=r)
+                                      ["reason", "tenant"], registry=r)
         self.gateway_restarts = Counter("kernelmode_gateway_restarts",
                                         "Kernel Gateway deaths followed by a restart", registry=r)
 
@@ -61,8 +62,8 @@ class Metrics:
         """``read() -> ({status: count}, pool ready, pool size)``, called at each scrape."""
         self.registry.register(_LiveState(read))
 
-    def observe_run(self, result: RunResult, source: str = "api") -> None:
-        self.runs.labels(result.status, source).inc()
+    def observe_run(self, result: RunResult, tenant: str, source: str = "api") -> None:
+        self.runs.labels(result.status, source, tenant).inc()
         self.run_seconds.labels(source).observe(result.duration_ms / 1000)
         if result.status == "kernel_died":
             self.deaths.labels(result.cause.kind if result.cause else "unknown").inc()

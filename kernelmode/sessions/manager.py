@@ -28,7 +28,7 @@ from ..artifacts.harvester import SESSION_FILES, Harvester
 from ..artifacts.volume import WorkspaceVolumes
 from ..artifacts.workspace import FileEntry, Workspace, WorkspaceFull, clean_path, mime_type
 from ..audit import audit
-from ..config import Settings
+from ..config import ADMIN_TENANT, Settings
 from ..errors import (
     KernelmodeError,
     KernelUnavailable,
@@ -418,7 +418,7 @@ class SessionManager:
             self._creating.pop(sid, None)
         info.kernel_id = s.kernel_id
         self._live[sid] = s
-        self.metrics.sessions_created.labels("true" if info.from_pool else "false").inc()
+        self.metrics.sessions_created.labels("true" if info.from_pool else "false", tenant).inc()
         self.store.take_id(sid, tenant)  # runs of an earlier session with this id are not this one's
         self.store.save(info, s.kernel_id, s.workspace)
         log.info("session %s created (kernel %s, tenant %s)", sid, s.kernel_id, tenant)
@@ -489,7 +489,7 @@ class SessionManager:
             await self._discard(s)
             self.broker.forget_session(session_id)
         self.store.delete(session_id)
-        self.metrics.sessions_ended.labels(reason).inc()
+        self.metrics.sessions_ended.labels(reason, tenant or ADMIN_TENANT).inc()
         log.info("session %s deleted (%s)", session_id, reason)
         audit("session_closed", session_id=session_id, tenant=tenant, reason=reason)
 
@@ -504,7 +504,7 @@ class SessionManager:
             return
         self.store.add_run(code, result, events)
         self.store.save(s.info, s.kernel_id, s.workspace)
-        self.metrics.observe_run(result, source="console")
+        self.metrics.observe_run(result, s.info.tenant or ADMIN_TENANT, source="console")
         audit("console_run", session_id=s.info.session_id, tenant=s.info.tenant, run_id=result.run_id,
               status=result.status)
 
@@ -629,7 +629,7 @@ class SessionManager:
         finally:
             self.runs.finished(run)
         run.result = result
-        self.metrics.observe_run(result)
+        self.metrics.observe_run(result, s.info.tenant or ADMIN_TENANT)
         audit("run", session_id=session_id, tenant=s.info.tenant, run_id=run.run_id, status=result.status,
               duration_ms=result.duration_ms, state_lost=result.state_lost,
               cause=result.cause.model_dump() if result.cause else None,

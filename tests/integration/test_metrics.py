@@ -30,8 +30,8 @@ def test_metrics_count_runs_deaths_sessions(api: httpx.Client, session_factory, 
     run(sid, "import os; os._exit(2)")
     after = scrape(api)
     for status in ("ok", "error", "kernel_died"):
-        assert value(after, "kernelmode_runs_total", status=status, source="api") == \
-            value(before, "kernelmode_runs_total", status=status, source="api") + 1, status
+        assert value(after, "kernelmode_runs_total", status=status, source="api", tenant="admin") == \
+            value(before, "kernelmode_runs_total", status=status, source="api", tenant="admin") + 1, status
     assert value(after, "kernelmode_kernel_deaths_total", cause="exit") == \
         value(before, "kernelmode_kernel_deaths_total", cause="exit") + 1
     assert value(after, "kernelmode_artifact_bytes_total") >= value(before, "kernelmode_artifact_bytes_total") + 5
@@ -41,7 +41,7 @@ def test_metrics_count_runs_deaths_sessions(api: httpx.Client, session_factory, 
     assert value(after, "kernelmode_sessions", status="idle") + value(after, "kernelmode_sessions", status="restarting") >= 1
     assert ("kernelmode_pool_size", ()) in after
     api.delete(f"/v1/sessions/{sid}")
-    assert value(scrape(api), "kernelmode_sessions_ended_total", reason="closed") >= 1
+    assert value(scrape(api), "kernelmode_sessions_ended_total", reason="closed", tenant="admin") >= 1
 
 
 def test_metrics_need_the_token(server: Server) -> None:

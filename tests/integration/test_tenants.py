@@ -110,9 +110,18 @@ def test_listing_is_per_tenant_and_admin_sees_all(
             every = {s["session_id"]: s["tenant"] for s in admin.get("/v1/sessions").json()["sessions"]}
             assert every[alpha_sid] == "alpha" and every["beta-own"] == "beta"
             # The admin reaches any tenant's session.
+            before = admin.get("/metrics").text
             res = admin.post(f"/v1/sessions/{alpha_sid}/execute", json={"code": "secret"}).json()
             assert res["result"] == "41"
-            assert admin.get("/metrics").status_code == 200
+            beta.post("/v1/sessions/beta-own/execute", json={"code": "1/0"})
+            after = admin.get("/metrics")
+            assert after.status_code == 200
+            # Counted under the session's tenant (whoever sent the run).
+            for labels in ('source="api",status="ok",tenant="alpha"', 'source="api",status="error",tenant="beta"'):
+                assert _sample(after.text, "kernelmode_runs_total", labels) == \
+                    _sample(before, "kernelmode_runs_total", labels) + 1, labels
+            assert _sample(after.text, "kernelmode_sessions_created_total", 'from_pool="true",tenant="beta"') + \
+                _sample(after.text, "kernelmode_sessions_created_total", 'from_pool="false",tenant="beta"') >= 1
         # Metrics span every tenant: the admin's only.
         r = beta.get("/metrics")
         assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
@@ -229,3 +238,11 @@ def test_tenant_config_is_validated() -> None:
         with pytest.raises(ConfigError) as e:
             load(bad)
         assert says in e.value.message, (bad, e.value.message)
+
+
+def _sample(text: str, name: str, labels: str) -> float:
+    """The value of ``name{labels}`` (labels sorted by name, as prometheus_client writes them)."""
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{labels}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

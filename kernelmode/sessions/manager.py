@@ -286,7 +286,17 @@ class SessionManager:
         """Start a sandboxed kernel with its own workspace, connect, install the preamble."""
         kernel_id = str(uuid.uuid4())
         workspace = self.workspaces / kernel_id
-        await asyncio.to_thread(self.volumes.create, workspace, info.limits.disk_mb)
+        create = asyncio.ensure_future(asyncio.to_thread(self.volumes.create, workspace, info.limits.disk_mb))
+        try:
+            await asyncio.shield(create)
+        except asyncio.CancelledError:
+            # Cancelling does not stop the thread: it would mount the volume after the stop's
+            # sweep, and the mount would outlive the server. Undo it once it is made.
+            with contextlib.suppress(Exception):
+                await create
+            with contextlib.suppress(KernelmodeError):
+                await asyncio.to_thread(self.volumes.destroy, workspace)
+            raise
         s = LiveSession(info=info, kernel_id=kernel_id, workspace=workspace)
         timeout = self.settings.sessions.kernel_start_timeout_seconds
         started = False

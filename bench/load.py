@@ -58,6 +58,7 @@ for _p in (str(REPO), str(HERE)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+from procfs import hwm_kb, reset_hwm, rss_kb  # noqa: E402
 from roundtrip import (  # noqa: E402
     KERNEL_PYTHON,
     DirectKernel,
@@ -71,39 +72,12 @@ from scale import CLK_TCK, KmServer, cpu_ticks, descendants, machine_info  # noq
 from kernelmode.client import AsyncClient, AsyncSession  # noqa: E402
 
 SECTION = "bench/load.py"
-PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 CONCURRENCY = 4  # sessions created at a time
 MAX_OUTPUT_BYTES = 1024 * 1024  # the default cap per stream, set explicitly so the checks know it
 LINE = "x" * 1023  # + "\n": 1 KiB per printed line
 
 
 # -- memory from /proc ---------------------------------------------------------------------------------
-
-
-def rss_kb(pid: int) -> int:
-    """Resident set size (kB) from /proc/<pid>/statm; 0 when the process is gone."""
-    try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_KB
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def hwm_kb(pid: int) -> int | None:
-    """The kernel's record of the process's peak RSS (VmHWM, kB) since start or the last reset."""
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return None
-
-
-def reset_hwm(pid: int) -> bool:
-    """Reset VmHWM to the current RSS (``5`` > /proc/<pid>/clear_refs, Linux >= 4.0)."""
-    try:
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 class RssSampler:

@@ -56,6 +56,7 @@ for _p in (str(REPO), str(HERE)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+from procfs import status_field  # noqa: E402
 from roundtrip import KERNEL_PYTHON, DirectKernel, Stats, _version, run_stoppable  # noqa: E402
 
 from tests.conftest import Server, start_server  # noqa: E402
@@ -191,11 +192,8 @@ def descendants(root: int, table: dict[int, int] | None = None) -> list[int]:
 
 
 def uid_of(pid: int) -> int | None:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Uid:"):
-                return int(line.split()[1])
-    return None
+    uid = status_field(pid, "Uid")
+    return int(uid) if uid is not None else None
 
 
 def mem_kb(pid: int) -> tuple[int, int]:

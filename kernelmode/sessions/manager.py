@@ -717,8 +717,8 @@ class SessionManager:
             s.conn.forget(queue)
             for task in list(answering):
                 task.cancel()
-            # Delivered before the next run can start, so it cannot interrupt that one.
-            await asyncio.gather(*held_interrupt, return_exceptions=True)
+            if held_interrupt:  # delivered before the next run can start, so it cannot hit that one
+                await asyncio.gather(*held_interrupt, return_exceptions=True)
         return RunResult(
             run_id=run_id, session_id=s.info.session_id, status=status,
             stdout=collector.stdout, stderr=collector.stderr, result=collector.result,

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import os
 import secrets
 import threading
-from pathlib import Path
 
 import httpx
 
+from bench.procfs import hwm_kb, reset_hwm, rss_kb
 from kernelmode.client import AsyncClient, AsyncSession
 from tests.conftest import Server
 
 SESSIONS, RUNS = 8, 25
 CAP = 1024 * 1024  # the default max_output_bytes per stream, which the session fixture's server uses
 LINE = "x" * 1023  # + "\n": 1 KiB a line
-PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 def _client(server: Server) -> AsyncClient:
@@ -75,27 +73,8 @@ async def test_concurrent_sessions_each_get_their_own_replies(server: Server) ->
             await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
 
 
-def _rss_kb(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_KB
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _reset_hwm(pid: int) -> bool:
-    """Reset the kernel's peak-RSS record (VmHWM) of a process to its current RSS."""
-    try:
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
 def _hwm_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return 0
+    return hwm_kb(pid) or 0
 
 
 async def test_output_floods_keep_the_manager_memory_bounded(server: Server) -> None:
@@ -114,16 +93,16 @@ async def test_output_floods_keep_the_manager_memory_bounded(server: Server) -> 
             for s in sessions:
                 assert (await s.run("1+1")).result == "2"
             await asyncio.sleep(1)  # the pool refill after the takes
-            baseline = min(_rss_kb(pid) for _ in range(3))
+            baseline = min(rss_kb(pid) for _ in range(3))
             samples: list[int] = []
             stop = threading.Event()
 
             def sample() -> None:
                 while not stop.is_set():
-                    samples.append(_rss_kb(pid))
+                    samples.append(rss_kb(pid))
                     stop.wait(0.05)
 
-            hwm_reset = _reset_hwm(pid)  # so that no spike between two samples is missed
+            hwm_reset = reset_hwm(pid)  # so that no spike between two samples is missed
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
             try:
@@ -160,7 +139,7 @@ async def test_one_huge_print_never_reaches_the_manager_whole(server: Server) ->
     """A single 64 MiB `print` is one stream message: the gateway cuts it to the output cap before
     sending it on, so the manager's peak memory grows by far less than the message."""
     pid = server.proc.pid
-    if not _reset_hwm(pid):
+    if not reset_hwm(pid):
         import pytest
 
         pytest.skip("cannot reset VmHWM here (/proc/PID/clear_refs needs root)")
@@ -168,7 +147,7 @@ async def test_one_huge_print_never_reaches_the_manager_whole(server: Server) ->
         session = (await _create(km, 1))[0]
         try:
             assert (await session.run("1+1")).result == "2"
-            _reset_hwm(pid)
+            reset_hwm(pid)
             before = _hwm_kb(pid)
             r = await session.run("print('z' * (64 * 2**20))\n'done'", timeout_seconds=300)
             growth_mb = (_hwm_kb(pid) - before) / 1024

@@ -62,6 +62,11 @@ class Tenants:
                 found = principal
         return found
 
+    def from_authorization(self, header: str) -> Principal | None:
+        """The principal of an ``Authorization: Bearer <token>`` header, or None."""
+        scheme, _, token = header.partition(" ")
+        return self.authenticate(token.strip()) if scheme.lower() == "bearer" else None
+
     def get(self, name: str) -> Principal | None:
         return self._by_name.get(name)
 

@@ -46,9 +46,7 @@ class ChannelsHandler(websocket.WebSocketHandler):
         self._refuse(status_code, code, getattr(exc, "log_message", None) or self._reason)
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
-        header = self.request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        principal = self.app.tenants.authenticate(token.strip()) if scheme.lower() == "bearer" else None
+        principal = self.app.tenants.from_authorization(self.request.headers.get("Authorization", ""))
         if principal is None:
             return self._refuse(401, "unauthorized", "missing or wrong bearer token")
         try:

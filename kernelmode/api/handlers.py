@@ -91,9 +91,7 @@ class BaseHandler(web.RequestHandler):
     def authenticate(self) -> None:
         if self.public:
             return
-        header = self.request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        principal = self.app.tenants.authenticate(token.strip()) if scheme.lower() == "bearer" else None
+        principal = self.app.tenants.from_authorization(self.request.headers.get("Authorization", ""))
         if principal is None:
             raise Unauthorized("missing or wrong bearer token (send `Authorization: Bearer <token>`)")
         self.principal = principal

@@ -31,6 +31,8 @@ def _cut_stream(parts: list) -> list:
     except (ValueError, TypeError, AttributeError):
         return parts
     return [parts[0], parts[1], parts[2], json.dumps(content).encode(), *parts[4:]]
+
+
 log = logging.getLogger("kernelmode.gateway")
 
 

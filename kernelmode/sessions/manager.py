@@ -681,10 +681,11 @@ class SessionManager:
                 held_interrupt.append(asyncio.create_task(self._quiet_interrupt(s)))
 
         # allow_stdin: tool calls come back as input_requests (the preamble makes a plain
-        # input() fail inside the kernel).
+        # input() fail inside the kernel). stop_on_error off: the manager queues nothing of its
+        # own behind a run, so an abort would only hit someone else's cell (a console's).
         queue = await s.conn.send("shell", "execute_request", {
             "code": code, "silent": False, "store_history": True, "user_expressions": {},
-            "allow_stdin": True, "stop_on_error": True,
+            "allow_stdin": True, "stop_on_error": False,
         })
         loop = asyncio.get_running_loop()
         try:

@@ -225,3 +225,42 @@ def test_an_interrupt_before_the_runs_cell_starts_is_held_for_it(srv: Server, ap
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_failing_run_does_not_abort_a_console_cell_queued_behind_it(srv: Server, api: httpx.Client, sid: str) -> None:
+    """A person's cell that waits in the kernel's queue behind an agent's failing run still runs:
+    the manager's runs do not ask the kernel to abort what is queued after them."""
+    proc = subprocess.Popen([*KM, "console", sid, "--url", srv.url, "--token", srv.token, "--connection-file"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    try:
+        assert proc.stdout is not None
+        kc = BlockingKernelClient(connection_file=proc.stdout.readline().rsplit(": ", 1)[1].strip())
+        kc.load_connection_file()
+        kc.start_channels()
+        try:
+            r = api.post(f"/v1/sessions/{sid}/execute", json={
+                "code": "import time\nprint('started', flush=True)\ntime.sleep(2)\n1/0",
+                "wait_seconds": 0, "timeout_seconds": 60})
+            assert r.status_code == 202, r.text
+            run_id = r.json()["run_id"]
+            seen, offset = "", 0
+            deadline = time.monotonic() + 60
+            while "started" not in seen:  # the run's cell is in the kernel: the next one queues
+                assert time.monotonic() < deadline, seen
+                part = api.get(f"/v1/runs/{run_id}", params={"wait_seconds": 5, "offset": offset}).json()
+                seen += "".join(e.get("text", "") for e in part["events"] if e["type"] == "stream")
+                offset = part["next_offset"]
+                assert not part["done"], part
+            cell = kc.execute("person = 6 * 7\nperson")
+            reply = kc.get_shell_msg(timeout=60)
+            assert reply["parent_header"]["msg_id"] == cell
+            assert reply["content"]["status"] == "ok", reply["content"]  # not "aborted"
+        finally:
+            kc.stop_channels()
+        final = api.get(f"/v1/runs/{run_id}", params={"wait_seconds": 30}).json()
+        assert final["done"] and final["result"]["status"] == "error", final
+        assert final["result"]["error"]["ename"] == "ZeroDivisionError"
+        assert execute(api, sid, "person")["result"] == "42"  # the person's cell ran
+    finally:
+        proc.terminate()
+        proc.wait(30)

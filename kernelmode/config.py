@@ -227,6 +227,11 @@ class McpFrontSettings(_Section):
     max_images: int = Field(4, ge=0, description="Images returned inline per result.")
     max_request_bytes: int = Field(
         32 * 1024 * 1024, ge=65_536, description="Largest MCP request (upload_file sends base64).")
+    max_sessions: int = Field(
+        10_000, ge=1, description="Open MCP connections (Mcp-Session-Id) at /mcp, all tenants together.")
+    max_sessions_per_tenant: int = Field(
+        1_000, ge=1, description="Open MCP connections at /mcp per tenant (token); beyond, opening "
+        "another answers 503 until one closes or idles out (30 min).")
 
 
 class Settings(_Section):

@@ -2,6 +2,11 @@
 
 The SDK speaks ASGI; this handler hands it each request as an ASGI call, behind the same bearer
 token as the REST API. The protocol itself (sessions, SSE framing, JSON-RPC) is all the SDK's.
+
+Each MCP connection (``Mcp-Session-Id``) belongs to the tenant that opened it: the request's
+ASGI scope carries the tenant as the SDK's authenticated user, and the SDK answers another
+tenant's request for that id exactly like an unknown id (404, so no DELETE either). The number
+of open connections is capped per tenant as well as in all.
 """
 
 from __future__ import annotations
@@ -10,6 +15,9 @@ import asyncio
 import contextlib
 from typing import Any
 
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext
+from mcp.server.auth.provider import AccessToken
+from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from tornado.http1connection import HTTP1Connection
@@ -20,6 +28,33 @@ from ..errors import PayloadTooLarge
 from .server import TENANT_HEADER, KernelmodeMCP
 
 
+def tenant_user(tenant: str) -> AuthenticatedUser:
+    """The SDK's authenticated user for a tenant: the SDK binds each MCP connection to the user
+    that opened it (its ``client_id``). No token in it: tools never need the caller's secret."""
+    return AuthenticatedUser(AccessToken(token="", client_id=tenant, scopes=[]))
+
+
+class TenantSessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager with a cap on open MCP connections per tenant besides its
+    overall ``max_sessions``: one tenant at its cap cannot keep another from connecting.
+
+    Admission is the SDK's ``_admit_session`` (mcp 2.3), called under its creation lock, so
+    concurrent openings are counted exactly; None is the SDK's refusal (503 "Too many open
+    sessions"). tests/security/test_mcp_tenants.py fails if the SDK stops calling it."""
+
+    def __init__(self, *args: Any, max_sessions_per_tenant: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_sessions_per_tenant = max_sessions_per_tenant
+
+    def open_sessions(self, tenant: str) -> int:
+        return sum(1 for owner in self._session_owners.values() if owner["client_id"] == tenant)
+
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
+        if requestor is None or self.open_sessions(requestor["client_id"]) >= self.max_sessions_per_tenant:
+            return None  # McpHandler always sets the user; none would be a bug: refuse
+        return super()._admit_session(requestor)
+
+
 class McpHttp:
     """The streamable-HTTP session manager and the task that keeps it running."""
 
@@ -28,11 +63,13 @@ class McpHttp:
         self.max_body_bytes = max_body_bytes
         # The bearer token already stops DNS-rebinding pages (they cannot know it), and a Host
         # allow-list would break deployments behind a name (docker compose, a proxy).
-        self.manager = StreamableHTTPSessionManager(
+        self.manager = TenantSessionManager(
             app=mcp.server._lowlevel_server,  # what MCPServer.streamable_http_app() wraps
             json_response=False,  # SSE, so progress notifications reach the client mid-call
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
             max_request_body_size=max_body_bytes,
+            max_sessions=mcp.cfg.max_sessions,
+            max_sessions_per_tenant=mcp.cfg.max_sessions_per_tenant,
         )
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -108,6 +145,8 @@ class McpHandler(BaseHandler):
                         if k.lower() != TENANT_HEADER] + [(TENANT_HEADER.encode(), self.principal.tenant.encode())],
             "client": (req.remote_ip, 0), "server": (host or req.host, int(port) if port.isdigit() else 80),
             "state": {},
+            # The SDK binds the MCP connection to this user and serves it to no other.
+            "user": tenant_user(self.principal.tenant),
         }
         body_sent = False
 

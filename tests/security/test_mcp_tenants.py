@@ -1,0 +1,123 @@
+"""MCP connections belong to their tenant: another tenant's token naming a connection's
+``Mcp-Session-Id`` is answered like an unknown id (404) and cannot end it; the cap on open MCP
+connections is per tenant, so one tenant at its cap does not lock the others out.
+
+Attacks with raw HTTP against the real server's /mcp (the SDK client hides the session id),
+and the real MCP SDK client for the tenant that must still get in.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import Server, start_server
+from tests.mcp.conftest import mcp_client
+
+ALPHA, BETA = (secrets.token_urlsafe(18) for _ in range(2))
+TENANTS = f"[{{name: alpha, token: '{ALPHA}'}}, {{name: beta, token: '{BETA}'}}]"
+PER_TENANT = 2
+ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+VERSION = "2025-06-18"
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[Server]:
+    s = start_server({"KERNELMODE_SERVER__TENANTS": TENANTS, "KERNELMODE_SESSIONS__POOL_SIZE": "0",
+                      "KERNELMODE_MCP__MAX_SESSIONS_PER_TENANT": str(PER_TENANT)})
+    yield s
+    s.stop()
+
+
+def rpc(method: str, params: dict | None = None, id_: int | None = 1) -> dict:
+    msg: dict = {"jsonrpc": "2.0", "method": method, "params": params or {}}
+    if id_ is not None:
+        msg["id"] = id_
+    return msg
+
+
+def answer(r: httpx.Response) -> dict:
+    """The JSON-RPC message of a response (an SSE event or plain JSON)."""
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in r.text.splitlines() if line.startswith("data:")]
+        return json.loads(next(d for d in data if d))
+    return r.json()
+
+
+def open_connection(srv: Server, token: str) -> httpx.Response:
+    """initialize (+ initialized) on a new MCP connection; the response carries its id."""
+    with srv.client(token) as c:
+        r = c.post("/mcp", headers=ACCEPT, json=rpc("initialize", {
+            "protocolVersion": VERSION, "capabilities": {},
+            "clientInfo": {"name": "attacker", "version": "0"}}))
+        if r.status_code == 200:
+            sid = r.headers["mcp-session-id"]
+            done = c.post("/mcp", headers={**ACCEPT, "mcp-session-id": sid, "mcp-protocol-version": VERSION},
+                          json=rpc("notifications/initialized", id_=None))
+            assert done.status_code == 202, done.text
+        return r
+
+
+def list_tools(srv: Server, token: str, sid: str) -> httpx.Response:
+    with srv.client(token) as c:
+        return c.post("/mcp", headers={**ACCEPT, "mcp-session-id": sid, "mcp-protocol-version": VERSION},
+                      json=rpc("tools/list", id_=2))
+
+
+def close(srv: Server, token: str, sid: str) -> httpx.Response:
+    with srv.client(token) as c:
+        return c.delete("/mcp", headers={"mcp-session-id": sid, "mcp-protocol-version": VERSION})
+
+
+def test_another_tenant_cannot_use_or_end_a_connection(srv: Server) -> None:
+    r = open_connection(srv, ALPHA)
+    assert r.status_code == 200, r.text
+    sid = r.headers["mcp-session-id"]
+    try:
+        mine = list_tools(srv, ALPHA, sid)
+        assert mine.status_code == 200 and "run_python" in mine.text
+        unknown = list_tools(srv, BETA, secrets.token_hex(16))
+        assert unknown.status_code == 404
+        # beta naming alpha's connection: exactly the answer for an id nobody has.
+        stolen = list_tools(srv, BETA, sid)
+        assert stolen.status_code == 404, stolen.text
+        assert answer(stolen)["error"] == answer(unknown)["error"]
+        assert "run_python" not in stolen.text
+        assert close(srv, BETA, sid).status_code == 404
+        # The admin token is a tenant of its own here: it cannot take the connection over either.
+        assert list_tools(srv, srv.token, sid).status_code == 404
+        # alpha's connection is untouched.
+        again = list_tools(srv, ALPHA, sid)
+        assert again.status_code == 200 and "run_python" in again.text
+    finally:
+        assert close(srv, ALPHA, sid).status_code == 200
+    assert list_tools(srv, ALPHA, sid).status_code == 404  # ended by its owner
+
+
+async def test_the_connection_cap_is_per_tenant(srv: Server) -> None:
+    held = []
+    try:
+        for _ in range(PER_TENANT):
+            r = open_connection(srv, ALPHA)
+            assert r.status_code == 200, r.text
+            held.append(r.headers["mcp-session-id"])
+        refused = open_connection(srv, ALPHA)
+        assert refused.status_code == 503, refused.text
+        assert "too many" in refused.text.lower()
+        # beta still gets in, with the real SDK client, and works.
+        async with mcp_client(srv, token=BETA, close=False) as client:
+            tools = await client.list_tools()
+            assert "run_python" in {t.name for t in tools.tools}
+        # alpha's connections still work, and closing one makes room for another.
+        assert list_tools(srv, ALPHA, held[0]).status_code == 200
+        assert close(srv, ALPHA, held.pop()).status_code == 200
+        r = open_connection(srv, ALPHA)
+        assert r.status_code == 200, r.text
+        held.append(r.headers["mcp-session-id"])
+    finally:
+        for sid in held:
+            close(srv, ALPHA, sid)

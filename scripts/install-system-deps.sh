@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs the system packages kernelmode needs, only when missing: bubblewrap (the sandbox)
-# and Debian's python3 + venv (the kernel environment). Debian/Ubuntu (apt); elsewhere it says
-# what to install by hand.
+# Installs the system packages kernelmode needs, only when missing: bubblewrap (the sandbox),
+# libseccomp (its filter) and Debian's python3 + venv (the kernel environment). Debian/Ubuntu
+# (apt); elsewhere it says what to install by hand.
 set -euo pipefail
 
 need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+# libseccomp compiles the kernels' seccomp filter (kernelmode/sandbox/seccomp.py, via pyseccomp).
+ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || need+=(libseccomp2)
 if ! /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   need+=(python3 python3-venv)
 fi

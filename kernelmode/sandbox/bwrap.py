@@ -19,8 +19,9 @@ from pathlib import Path
 
 from traitlets import Integer, Unicode
 
-from . import cgroups
+from . import cgroups, seccomp
 from .base import KernelmodeProvisioner, kernel_environment, log
+from .launcher import SECCOMP_FD
 from .spec import WORKSPACE_MOUNT
 
 LAUNCHER = str(Path(__file__).with_name("launcher.py"))
@@ -70,10 +71,13 @@ def bwrap_argv(
     tmp_bytes: int,
     env: dict[str, str],
     command: list[str],
+    seccomp_filter: bool = True,
 ) -> list[str]:
-    """The bwrap command line for one kernel (a pure function, tested on its own)."""
+    """The bwrap command line for one kernel (a pure function, tested on its own). With
+    ``seccomp_filter``, the launcher puts the filter's descriptor in place of ``SECCOMP_FD``."""
     argv = [
         bwrap,
+        *(["--seccomp", SECCOMP_FD] if seccomp_filter else []),
         "--unshare-all",  # user, pid, net, ipc, uts, cgroup (and mount) namespaces
         "--unshare-user",  # required, not just "try": --disable-userns depends on it
         "--disable-userns",  # no nested user namespaces from inside
@@ -137,6 +141,8 @@ class BwrapProvisioner(KernelmodeProvisioner):
         if bwrap is None:
             raise RuntimeError(f"kernelmode: bubblewrap ({self.bwrap_path}) is not installed")
         spec: dict[str, object] = {
+            # Docker's default seccomp profile plus our denials (seccomp.py), compiled once.
+            "seccomp": str(seccomp.bpf_file(self.runtime_dir)),
             "rlimits": {
                 "cpu": limits.cpu_seconds,
                 "fsize": limits.disk_mb * 1024 * 1024,

@@ -7,10 +7,16 @@ connection file's socket paths hold on both sides): nothing else of the host. Th
 through ``docker_launcher.py`` (the process the gateway watches); the engine is reached with the
 Docker SDK. Containers carry the labels ``app=kernelmode``, ``kernelmode.session_id``,
 ``kernelmode.kernel_id`` and ``kernelmode.server`` (which `serve` made them, for orphan cleanup).
+
+A kernel's start waits until its container runs: when the engine refuses it (a ulimit above the
+engine's own hard limit, a full disk...), the gateway answers 503 with the engine's message at
+once, instead of a kernel that never connects. ``check_docker`` has the engine grant the
+configured ceilings (``sandbox.max_limits``) once at start, so a session within them is grantable.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -20,8 +26,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tornado import web
 from traitlets import Float, Integer, Unicode
 
+from . import seccomp
 from .base import KernelmodeProvisioner, kernel_environment, log
 from .bwrap import _allocate_uid, _chown_tree, _uids
 from .spec import WORKSPACE_MOUNT
@@ -33,6 +41,9 @@ LABEL_DATA_DIR = "kernelmode.data_dir"
 LABEL_KERNEL_ID = "kernelmode.kernel_id"
 IMAGE_PYTHON = "python"  # on the image's PATH (its kernel venv)
 LOG_CAP_MB = 10  # the engine's log of a kernel container, and what the launcher relays
+START_WAIT_SECONDS = 90.0  # for the launcher to say whether its container started (its client: 60 s)
+# The rlimit numbers in runc's "error setting rlimit type N", and the ceiling each comes from.
+RLIMIT_KEYS = {0: "cpu_seconds", 1: "disk_mb", 7: "open_files"}
 
 
 def server_id(data_dir: Path | str) -> str:
@@ -120,13 +131,53 @@ class DockerProvisioner(KernelmodeProvisioner):
             "auto_remove": False,  # kept until cleanup: its OOMKilled state says why it died
         }
         spec = {"name": container_name(self.kernel_id), "create": create,
-                "log_cap_bytes": LOG_CAP_MB * 1024 * 1024}
+                "log_cap_bytes": LOG_CAP_MB * 1024 * 1024, "status_file": str(self.status_path),
+                # Docker's default seccomp profile plus our denials (seccomp.py): the launcher
+                # adds it to security_opt (a file, not ~20 KB of JSON on a command line).
+                "seccomp_profile": str(seccomp.profile_file(self.runtime_dir))}
         launcher_env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
         if os.environ.get("DOCKER_HOST"):
             launcher_env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
         # -I: nothing from the environment or the (kernel-writable) cwd; the script's own
         # directory (root-owned) holds no module named like the SDK.
         return [sys.executable, "-I", LAUNCHER, json.dumps(spec)], launcher_env, kdir
+
+    @property
+    def status_path(self) -> Path:
+        """Where the launcher says whether the container started (root's, beside the etc dir)."""
+        return Path(self.runtime_dir) / f"{self.kernel_id}.started"
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        self.status_path.unlink(missing_ok=True)
+        info = await super().launch_kernel(cmd, **kwargs)
+        refusal = await self._container_started()
+        if refusal is not None:
+            # Nothing runs and the gateway will not clean up a kernel that failed to launch.
+            self._stopping = True  # not a death: no record, no restart
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.process.wait, 10)  # the launcher exits at once
+                await self.cleanup(restart=False)
+            raise web.HTTPError(503, "the Docker engine refused the kernel's container: %s", refusal)
+        return info
+
+    async def _container_started(self) -> str | None:
+        """None once the container runs; the engine's message when it was refused."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_WAIT_SECONDS
+        while loop.time() < deadline:
+            try:
+                status = json.loads(self.status_path.read_text())
+            except (OSError, ValueError):
+                status = None
+            if status is not None:
+                self.status_path.unlink(missing_ok=True)
+                return None if status.get("started") else str(status.get("error") or "unknown error")
+            if self.process is not None and (code := self.process.poll()) is not None:
+                return f"the container launcher exited with code {code} (see the kernel's log)"
+            await asyncio.sleep(0.05)
+        log.warning("kernel %s: no word from its container launcher after %.0f s", self.kernel_id,
+                    START_WAIT_SECONDS)
+        return None  # slow, not refused: the manager's own start timeout decides
 
     @property
     def etc_dir(self) -> Path:
@@ -173,6 +224,7 @@ class DockerProvisioner(KernelmodeProvisioner):
         if not restart:
             _uids.pop(self.kernel_id, None)
             shutil.rmtree(self.etc_dir, ignore_errors=True)
+            self.status_path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             for sock in self.kernel_dir.glob("k-*"):
                 sock.unlink()

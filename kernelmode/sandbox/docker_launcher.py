@@ -5,18 +5,35 @@ container through the Docker SDK, relays its output to this process's stdout (th
 and exits with the container's exit code (128+N for a signal, as bwrap does), so the gateway's
 restarter and the death records work as with bubblewrap. SIGTERM stops the container, SIGKILL
 of this process is covered by the provisioner removing the container by name.
+
+Whether the container started is written to ``spec["status_file"]`` at once (``{"started": true}``
+or ``{"error": "<the engine's message>"}``, then exit 125 as ``docker run`` does), so the
+provisioner reports an engine's refusal while the kernel is being started, not after a time-out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import sys
 import threading
 from typing import Any
 
 import docker
-from docker.errors import APIError, NotFound
+from docker.errors import APIError, DockerException, NotFound
+
+EXIT_ENGINE_REFUSED = 125  # docker run's code for "the daemon refused"
+
+
+def _status(spec: dict[str, Any], status: dict[str, Any]) -> None:
+    path = spec.get("status_file")
+    if not path:
+        return
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(status, f)
+    os.replace(f"{path}.tmp", path)
 
 
 def main() -> int:
@@ -27,7 +44,14 @@ def main() -> int:
         client.containers.get(name).remove(force=True)
     except NotFound:
         pass
-    container = client.containers.create(**spec["create"], name=name, detach=True)
+    create = dict(spec["create"])
+    if spec.get("seccomp_profile"):  # the engine takes the profile's JSON itself, not a path
+        with open(spec["seccomp_profile"]) as f:
+            create["security_opt"] = [*create.get("security_opt", []), f"seccomp={f.read()}"]
+    try:
+        container = client.containers.create(**create, name=name, detach=True)
+    except DockerException as e:
+        return _refused(spec, e)
     stopping = threading.Event()
 
     def stop(signum: int, _frame: Any) -> None:
@@ -39,7 +63,13 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    container.start()
+    try:
+        container.start()
+    except DockerException as e:
+        with contextlib.suppress(DockerException):
+            container.remove(force=True)
+        return _refused(spec, e)
+    _status(spec, {"started": True})
 
     def relay() -> None:
         """The kernel's raw output to its log, up to a cap (it is not the kernel's to fill the disk)."""
@@ -58,6 +88,14 @@ def main() -> int:
     threading.Thread(target=relay, daemon=True).start()
     status = container.wait()
     return int(status.get("StatusCode", 1))
+
+
+def _refused(spec: dict[str, Any], e: DockerException) -> int:
+    """The engine would not create or start the container (e.g. a ulimit above its own)."""
+    message = str(getattr(e, "explanation", None) or e)
+    print(f"kernelmode: the Docker engine refused the container: {message}", flush=True)
+    _status(spec, {"error": message})
+    return EXIT_ENGINE_REFUSED
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import SandboxUnavailable
+from . import seccomp
 from .bwrap import LAUNCHER, bwrap_argv
 
 KERNEL_NAME = "kernelmode"
@@ -96,9 +97,12 @@ def check_bwrap(bwrap: str, kernel_python: Path, data_dir: Path) -> str:
         for name in ("passwd", "group", "hosts"):
             (Path(tmp) / "etc" / name).write_text("")
         os.chmod(tmp, 0o755)
-        spec: dict[str, object] = {}
+        # The kernels' seccomp filter too: the kernel's Python must start under it.
+        bpf = Path(tmp) / "seccomp.bpf"
+        bpf.write_bytes(seccomp.compile_bpf())
+        spec: dict[str, object] = {"seccomp": str(bpf)}
         if os.getuid() == 0:
-            spec = {"uid": 65534, "gid": 65534}
+            spec.update(uid=65534, gid=65534)
             for d in (kdir, ws):
                 os.chown(d, 65534, 65534)
         argv = bwrap_argv(

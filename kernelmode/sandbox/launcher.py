@@ -4,7 +4,9 @@ Run as ``python -I launcher.py SPEC_JSON -- COMMAND...`` by the bwrap provisione
 standalone stdlib script (run by path, isolated mode) so it starts fast and trusts nothing from
 the environment. The order matters: cgroups and rlimits are applied while still privileged, then
 the uid is dropped so that the sandbox (bwrap) runs as an unprivileged host user; ``exec`` keeps
-the pid, so the gateway still sees bwrap's exit status as the kernel's.
+the pid, so the gateway still sees bwrap's exit status as the kernel's. When the spec names a
+compiled seccomp filter, it is opened here and its descriptor handed to bwrap: the command's
+``--seccomp SECCOMP_FD`` placeholder becomes ``--seccomp N`` (bwrap reads the filter from fd N).
 """
 
 import json
@@ -12,6 +14,7 @@ import os
 import resource
 import sys
 
+SECCOMP_FD = "{seccomp_fd}"  # placeholder in the command, replaced by the filter's descriptor
 _RLIMITS = {
     "cpu": resource.RLIMIT_CPU,
     "fsize": resource.RLIMIT_FSIZE,
@@ -52,11 +55,25 @@ def apply(spec: dict) -> None:
             raise SystemExit("kernelmode launcher: could not drop privileges")
 
 
+def pass_seccomp(spec: dict, command: list) -> list:
+    """Open the filter file (root-owned, read before the uid is dropped) for bwrap to inherit."""
+    path = spec.get("seccomp")
+    if path is None:
+        return command
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    os.set_inheritable(fd, True)
+    i = command.index("--seccomp")  # ValueError: a spec with a filter but no place for it
+    if command[i + 1] != SECCOMP_FD:
+        raise SystemExit("kernelmode launcher: --seccomp without its placeholder")
+    return [*command[: i + 1], str(fd), *command[i + 2:]]
+
+
 def main(argv: list) -> None:
     if len(argv) < 4 or argv[2] != "--":
         raise SystemExit("usage: launcher.py SPEC_JSON -- COMMAND...")
-    apply(json.loads(argv[1]))
-    command = argv[3:]
+    spec = json.loads(argv[1])
+    command = pass_seccomp(spec, argv[3:])
+    apply(spec)
     os.execvp(command[0], command)
 
 

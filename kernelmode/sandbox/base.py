@@ -6,9 +6,11 @@ kernel restarts: per-launch state is reset in pre_launch.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ from ..models import Limits
 from .spec import KernelParams, cause_from_exit, write_death_record
 
 log = logging.getLogger("kernelmode.sandbox")
+PORT_KEYS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+SEAL_WAIT_SECONDS = 120.0  # for a kernel to bind its sockets (a slow start on a loaded host)
 
 def kernel_environment(path: str) -> dict[str, str]:
     """The whole environment of a kernel: nothing of the gateway's or the manager's."""
@@ -129,6 +133,39 @@ class KernelmodeProvisioner(LocalProvisioner):
         kwargs.update(cmd=cmd, env=launch_env, cwd=str(cwd))
         return kwargs
 
+    async def post_launch(self, **kwargs: Any) -> None:
+        await super().post_launch(**kwargs)
+        await self._seal_kernel_dir()
+
+    async def _seal_kernel_dir(self) -> None:
+        """Once the kernel has bound its ipc sockets, take its directory back from it.
+
+        The kernel needs to own the directory to bind its sockets; after that it must not rename,
+        unlink or add entries there (swap a socket for a link the gateway would follow). The
+        directory goes back to our uid, 0755: connecting needs write on the socket, not on the
+        directory, so nothing else changes. Only where the kernel runs as a uid of its own (as
+        root): with one uid for both, the kernel could chmod it back. Runs before the gateway
+        answers the start (post_launch), so before any code of the kernel's runs; a restart's
+        ``wrap_command`` hands the directory back to the new kernel.
+        """
+        kdir = self.kernel_dir
+        if kdir.stat().st_uid == os.getuid():
+            return
+        info: dict[str, Any] = dict(self.connection_info)
+        sockets = [Path(f"{info['ip']}-{info[key]}") for key in PORT_KEYS]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SEAL_WAIT_SECONDS
+        while not all(_is_socket(p) for p in sockets):
+            if self.process is not None and self.process.poll() is not None:
+                return  # it died before binding: nothing to protect, a restart re-seals
+            if loop.time() > deadline:
+                log.warning("kernel %s did not bind its sockets in %.0f s; sealing its directory "
+                            "anyway", self.kernel_id, SEAL_WAIT_SECONDS)
+                break
+            await asyncio.sleep(0.02)
+        os.chown(kdir, os.getuid(), os.getgid())
+        os.chmod(kdir, 0o755)
+
     async def poll(self) -> int | None:
         if self.process is None and self._launching:
             return None
@@ -165,3 +202,10 @@ class KernelmodeProvisioner(LocalProvisioner):
         if not restart:
             shutil.rmtree(self.kernel_dir, ignore_errors=True)
             self.log_path.unlink(missing_ok=True)
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(path.lstat().st_mode)
+    except OSError:
+        return False

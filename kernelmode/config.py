@@ -221,9 +221,17 @@ class McpFrontSettings(_Section):
         20.0, ge=0, description="How long run_python waits before returning status 'running' "
         "(below common MCP client time-outs of 30-60 s).")
     max_text_chars: int = Field(
-        20_000, ge=500, description="Budget for each text part of a tool result (stdout, stderr, ...).")
+        8_000, ge=500, description="Budget for the whole text of a tool result (what a model reads): "
+        "head and tail of each part kept, the cut marked.")
+    max_structured_chars: int = Field(
+        16_000, ge=1_000, description="Characters of each stream (stdout, stderr) one run_python or "
+        "get_run answer carries in its structured content; the rest waits for the next get_run.")
+    max_message_bytes: int = Field(
+        900_000, ge=65_536, le=1_000_000, description="Cap on one serialized MCP message (the SDK "
+        "client rejects events over 1 MiB): larger answers are cut, saying what and where the whole is.")
     max_image_bytes: int = Field(
-        1_000_000, ge=10_000, description="Images returned inline are downscaled below this size.")
+        1_000_000, ge=10_000, description="Images returned inline are downscaled below this size "
+        "(and below their share of max_message_bytes).")
     max_images: int = Field(4, ge=0, description="Images returned inline per result.")
     max_request_bytes: int = Field(
         32 * 1024 * 1024, ge=65_536, description="Largest MCP request (upload_file sends base64).")

@@ -23,6 +23,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
+    INTERNAL_ERROR,
     METHOD_NOT_FOUND,
     CallToolResult,
     ContentBlock,
@@ -40,6 +41,15 @@ from ..errors import KernelmodeError, NotFound, SessionNotFound
 from ..models import SESSION_ID_PATTERN, RunResult, SessionCreate
 from ..sessions.runs import LiveRun
 from ..tenants import ADMIN, Principal
+from .budget import (
+    McpRunResult,
+    MessageTooLarge,
+    fit_message,
+    fit_text,
+    lean_record,
+    take_page,
+    wire_bytes,
+)
 from .images import INLINE_TYPES, ImageTooLarge, fit_image
 from .render import clip, run_text, size_text
 
@@ -51,7 +61,7 @@ log = logging.getLogger("kernelmode.mcp")
 _STDIO = "stdio"
 # Set by the /mcp handler from the bearer token (a client's own header of this name is dropped).
 TENANT_HEADER = "x-kernelmode-tenant"
-_MAX_FOLLOWED = 10_000  # runs whose shown output is remembered for get_run
+_MAX_FOLLOWED = 10_000  # runs whose shown output is remembered for get_run (per connection)
 _TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-yaml",
                "image/svg+xml", "application/x-ipynb+json", "application/sql")
 
@@ -90,7 +100,7 @@ class KernelmodeMCP:
         self._seen: dict[tuple[str, str], tuple[int, int, int]] = {}  # (conn, run) -> chars/outputs shown
         self.server: MCPServer[Any] = MCPServer(
             name="kernelmode", version=__version__, instructions=_instructions(app),
-            middleware=[self._refuse_discover],
+            middleware=[self._refuse_discover, self._cap_message],
         )
         self._add_tools()
 
@@ -106,6 +116,19 @@ class KernelmodeMCP:
         if getattr(ctx, "method", None) == "server/discover" and getattr(ctx, "request", None) is not None:
             raise MCPError(METHOD_NOT_FOUND, "server/discover is not offered: use the initialize handshake")
         return await call_next(ctx)
+
+    async def _cap_message(self, ctx: Any, call_next: Any) -> Any:
+        """Every answer, measured as it goes on the wire, under ``mcp.max_message_bytes``: the one
+        point where a whole result is known (progress notifications are clipped where sent)."""
+        result = await call_next(ctx)
+        if not isinstance(result, dict):
+            return result  # a notification's (None)
+        if getattr(ctx, "method", None) == "tools/call":
+            result = fit_text(result, self.cfg.max_text_chars)
+        try:
+            return await fit_message(result, self.cfg.max_message_bytes)
+        except MessageTooLarge as e:
+            raise MCPError(INTERNAL_ERROR, str(e)) from e
 
     def _principal(self, ctx: Context[Any]) -> Principal:
         headers: Mapping[str, str] | None = ctx.headers
@@ -179,51 +202,65 @@ class KernelmodeMCP:
             raise ToolError(f"could not start a session: {e.message}") from e
 
     # -- results -----------------------------------------------------------------------------------
-    async def _images(self, outputs: list[dict[str, Any]], skip: int) -> tuple[list[ContentBlock], list[str]]:
+    @staticmethod
+    def _image_mime(out: dict[str, Any]) -> str | None:
+        return next((m for m in ("image/png", "image/jpeg", "image/gif", "image/webp") if m in out.get("data", {})), None)
+
+    async def _images(self, outputs: list[dict[str, Any]], room: int) -> tuple[list[ContentBlock], list[str]]:
+        """Inline images of ``outputs``: at most ``max_images``, each within its share of ``room``
+        bytes of the message (base64 makes 4 characters of 3 bytes)."""
+        shown = [(out, mime) for out in outputs if (mime := self._image_mime(out)) is not None]
+        notes = [f"{len(shown) - self.cfg.max_images} more image(s) were left out (see the files of this run)"
+                 ] if len(shown) > self.cfg.max_images else []
+        shown = shown[:self.cfg.max_images]
         blocks: list[ContentBlock] = []
-        notes: list[str] = []
-        for out in outputs[skip:]:
-            data = out.get("data", {})
-            mime = next((m for m in ("image/png", "image/jpeg", "image/gif", "image/webp") if m in data), None)
-            if mime is None:
-                continue
-            if len(blocks) >= self.cfg.max_images:
-                notes.append("more images were left out (see the files of this run)")
-                break
+        if not shown:
+            return blocks, notes
+        share = min(self.cfg.max_image_bytes, room // len(shown) * 3 // 4 - 1_024)
+        for out, mime in shown:
             try:
-                raw = base64.b64decode(data[mime])
+                if share < 10_000:
+                    raise ImageTooLarge("no room left in this answer")
+                raw = base64.b64decode(out["data"][mime])
                 # Decoding and resizing a big image takes a while: not on the event loop.
-                small, kind = await asyncio.to_thread(fit_image, raw, mime, self.cfg.max_image_bytes)
+                small, kind = await asyncio.to_thread(fit_image, raw, mime, share)
             except (ValueError, binascii.Error, ImageTooLarge) as e:
                 notes.append(f"an image could not be shown: {e}")
                 continue
+            if len(small) < len(raw):
+                notes.append(f"an image is shown downscaled ({size_text(len(raw))} -> {size_text(len(small))}); "
+                             "the original is among the files of this run")
             blocks.append(ImageContent(data=base64.b64encode(small).decode(), mime_type=kind))
         return blocks, notes
 
-    @staticmethod
-    def _structured(result: RunResult) -> dict[str, Any]:
-        """The RunResult for programs; big binary display data stays in the artifacts."""
-        data = result.model_dump(mode="json")
-        for out in data["outputs"]:
-            for mime, value in list(out.get("data", {}).items()):
-                if isinstance(value, str) and len(value) > 65_536 and not mime.startswith("text/"):
-                    out["data"][mime] = f"<{len(value)} characters left out: see artifacts>"
-        return data
+    def _room(self, blocks: list[ContentBlock], structured: dict[str, Any]) -> int:
+        """Bytes of the message cap left after these blocks and this structured content."""
+        dumped = CallToolResult(content=blocks, structured_content=structured).model_dump(
+            by_alias=True, mode="json", exclude_none=True)
+        return self.cfg.max_message_bytes - wire_bytes(dumped)
 
     async def _result(self, key: str | None, run: LiveRun, result: RunResult, note: str | None) -> CallToolResult:
-        seen = self._seen.pop((key or "", run.run_id), (0, 0, 0))
-        text = run_text(result, self.cfg.max_text_chars, seen[0], seen[1])
-        images, image_notes = await self._images(result.outputs, seen[2])
-        if result.status == "running":
-            while len(self._seen) >= _MAX_FOLLOWED:  # runs nobody followed to the end
-                self._seen.pop(next(iter(self._seen)))
-            self._seen[(key or "", run.run_id)] = (len(result.stdout), len(result.stderr), len(result.outputs))
-        extra = [n for n in [note, *image_notes] if n]
+        """One answer about a run: the page of output since this reader's previous look (the rest
+        stays for the next get_run), as text within the text budget, a lean record, and images."""
+        follow = (key or "", run.run_id)
+        page = take_page(result, self._seen.pop(follow, (0, 0, 0)), self.cfg.max_structured_chars)
+        # Kept after the end too: a later look gets only what came since (nothing, once all was given).
+        while len(self._seen) >= _MAX_FOLLOWED:  # the least recently looked at go first
+            self._seen.pop(next(iter(self._seen)))
+        self._seen[follow] = (page.stdout_end, page.stderr_end, page.outputs_end)
+        structured = lean_record(result, page, self.cfg.max_structured_chars).model_dump(mode="json")
+        budget = self.cfg.max_text_chars
+        # Notes (the session's, the images') come first; the run's text gets the rest of the budget.
+        image_room = self._room([TextContent(text="x" * budget)], structured)
+        images, image_notes = await self._images(page.outputs, image_room)
+        extra = "\n\n".join(n for n in [note, *image_notes] if n)
+        text = run_text(result, page, max(budget - len(extra) - 2, 200) if extra else budget,
+                        self.cfg.max_structured_chars)
         if extra:
-            text = "\n\n".join([*extra, text])
+            text = clip(f"{extra}\n\n{text}", budget, "answer")
         return CallToolResult(
             content=[TextContent(text=text), *images],
-            structured_content=self._structured(result),
+            structured_content=structured,
             is_error=result.status in ("error", "timeout", "kernel_died"),
         )
 
@@ -286,7 +323,7 @@ class KernelmodeMCP:
         wait_seconds: Annotated[float | None, Field(
             None, ge=0, le=300, description="Return after this long even if the code is still "
             "running (status RUNNING; follow with get_run). Default 20 s.")] = None,
-    ) -> Annotated[CallToolResult, RunResult]:
+    ) -> Annotated[CallToolResult, McpRunResult]:
         """Run Python code in a stateful, sandboxed Jupyter kernel and return its output.
 
         Variables, imports and loaded data persist between calls in the same session, so work
@@ -312,15 +349,19 @@ class KernelmodeMCP:
         run_id: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", description="The run_id of a RUNNING result.")],
         wait_seconds: Annotated[float | None, Field(
             None, ge=0, le=300, description="Wait up to this long for the run to end. Default 20 s.")] = None,
-    ) -> Annotated[CallToolResult, RunResult]:
+    ) -> Annotated[CallToolResult, McpRunResult]:
         """Follow a run that was still RUNNING: returns the output that came since you last looked
         and, once the run has ended, its final result (status, value, error, files)."""
         try:
             run = self.app.sessions.get_run(run_id, self._principal(ctx))
         except NotFound as e:
             raise ToolError(e.message) from e
-        result = await self._follow(ctx, run, self._wait(wait_seconds))
-        return await self._result(self._conn_key(ctx), run, result, None)
+        key = self._conn_key(ctx)
+        # More than a page waits for this reader (paging): answer with the next one at once.
+        backlog = take_page(run.snapshot(), self._seen.get((key or "", run_id), (0, 0, 0)),
+                            self.cfg.max_structured_chars).more
+        result = await self._follow(ctx, run, 0 if backlog else self._wait(wait_seconds))
+        return await self._result(key, run, result, None)
 
     async def upload_file(
         self,
@@ -374,7 +415,8 @@ class KernelmodeMCP:
         blocks: list[ContentBlock] = []
         if mime in INLINE_TYPES:
             try:
-                small, kind = await asyncio.to_thread(fit_image, data, mime, self.cfg.max_image_bytes)
+                share = min(self.cfg.max_image_bytes, self._room([TextContent(text=head)], {}) * 3 // 4 - 1_024)
+                small, kind = await asyncio.to_thread(fit_image, data, mime, share)
                 blocks = [TextContent(text=head), ImageContent(data=base64.b64encode(small).decode(), mime_type=kind)]
             except ImageTooLarge as e:
                 blocks = [TextContent(text=f"{head}\nThe image cannot be shown inline: {e}")]

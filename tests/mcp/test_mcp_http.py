@@ -266,7 +266,10 @@ async def test_long_run_followed_with_get_run(mcp_connect: Connect) -> None:
     final = rest[-1]
     assert final.structured_content["status"] == "ok", text_of(final)
     ticks = [f"tick {i}" for i in range(6)]
-    assert final.structured_content["stdout"] == "".join(t + "\n" for t in ticks)
+    # Each answer carries the output since the previous look: together, all of it, once.
+    pages = [r.structured_content for r in [first, *rest]]
+    assert "".join(p["stdout"] for p in pages) == "".join(t + "\n" for t in ticks)
+    assert [p["stdout_offset"] for p in pages] == [sum(len(q["stdout"]) for q in pages[:i]) for i in range(len(pages))]
 
     texts = [text_of(r) for r in [first, *rest]]
     for t in ticks:

@@ -20,13 +20,37 @@ Library mode (embed the service in your own asyncio application)::
     await app.stop()
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from .client import AsyncClient, Client  # noqa: E402  (after __version__: api/ imports it)
-from .config import Settings, load_settings  # noqa: E402
-from .models import RunResult, SessionCreate, SessionInfo  # noqa: E402
-from .server import KernelmodeApp, serve  # noqa: E402
-from .tools.registry import ToolRegistry  # noqa: E402
+# Imported on first use (PEP 562): `kernelmode mcp` must not pay for the REST client, tornado
+# and the rest before it can answer `initialize`.
+_LAZY = {
+    "AsyncClient": "client", "Client": "client", "Settings": "config", "load_settings": "config",
+    "RunResult": "models", "SessionCreate": "models", "SessionInfo": "models",
+    "KernelmodeApp": "server", "serve": "server", "ToolRegistry": "tools.registry",
+}
+
+if TYPE_CHECKING:
+    from .client import AsyncClient, Client
+    from .config import Settings, load_settings
+    from .models import RunResult, SessionCreate, SessionInfo
+    from .server import KernelmodeApp, serve
+    from .tools.registry import ToolRegistry
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernelmode' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AsyncClient", "Client", "KernelmodeApp", "RunResult", "SessionCreate", "SessionInfo", "Settings", "ToolRegistry",

@@ -1,7 +1,7 @@
 """The audit trail: one JSON line per session event, run and tool call (logger ``kernelmode.audit``).
 
-Each line has ``ts`` (UTC, ISO 8601), ``event`` and the ids it concerns; the CLI's log formatter
-writes these lines as they are, so a log shipper can filter on ``"event"``. Events:
+Each line has ``ts`` (UTC, ISO 8601), ``level``, ``event`` and the ids it concerns, and begins
+with ``ts`` (logs.py), so a log shipper can filter on ``"event"``. Events:
 ``session_created``, ``session_closed`` (with ``reason``: closed, expired, lost...),
 ``kernel_died`` (with ``cause``), ``kernel_restarted``, ``kernel_replaced``, ``run``,
 ``console_run``, ``tool_call``, ``quota_refused``.
@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 LOGGER_NAME = "kernelmode.audit"
+AUDIT_FIELDS = "kernelmode_audit"  # the record attribute holding the event's fields (logs.py)
 _log = logging.getLogger(LOGGER_NAME)
 
 
@@ -23,4 +24,5 @@ def audit(event: str, **fields: Any) -> None:
     if not _log.isEnabledFor(logging.INFO):
         return
     line = {"ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "event": event, **fields}
-    _log.info(json.dumps(line, default=str))
+    # The message stays the JSON line for handlers other than ours (library mode).
+    _log.info(json.dumps(line, default=str), extra={AUDIT_FIELDS: line})

@@ -47,6 +47,14 @@ def _child_setup() -> None:
     raise_open_files_limit()
 
 
+# `python -m kernel_gateway`, less an import it does not use: jsonschema (through nbformat) imports
+# rfc3987_syntax when it is installed, which builds a Lark grammar for its "iri" format checks at
+# import time: 2-4 s of the gateway's start, for a check that neither the gateway nor its
+# kernels run. "kernel_gateway" stays in the command line (see _is_gateway).
+_LAUNCH = ("import sys; sys.modules['rfc3987_syntax'] = None; "
+           "import kernel_gateway.gatewayapp as app; app.launch_instance()")
+
+
 def _is_gateway(pid: int) -> bool:
     try:
         return b"kernel_gateway" in Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -106,6 +114,12 @@ class GatewayProcess:
         return env
 
     async def start(self, timeout: float) -> None:
+        await self.spawn()
+        await self.wait_ready(timeout)
+
+    async def spawn(self) -> None:
+        """Start the gateway process without waiting for it (its start takes a second or two:
+        the caller does its other start-up work meanwhile, then calls ``wait_ready``)."""
         if not self.config_file.is_file():
             raise GatewayUnavailable(f"gateway config {self.config_file} not found")
         self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -115,7 +129,7 @@ class GatewayProcess:
         logf = os.fdopen(fd, "ab")
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "kernel_gateway", f"--config={self.config_file}",
+                sys.executable, "-c", _LAUNCH, f"--config={self.config_file}",
                 env=self._environment(), cwd=str(self.work_dir),
                 stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf,
                 preexec_fn=_child_setup, start_new_session=True,
@@ -123,8 +137,14 @@ class GatewayProcess:
         finally:
             logf.close()
         self.pid, self.adopted = self.proc.pid, False
+        log.debug("kernel gateway starting (pid %s)", self.pid)
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Until the spawned gateway answers (it is stopped, and GatewayUnavailable raised, if it
+        exits or does not answer in ``timeout`` seconds)."""
         await self._wait_ready(timeout)
         self._save_state()
+        assert self.proc is not None
         log.info("kernel gateway ready on %s (pid %s)", self.url, self.proc.pid)
 
     def renew_lease(self) -> None:
@@ -210,7 +230,7 @@ class GatewayProcess:
                 await client.fetch(req)
                 return
             except (HTTPClientError, OSError):
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.05)
         await self.stop()
         raise GatewayUnavailable(f"the kernel gateway was not ready after {timeout:.0f} s:\n{self.log_tail()}")
 

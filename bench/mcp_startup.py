@@ -1,0 +1,157 @@
+"""How soon an agent gets its first result from `kernelmode mcp` (embedded, stdio).
+
+Run:  .venv/bin/python bench/mcp_startup.py [--runs N] [--sandbox bwrap|docker] [--quick] [--no-write]
+
+Measured in one run, interleaved round by round so that machine noise hits all alike:
+
+  init      the official MCP SDK's stdio client (mcp.client.Client over stdio_client) launches
+            `python -m kernelmode.cli mcp --sandbox S` (a fresh embedded service: its own data
+            dir, gateway and kernels) until `initialize` is answered (the Client is connected);
+  first     from then until the first `run_python {"code": "1+1"}` answers "2" (the client
+            sends it at once; the gateway and the first kernel start in the background);
+  bare      reference: a cold jupyter_client start of an unsandboxed ipykernel (the kernel-venv
+            python) until its first execute has answered (bench/scale.py BareKernels);
+  sandboxed reference: a cold sandboxed kernel through a running `kernelmode serve --sandbox S`
+            with no warm pool: POST /v1/sessions + the first execute of `1+1`.
+
+The goal (issue 22): init well under a second; first <= ~2x a cold sandboxed kernel start.
+Results go to a section of bench/RESULTS.md (unless --no-write); the last line is a SUMMARY.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from mcp.client.client import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+for _p in (str(REPO), str(HERE)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from roundtrip import Stats, run_stoppable, write_section  # noqa: E402
+from scale import BareKernels  # noqa: E402
+
+from tests.conftest import Server, start_server  # noqa: E402
+
+SECTION = "mcp_startup"
+
+
+def ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000
+
+
+async def embedded_sample(sandbox: str) -> tuple[float, float]:
+    """(ms to initialize, ms from then to the first run_python result)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELMODE_")}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "kernelmode.cli", "mcp", "--sandbox", sandbox],
+                                   env=env, cwd=str(REPO))
+    t0 = time.perf_counter()
+    async with Client(stdio_client(params)) as client:
+        t_init = ms(t0)
+        t1 = time.perf_counter()
+        result = await client.call_tool("run_python", {"code": "1+1"})
+        t_first = ms(t1)
+        if result.is_error or (result.structured_content or {}).get("result") != "2":
+            raise RuntimeError(f"run_python failed: {result}")
+    return t_init, t_first
+
+
+async def sandboxed_cold(server: Server, http: httpx.AsyncClient) -> float:
+    t0 = time.perf_counter()
+    r = await http.post("/v1/sessions", json={})
+    r.raise_for_status()
+    sid = r.json()["session_id"]
+    x = await http.post(f"/v1/sessions/{sid}/execute", json={"code": "1+1"})
+    took = ms(t0)
+    if x.json().get("result") != "2" or r.json().get("from_pool"):
+        raise RuntimeError(f"cold session failed: {x.text}")
+    await http.delete(f"/v1/sessions/{sid}")
+    return took
+
+
+async def run(args: argparse.Namespace) -> int:
+    st = {k: Stats(k) for k in ("init", "first", "total", "bare", "sandboxed")}
+    tmp = Path(tempfile.mkdtemp(prefix="km-mcpstart-", dir="/tmp"))
+    os.environ["KERNELMODE_SANDBOX__BACKEND"] = args.sandbox
+    server = start_server(env_extra={"KERNELMODE_SESSIONS__POOL_SIZE": "0"}, args=["--sandbox", args.sandbox])
+    bare = BareKernels(tmp)
+    load = os.getloadavg()[0]
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120,
+                                     headers={"Authorization": f"Bearer {server.token}"}) as http:
+            await sandboxed_cold(server, http)  # warm the page cache for all
+            for i in range(args.runs):
+                t_init, t_first = await embedded_sample(args.sandbox)
+                st["init"].samples.append(t_init)
+                st["first"].samples.append(t_first)
+                st["total"].samples.append(t_init + t_first)
+                st["bare"].samples.append((await bare.cold_start())[0])
+                st["sandboxed"].samples.append(await sandboxed_cold(server, http))
+                print(f"  run {i + 1}/{args.runs}: init {t_init:.0f} ms, first run_python {t_first:.0f} ms; "
+                      f"cold kernel: bare {st['bare'].samples[-1]:.0f} ms, sandboxed "
+                      f"{st['sandboxed'].samples[-1]:.0f} ms", flush=True)
+    finally:
+        server.stop()
+        shutil.rmtree(server.data_dir, ignore_errors=True)
+        server.log_path.unlink(missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    ratio = st["first"].median / st["sandboxed"].median
+    rows = "\n".join(f"| {name} | {s.median:.0f} | {min(s.samples):.0f} | {max(s.samples):.0f} |"
+                     for name, s in (("initialize answered", st["init"]),
+                                     ("first run_python, after initialize", st["first"]),
+                                     ("first result, from launch", st["total"]),
+                                     ("cold ipykernel, unsandboxed (jupyter_client)", st["bare"]),
+                                     (f"cold sandboxed kernel ({args.sandbox}; create + first execute)",
+                                      st["sandboxed"])))
+    body = f"""## Embedded MCP start: `kernelmode mcp` until the first result
+
+`.venv/bin/python bench/mcp_startup.py --runs {args.runs} --sandbox {args.sandbox}`, {dt.date.today()},
+{platform.node()} ({os.cpu_count()} cores, load average {load:.1f} at the start). The official MCP
+SDK stdio client launches `kernelmode mcp` (a fresh embedded service each run) and sends
+`run_python("1+1")` as soon as `initialize` is answered. References measured in the same rounds.
+
+| ms | median | min | max |
+|---|---:|---:|---:|
+{rows}
+
+First `run_python` after `initialize` / cold sandboxed kernel: **{ratio:.2f}x** (goal: about 2x).
+Before (issue 22): `initialize` 5.4 s, then 1.9 s (bwrap) to the first result. `initialize` now
+costs what the interpreter and the MCP SDK's imports cost; the gateway, the sandbox check and the
+first kernel start in the background (the first session takes the pool kernel being started).
+Comparison with another stdio Python MCP server: `mcp-run-python` needs deno, which is not
+installed here; none was run.
+"""
+    print(body)
+    if not args.no_write:
+        write_section(HERE / "RESULTS.md", SECTION, body)
+    print(f"SUMMARY mcp_startup {args.sandbox}: initialize {st['init'].median:.0f} ms, first run_python "
+          f"+{st['first'].median:.0f} ms = {ratio:.2f}x a cold sandboxed kernel ({st['sandboxed'].median:.0f} ms)")
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=7)
+    p.add_argument("--sandbox", default="bwrap", choices=["bwrap", "docker"])
+    p.add_argument("--quick", action="store_true", help="2 runs")
+    p.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
+    args = p.parse_args()
+    if args.quick:
+        args.runs = 2
+    return run_stoppable(run, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

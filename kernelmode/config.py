@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic import ValidationError as PydanticValidationError
 
 from .errors import ConfigError
-from .models import Limits
+from .models import LimitCeilings, Limits, LimitsPatch
 
 ENV_PREFIX = "KERNELMODE_"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +40,9 @@ class TenantSettings(_Section):
     max_sessions: int | None = Field(None, ge=1, description="Live sessions this tenant may hold.")
     runs_per_minute: int | None = Field(
         None, ge=1, description="Runs (REST, MCP, one-shot) this tenant may start per minute.")
+    max_limits: LimitsPatch | None = Field(
+        None, description="This tenant's ceilings, each at most sandbox.max_limits' (absent keys: "
+        "the server's); its sessions' defaults are lowered to them.")
 
     @field_validator("name", mode="after")
     @classmethod
@@ -83,6 +86,7 @@ class SandboxSettings(_Section):
     docker_image: str = Field("kernelmode/kernel:latest", description="Kernel image (docker backend).")
     docker_cpus: float = Field(1.0, gt=0, le=1024, description="CPUs per kernel container (--cpus).")
     limits: Limits = Field(default_factory=Limits)
+    max_limits: LimitCeilings = Field(default_factory=LimitCeilings)
     kernel_python: Path = Field(
         REPO_ROOT / ".kernel-venv" / "bin" / "python",
         description="Python of the kernel environment (has ipykernel).",
@@ -107,6 +111,17 @@ class SandboxSettings(_Section):
     def _absolute(cls, v: Path) -> Path:
         # Kernels start from other directories: a relative path is taken from where serve starts.
         return v.expanduser().absolute()
+
+    @model_validator(mode="after")
+    def _defaults_under_ceilings(self) -> SandboxSettings:
+        for name, default in self.limits:
+            ceiling = getattr(self.max_limits, name)
+            if default > ceiling:
+                raise ValueError(f"sandbox.limits.{name} ({default}) is above its ceiling "
+                                 f"sandbox.max_limits.{name} ({ceiling}): raise the ceiling or lower "
+                                 "the default")
+        return self
+
 
 
 class SessionSettings(_Section):
@@ -253,6 +268,18 @@ class Settings(_Section):
     artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
     mcp: McpFrontSettings = Field(default_factory=McpFrontSettings)
 
+    @model_validator(mode="after")
+    def _tenant_ceilings(self) -> Settings:
+        # A tenant's ceilings can only lower the server's.
+        for i, tenant in enumerate(self.server.tenants):
+            for name, ceiling in (tenant.max_limits or LimitsPatch()).model_dump(exclude_none=True).items():
+                server = getattr(self.sandbox.max_limits, name)
+                if ceiling > server:
+                    raise ValueError(f"server.tenants.{i}.max_limits.{name} ({ceiling}) is above "
+                                     f"sandbox.max_limits.{name} ({server}): a tenant's ceiling can "
+                                     "only lower the server's")
+        return self
+
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -353,5 +380,6 @@ def load_settings(
             key = tuple(str(p) for p in err["loc"])
             where = f" (line {lines[key]})" if key in lines else ""
             problem = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            problems.append(f"{'.'.join(key)}{where}: {problem}")
+            # A check across sections (loc ()) names its keys itself.
+            problems.append(f"{'.'.join(key)}{where}: {problem}" if key else problem)
         raise ConfigError(f"{source}: " + "; ".join(problems)) from e

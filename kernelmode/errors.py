@@ -5,7 +5,8 @@
     KernelmodeError                  (500 internal)
     ├── ConfigError                  (500 config_invalid)    a bad kernelmode.yaml / env var
     ├── ValidationError              (422 invalid_request)   a request that fails validation
-    │   └── BadJSON                  (400 bad_json)
+    │   ├── BadJSON                  (400 bad_json)
+    │   └── LimitExceeded            (422 limit_exceeded)     a limit asked above its ceiling
     ├── Unauthorized                 (401 unauthorized)
     ├── Forbidden                    (403 forbidden)          a bad or expired download link
     ├── NotFound                     (404 not_found)
@@ -58,6 +59,10 @@ class ValidationError(KernelmodeError):
 class BadJSON(ValidationError):
     code = "bad_json"
     http_status = 400
+
+
+class LimitExceeded(ValidationError):
+    code = "limit_exceeded"
 
 
 class Unauthorized(KernelmodeError):

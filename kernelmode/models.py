@@ -32,7 +32,8 @@ class Limits(_Strict):
 
 
 class LimitsPatch(_Strict):
-    """Per-session overrides of the configured limits (absent keys keep the default)."""
+    """Some limits, each optional: a session's overrides of the defaults (absent keys keep the
+    default), or a tenant's ceilings (absent keys: the server's)."""
 
     memory_mb: int | None = Field(None, ge=128, le=1_048_576)
     cpu_seconds: int | None = Field(None, ge=1, le=31_536_000)
@@ -40,8 +41,16 @@ class LimitsPatch(_Strict):
     disk_mb: int | None = Field(None, ge=1, le=1_048_576)
     open_files: int | None = Field(None, ge=128, le=65_536)
 
-    def apply(self, base: Limits) -> Limits:
-        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+class LimitCeilings(_Strict):
+    """The most a session may ask for (``sandbox.max_limits``), set by the operator within the
+    API's ranges; `serve` has the Docker engine grant them once at start."""
+
+    memory_mb: int = Field(4096, ge=128, le=1_048_576)
+    cpu_seconds: int = Field(86_400, ge=1, le=31_536_000)
+    pids: int = Field(1024, ge=32, le=65_536)
+    disk_mb: int = Field(4096, ge=1, le=1_048_576)
+    open_files: int = Field(4096, ge=128, le=65_536)
 
 
 class SessionCreate(_Strict):

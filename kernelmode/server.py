@@ -109,7 +109,8 @@ class KernelmodeApp:
         if backend == "docker":
             from .sandbox.docker_backend import check_docker, remove_orphans, server_id
 
-            self.sandbox_report = check_docker(self.settings.sandbox.docker_image)
+            self.sandbox_report = check_docker(self.settings.sandbox.docker_image,
+                                               self.settings.sandbox.max_limits)
             removed = remove_orphans(server_id(self.data_dir), keep=adopted)
             if removed:
                 log.info("removed %d kernel container(s) left by an earlier run", removed)

@@ -2,7 +2,8 @@
 
 The admin token (``server.token``) is the ``admin`` tenant and sees every session. Each token in
 ``server.tenants`` is a tenant that sees only the sessions it created: another tenant's session
-is answered exactly like an unknown id (404), on every front door. Quotas are per tenant.
+is answered exactly like an unknown id (404), on every front door. Quotas are per tenant, and
+so are the ceilings of a session's limits (``max_limits``, lowering ``sandbox.max_limits``).
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import hmac
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .audit import audit
-from .config import ADMIN_TENANT, Settings
-from .errors import QuotaExceeded
+from .config import ADMIN_TENANT, SandboxSettings, Settings
+from .errors import LimitExceeded, QuotaExceeded
+from .models import Limits, LimitsPatch
 
 RUN_WINDOW_SECONDS = 60.0
 
@@ -27,10 +29,28 @@ class Principal:
     admin: bool = False
     max_sessions: int | None = None
     runs_per_minute: int | None = None
+    # The tenant's own ceilings (server.tenants[].max_limits); absent keys are the server's.
+    max_limits: LimitsPatch | None = field(default=None, compare=False)
 
     def may_see(self, owner: str | None) -> bool:
         """Sessions made before tenants existed (no owner) are the admin's."""
         return self.admin or owner == self.tenant
+
+    def limits(self, asked: LimitsPatch | None, sandbox: SandboxSettings) -> Limits:
+        """A new session's limits: the defaults (lowered to this tenant's ceilings) with what it
+        asked for. LimitExceeded names the first limit asked above its ceiling."""
+        own = self.max_limits.model_dump(exclude_none=True) if self.max_limits else {}
+        ceilings = sandbox.max_limits.model_copy(update=own)
+        base = sandbox.limits.model_copy(
+            update={k: min(v, getattr(ceilings, k)) for k, v in sandbox.limits})
+        wanted = asked.model_dump(exclude_none=True) if asked else {}
+        for name, value in wanted.items():
+            ceiling = getattr(ceilings, name)
+            if value > ceiling:
+                whose = f"tenant {self.tenant!r}'s" if name in own else "this server's"
+                raise LimitExceeded(f"{name} {value} is over {whose} ceiling of {ceiling}",
+                                    details={"limit": name, "requested": value, "ceiling": ceiling})
+        return base.model_copy(update=wanted)
 
 
 ADMIN = Principal(ADMIN_TENANT, admin=True)
@@ -43,7 +63,8 @@ class Tenants:
         self._by_token: list[tuple[bytes, Principal]] = [(admin_token.encode(), ADMIN)]
         self._by_name: dict[str, Principal] = {ADMIN_TENANT: ADMIN}
         for t in settings.server.tenants:
-            p = Principal(t.name, max_sessions=t.max_sessions, runs_per_minute=t.runs_per_minute)
+            p = Principal(t.name, max_sessions=t.max_sessions, runs_per_minute=t.runs_per_minute,
+                          max_limits=t.max_limits)
             self._by_token.append((t.token.encode(), p))
             self._by_name[t.name] = p
         self._runs: dict[str, deque[float]] = {}

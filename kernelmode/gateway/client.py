@@ -25,9 +25,17 @@ from jupyter_server.services.kernels.connection.base import (
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from websockets.asyncio.client import ClientConnection
 
-from ..errors import GatewayError, GatewayUnavailable, KernelUnavailable
+from ..errors import GatewayError, GatewayUnavailable, KernelUnavailable, SandboxUnavailable
 
 log = logging.getLogger("kernelmode.gateway")
+
+
+def _gateway_message(e: HTTPClientError) -> str:
+    """The ``message`` of the gateway's JSON error body ('' when there is none)."""
+    try:
+        return str(json.loads(e.response.body)["message"])[:2000] if e.response else ""
+    except (ValueError, TypeError, KeyError):
+        return ""
 
 # Status the gateway itself sends when the kernel process died and is being restarted, or when
 # restarting failed for good.
@@ -96,6 +104,8 @@ class GatewayClient:
                 raise KernelUnavailable(f"the gateway does not know {path}: {text}") from e
             if e.code == 599:
                 raise GatewayUnavailable(f"the kernel gateway did not answer {method} {path}: {e}") from e
+            if e.code == 503:  # the sandbox refused a kernel: its provisioner says why
+                raise SandboxUnavailable(_gateway_message(e) or f"the sandbox refused {method} {path}") from e
             raise GatewayError(f"kernel gateway {method} {path} failed with {e.code}: {text}") from e
         except OSError as e:
             raise GatewayUnavailable(f"the kernel gateway is unreachable: {e}") from e

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 from tornado import web
 from traitlets import Float, Integer, Unicode
 
+from ..models import LimitCeilings, Limits
 from . import seccomp
 from .base import KernelmodeProvisioner, kernel_environment, log
 from .bwrap import _allocate_uid, _chown_tree, _uids
@@ -44,6 +46,15 @@ LOG_CAP_MB = 10  # the engine's log of a kernel container, and what the launcher
 START_WAIT_SECONDS = 90.0  # for the launcher to say whether its container started (its client: 60 s)
 # The rlimit numbers in runc's "error setting rlimit type N", and the ceiling each comes from.
 RLIMIT_KEYS = {0: "cpu_seconds", 1: "disk_mb", 7: "open_files"}
+
+
+def ulimits(limits: Limits | LimitCeilings) -> list[dict[str, Any]]:
+    """The container's rlimits (hard = soft: the kernel cannot raise them)."""
+    fsize = limits.disk_mb * 1024 * 1024
+    return [{"Name": "nofile", "Soft": limits.open_files, "Hard": limits.open_files},
+            {"Name": "fsize", "Soft": fsize, "Hard": fsize},
+            {"Name": "core", "Soft": 0, "Hard": 0},
+            {"Name": "cpu", "Soft": limits.cpu_seconds, "Hard": limits.cpu_seconds}]
 
 
 def server_id(data_dir: Path | str) -> str:
@@ -111,12 +122,7 @@ class DockerProvisioner(KernelmodeProvisioner):
             # A tiny init as pid 1: the kernel can be killed by a signal like any process (pid 1
             # ignores them), and its exit says how it ended.
             "init": True,
-            "ulimits": [
-                {"Name": "nofile", "Soft": limits.open_files, "Hard": limits.open_files},
-                {"Name": "fsize", "Soft": limits.disk_mb * 1024 * 1024, "Hard": limits.disk_mb * 1024 * 1024},
-                {"Name": "core", "Soft": 0, "Hard": 0},
-                {"Name": "cpu", "Soft": limits.cpu_seconds, "Hard": limits.cpu_seconds},
-            ],
+            "ulimits": ulimits(limits),
             "labels": {
                 LABEL_APP: "kernelmode",
                 "kernelmode.session_id": self.params.session_id,
@@ -154,10 +160,14 @@ class DockerProvisioner(KernelmodeProvisioner):
         if refusal is not None:
             # Nothing runs and the gateway will not clean up a kernel that failed to launch.
             self._stopping = True  # not a death: no record, no restart
+            launcher = self.process
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.process.wait, 10)  # the launcher exits at once
+                if launcher is not None:
+                    await asyncio.to_thread(launcher.wait, 10)  # it exits right after saying so
                 await self.cleanup(restart=False)
-            raise web.HTTPError(503, "the Docker engine refused the kernel's container: %s", refusal)
+            # The gateway answers with log_message as it is (tornado's str() %-formats it).
+            message = f"the Docker engine refused the kernel's container: {refusal}"
+            raise web.HTTPError(503, message.replace("%", "%%"))
         return info
 
     async def _container_started(self) -> str | None:
@@ -271,8 +281,9 @@ def engine_status(image: str) -> tuple[bool, str]:
     return True, f"engine reachable, image {image} present"
 
 
-def check_docker(image: str) -> str:
-    """Run one throw-away kernel container; return a description or raise SandboxUnavailable."""
+def check_docker(image: str, ceilings: LimitCeilings | None = None) -> str:
+    """Run one throw-away kernel container, with the ``ceilings`` as its limits (so every
+    session within them is grantable); return a description or raise SandboxUnavailable."""
     from docker.errors import DockerException
 
     from ..errors import SandboxUnavailable
@@ -280,12 +291,25 @@ def check_docker(image: str) -> str:
     ok, why = engine_status(image)
     if not ok:
         raise SandboxUnavailable(f"the Docker backend cannot run: {why}")
+    limits: dict[str, Any] = {}
+    if ceilings is not None:
+        memory = ceilings.memory_mb * 1024 * 1024
+        limits = {"ulimits": ulimits(ceilings), "pids_limit": ceilings.pids, "mem_limit": memory,
+                  "memswap_limit": memory}
     try:
         out = _client(timeout=60).containers.run(
             image, [IMAGE_PYTHON, "-c", "import ipykernel, socket, os; print(socket.if_nameindex(), os.getuid())"],
             network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
             user="65534:65534", remove=True, environment={"HOME": "/tmp"}, tmpfs={"/tmp": "size=16m"},
+            **limits,
         )
     except DockerException as e:
+        m = re.search(r"rlimit type (\d+)", str(e))
+        if ceilings is not None and m and int(m.group(1)) in RLIMIT_KEYS:
+            key = RLIMIT_KEYS[int(m.group(1))]
+            raise SandboxUnavailable(
+                f"the Docker engine cannot grant sandbox.max_limits.{key} ({getattr(ceilings, key)}): "
+                f"lower it (to at most the engine's own hard limit; see /proc/$(pidof dockerd)/limits): "
+                f"{e}") from e
         raise SandboxUnavailable(f"a test container of {image} failed: {e}") from e
     return f"docker ok ({image}); inside: {out.decode().strip()}"

@@ -400,8 +400,7 @@ class SessionManager:
                 raise QuotaExceeded(f"tenant {tenant!r} holds its maximum of {cap} sessions; "
                                     "delete one or wait for idle sessions to expire")
         self.broker.registry.check_allow_list(req.tools)
-        base = self.settings.sandbox.limits
-        limits = req.limits.apply(base) if req.limits else base
+        limits = principal.limits(req.limits, self.settings.sandbox)  # 422 above a ceiling
         ttl = req.ttl_seconds or self.settings.sessions.ttl_seconds
         now = _now()
         info = SessionInfo(

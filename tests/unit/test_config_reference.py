@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from kernelmode.config import Settings, load_settings
 from kernelmode.errors import ConfigError
-from kernelmode.models import Limits
+from kernelmode.models import LimitCeilings, Limits
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "kernelmode.example.yaml"
@@ -98,7 +98,9 @@ def test_the_walk_finds_every_section_and_limits() -> None:
     paths = {p: m for p, m, _ in MODELS}
     assert set(Settings.model_fields) <= set(paths), "every section is a model"
     assert paths["sandbox.limits"] is Limits
-    assert {p for p, _, under_list in MODELS if under_list} == {"tools", "mcp_servers", "server.tenants"}
+    assert paths["sandbox.max_limits"] is LimitCeilings
+    assert {p for p, _, under_list in MODELS if under_list} == {
+        "tools", "mcp_servers", "server.tenants", "server.tenants.max_limits"}
 
 
 # -- the example file --------------------------------------------------------------------------------

@@ -171,6 +171,8 @@ class WorkspaceFile(BaseModel):
 
 class FileList(BaseModel):
     files: list[WorkspaceFile]
+    truncated: bool = Field(False, description="The walk stopped at its bound: not every file is listed.")
+    note: str | None = Field(None, description="Where and why the walk stopped, when it did.")
 
 
 class ArtifactList(BaseModel):
@@ -205,7 +207,9 @@ class RunResult(BaseModel):
     tool_calls_truncated: bool = Field(False, description="More calls were made than are listed.")
     artifacts: list[Artifact] = Field(default_factory=list, description="Files and outputs kept.")
     artifacts_truncated: bool = Field(False, description="Some were left out (count or size cap).")
-    artifact_error: str | None = Field(None, description="The store failed; the run itself stands.")
+    artifact_error: str | None = Field(
+        None, description="Why files were not kept (the store failed, the workspace walk stopped at "
+        "its bound or could not read it); the run itself stands.")
 
 
 class ErrorDetail(BaseModel):

@@ -301,8 +301,7 @@ _ACTIVE_TYPES = {"text/html", "image/svg+xml", "application/xhtml+xml", "text/xm
 
 class FilesHandler(BaseHandler):
     async def get(self, session_id: str) -> None:
-        files = await self.app.sessions.list_files(self.own(session_id))
-        self.send(FileList.model_validate({"files": files}))
+        self.send(await self.app.sessions.list_files(self.own(session_id)))
 
 
 class FileHandler(BaseHandler):
@@ -345,14 +344,22 @@ class FileHandler(BaseHandler):
 
     async def get(self, session_id: str, path: str) -> None:
         fd, size, mime = await asyncio.to_thread(self.app.sessions.open_file, self.own(session_id), path)
-        self.set_header("Content-Type", mime)
-        self.set_header("Content-Length", str(size))
-        self.set_header("X-Content-Type-Options", "nosniff")
-        name = path.rsplit("/", 1)[-1]
-        if mime in _ACTIVE_TYPES:
-            self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(name)}")
         with os.fdopen(fd, "rb") as f:
-            while chunk := await asyncio.to_thread(f.read, 1 << 20):
+            # Kernel code may be writing or truncating the file: never send more than the length
+            # announced, and read its first MiB before announcing, so a small file's is exact.
+            head = await asyncio.to_thread(f.read, min(size, 1 << 20))
+            if len(head) < 1 << 20:
+                size = len(head)
+            self.set_header("Content-Type", mime)
+            self.set_header("Content-Length", str(size))
+            self.set_header("X-Content-Type-Options", "nosniff")
+            name = path.rsplit("/", 1)[-1]
+            if mime in _ACTIVE_TYPES:
+                self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(name)}")
+            self.write(head)
+            remaining = size - len(head)
+            while remaining > 0 and (chunk := await asyncio.to_thread(f.read, min(remaining, 1 << 20))):
+                remaining -= len(chunk)
                 self.write(chunk)
                 await self.flush()
         self.finish()

@@ -17,7 +17,7 @@ from ..config import ArtifactSettings
 from ..errors import KernelmodeError
 from ..models import Artifact, RunResult
 from .base import ArtifactStore, StoreError
-from .workspace import FileEntry, Workspace, mime_type, temp_copy
+from .workspace import FileEntry, Listing, Workspace, mime_type, temp_copy
 
 log = logging.getLogger("kernelmode.artifacts")
 
@@ -40,25 +40,61 @@ class Harvester:
         self.public_url = ""
 
     async def harvest(self, session_id: str, result: RunResult, ws: Workspace,
-                      before: dict[str, FileEntry], after: dict[str, FileEntry]) -> None:
-        """Fill ``result.artifacts`` (never raises: a store failure is ``artifact_error``)."""
-        changed = [e for rel, e in sorted(after.items())
-                   if (b := before.get(rel)) is None or (b.size, b.mtime_ns, b.inode) != (e.size, e.mtime_ns, e.inode)]
-        budget = self.settings.max_artifacts_per_run
+                      before: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        """Walk the workspace after a run and keep in ``result.artifacts`` what it created or
+        changed; returns the walk (the next run's ``before``).
+
+        Never raises: whatever goes wrong (the store, a workspace kernel code is changing or
+        made unreadable) is said in ``result.artifact_error`` and the run itself stands."""
         try:
-            for entry in changed:
-                if len(result.artifacts) >= budget:
-                    result.artifacts_truncated = True
-                    break
-                await self._keep_file(session_id, result, ws, entry)
-            for i, output in enumerate(result.outputs):
-                if len(result.artifacts) >= budget:
-                    result.artifacts_truncated = True
-                    break
-                await self._keep_output(session_id, result, i, output)
+            after = await asyncio.to_thread(ws.scan)
+        except Exception as e:  # noqa: BLE001 (the run's result must survive anything here)
+            log.exception("session %s run %s: the workspace walk failed", session_id, result.run_id)
+            result.artifact_error = f"the workspace could not be read, no files were kept ({type(e).__name__})"
+            return before
+        notes = []
+        if after.stopped:
+            result.artifacts_truncated = True
+            notes.append(f"the workspace walk {after.stopped}")
+        try:
+            await self._keep(session_id, result, ws, self._changed(before, after))
         except StoreError as e:
-            result.artifact_error = f"the artifact store failed, some files were not kept: {e}"
+            notes.append(f"the artifact store failed, some files were not kept: {e}")
             log.warning("session %s run %s: %s", session_id, result.run_id, e)
+        except Exception as e:  # noqa: BLE001
+            log.exception("session %s run %s: harvest failed", session_id, result.run_id)
+            notes.append(f"keeping the run's files failed, some were not kept ({type(e).__name__})")
+        if notes:
+            result.artifact_error = "; ".join(notes)
+        return after
+
+    @staticmethod
+    def _changed(before: dict[str, FileEntry], after: dict[str, FileEntry]) -> list[FileEntry]:
+        """Files new or changed since ``before``. When that walk stopped early, a path it did not
+        see counts as new only if changed since it began (else it was merely not looked at)."""
+        since = before.started_ns if isinstance(before, Listing) and before.stopped else None
+        out = []
+        for rel, e in sorted(after.items()):
+            b = before.get(rel)
+            if b is None:
+                if since is None or e.ctime_ns >= since:
+                    out.append(e)
+            elif (b.size, b.mtime_ns, b.inode) != (e.size, e.mtime_ns, e.inode):
+                out.append(e)
+        return out
+
+    async def _keep(self, session_id: str, result: RunResult, ws: Workspace, changed: list[FileEntry]) -> None:
+        budget = self.settings.max_artifacts_per_run
+        for entry in changed:
+            if len(result.artifacts) >= budget:
+                result.artifacts_truncated = True
+                break
+            await self._keep_file(session_id, result, ws, entry)
+        for i, output in enumerate(result.outputs):
+            if len(result.artifacts) >= budget:
+                result.artifacts_truncated = True
+                break
+            await self._keep_output(session_id, result, i, output)
 
     async def _keep_file(self, session_id: str, result: RunResult, ws: Workspace, entry: FileEntry) -> None:
         if entry.size > self.settings.max_artifact_bytes:
@@ -67,11 +103,13 @@ class Harvester:
         try:
             tmp, size, sha = await asyncio.to_thread(
                 temp_copy, ws, PurePosixPath(entry.path), self.scratch, self.settings.max_artifact_bytes)
-        except KernelmodeError:  # gone, replaced by a link, or grew past the cap meanwhile
+        except (KernelmodeError, OSError):  # gone, replaced (link, folder, fifo), unreadable, grew past the cap
             result.artifacts_truncated = True
             return
         try:
-            await self._put(session_id, result, f"/mnt/data/{entry.path}", entry.path, tmp, size, sha)
+            # Stored and shown under its escaped name: store keys and JSON take no lone surrogates.
+            rel = entry.shown_path
+            await self._put(session_id, result, f"/mnt/data/{rel}", rel, tmp, size, sha)
         finally:
             tmp.unlink(missing_ok=True)  # noqa: ASYNC240 (a local temp file)
 

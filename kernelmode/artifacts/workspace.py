@@ -4,6 +4,11 @@ Kernel code controls everything in here, so nothing is trusted: paths are valida
 then every component is opened without following links (``O_NOFOLLOW`` on each directory
 from the workspace root down), and a file with more than one hard link is never served (a
 kernel could link a file of its own directory, like its connection file, into the workspace).
+
+The walk (listings, a run's harvest, upload accounting) runs while kernel code may be changing
+the tree: it is iterative, bounded in entries and depth (saying where it stopped), skips
+whatever vanishes or changes type under it, and carries names that are not UTF-8 as
+surrogate-escaped text, shown to clients with the bad bytes escaped (``\\xff``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import mimetypes
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -24,6 +30,9 @@ from ..sandbox.spec import WORKSPACE_MOUNT
 
 MAX_PATH_LENGTH = 1024
 NAME_MAX = 255  # bytes in one path component (Linux file systems)
+# Bounds of one walk: a listing or harvest costs at most this much, whatever the kernel made.
+SCAN_MAX_ENTRIES = 10_000  # directory entries read (files, folders and anything else)
+SCAN_MAX_DEPTH = 64  # folders below the workspace; deeper ones are not looked into
 
 
 class FileNotFound(NotFound):
@@ -64,21 +73,33 @@ def clean_path(rel: str) -> PurePosixPath:
     return PurePosixPath(*parts)
 
 
+def shown(name: str) -> str:
+    """A file system name as text for clients: bytes that are not UTF-8 (carried as lone
+    surrogates by ``os.fsdecode``) escaped as ``\\xNN``, so JSON, SQLite and URLs take it."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
 @dataclass(frozen=True)
 class FileEntry:
-    path: str  # relative to the workspace
+    path: str  # relative to the workspace, as the file system has it (surrogate-escaped)
     size: int
     mtime_ns: int
     inode: int
+    ctime_ns: int = 0
+
+    @property
+    def shown_path(self) -> str:
+        """The path as clients see it (see ``shown``)."""
+        return shown(self.path)
 
     @property
     def name(self) -> str:
-        return PurePosixPath(self.path).name
+        return PurePosixPath(self.shown_path).name
 
     def info(self) -> dict[str, object]:
         return {
             "name": self.name,
-            "path": f"{WORKSPACE_MOUNT}/{self.path}",
+            "path": f"{WORKSPACE_MOUNT}/{self.shown_path}",
             "size_bytes": self.size,
             "mime_type": mime_type(self.name),
             "modified": datetime.fromtimestamp(self.mtime_ns / 1e9, timezone.utc).isoformat(),
@@ -171,45 +192,105 @@ class Workspace:
             os.close(dfd)
         return f"{WORKSPACE_MOUNT}/{rel}"
 
+    def entry(self, rel: PurePosixPath) -> FileEntry | None:
+        """The listing entry of one path (None if it is not a regular, singly-linked file)."""
+        try:
+            dfd = self._open_dir(rel.parts[:-1], create=False)
+        except OSError:
+            return None
+        try:
+            st = os.stat(rel.name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            return None
+        finally:
+            os.close(dfd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            return None
+        return FileEntry(str(rel), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
     # -- listing ---------------------------------------------------------------------------------------
-    def scan(self, limit: int = 100_000) -> dict[str, FileEntry]:
-        """Regular, singly-linked files (no links followed), by relative path."""
-        out: dict[str, FileEntry] = {}
+    def scan(self, max_entries: int = SCAN_MAX_ENTRIES, max_depth: int = SCAN_MAX_DEPTH) -> Listing:
+        """Regular, singly-linked files (no links followed), by relative path.
 
-        def walk(dfd: int, prefix: str) -> None:
-            with os.scandir(dfd) as it:
-                for entry in it:
-                    if len(out) >= limit:
-                        return
-                    if entry.name.startswith(".upload-"):
-                        continue
-                    st = entry.stat(follow_symlinks=False)
-                    rel = f"{prefix}{entry.name}"
-                    if stat.S_ISDIR(st.st_mode):
-                        try:
-                            sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
-                        except OSError:
-                            continue
-                        try:
-                            walk(sub, rel + "/")
-                        finally:
-                            os.close(sub)
-                    elif stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
-                        out[rel] = FileEntry(rel, st.st_size, st.st_mtime_ns, st.st_ino)
-
+        Depth first, holding one fd per folder on the current path only (at most ``max_depth``).
+        An entry that vanishes, turns into something else or cannot be read between being listed
+        and being looked at is skipped: kernel code may change the tree while this runs."""
+        listing = Listing()
         try:
             root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError:
-            return out
+            return listing
+        stack: list[tuple[int, Iterator[os.DirEntry[str]], str]] = []
+        deep = False
+
+        def enter(fd: int, prefix: str) -> None:
+            try:
+                stack.append((fd, os.scandir(fd), prefix))
+            except OSError:
+                os.close(fd)
+
+        enter(root, "")
+        seen = 0
         try:
-            walk(root, "")
+            while stack:
+                fd, it, prefix = stack[-1]
+                try:
+                    entry = next(it, None)
+                except OSError:  # the folder broke under us (removed, I/O error): done with it
+                    entry = None
+                if entry is None:
+                    stack.pop()
+                    it.close()  # type: ignore[attr-defined]
+                    os.close(fd)
+                    continue
+                seen += 1
+                if seen > max_entries:
+                    listing.full = True
+                    listing.stopped = f"stopped after {max_entries} entries: the rest of the workspace was not looked at"
+                    break
+                name = entry.name
+                if name.startswith(".upload-"):  # an upload being written (Workspace.write)
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:  # gone already
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    if len(stack) > max_depth:
+                        deep = True
+                        continue
+                    try:  # it may have been swapped for a link or file since the stat: nofollow
+                        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                    except OSError:
+                        continue
+                    enter(sub, f"{prefix}{name}/")
+                elif stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                    rel = f"{prefix}{name}"
+                    listing[rel] = FileEntry(rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
         finally:
-            os.close(root)
-        return out
+            for fd, it, _ in stack:
+                it.close()  # type: ignore[attr-defined]
+                os.close(fd)
+        if deep:
+            note = f"folders deeper than {max_depth} levels were not looked into"
+            listing.stopped = f"{listing.stopped}; {note}" if listing.stopped else note
+        return listing
 
     def usage(self) -> tuple[int, int]:
+        """(bytes, files) of the workspace; a walk that stopped at its entry bound counts as
+        holding that many files (it holds at least that many entries)."""
         files = self.scan()
-        return sum(f.size for f in files.values()), len(files)
+        return sum(f.size for f in files.values()), SCAN_MAX_ENTRIES if files.full else len(files)
+
+
+class Listing(dict[str, FileEntry]):
+    """The files a walk found, by relative path, and why it did not see everything (if so)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped: str | None = None  # "stopped after N entries...", for clients
+        self.full = False  # stopped at the entry bound
+        self.started_ns = time.time_ns()  # a file changed after this has a later ctime
 
 
 def temp_copy(ws: Workspace, rel: PurePosixPath, dest_dir: Path, max_bytes: int) -> tuple[Path, int, str]:

@@ -393,10 +393,11 @@ class KernelmodeMCP:
     async def list_files(self, ctx: Context[Any], session_id: SessionArg = None) -> str:
         """List the files in the session's workspace (/mnt/data): name, size, type."""
         sid, note = await self._session(ctx, session_id)
-        files = await self.app.sessions.list_files(sid)
-        lines = [f"- {f['path']} ({f['mime_type']}, {size_text(int(str(f['size_bytes'])))})" for f in files]
+        listing = await self.app.sessions.list_files(sid)
+        lines = [f"- {f.path} ({f.mime_type}, {size_text(f.size_bytes)})" for f in listing.files]
         body = "\n".join(lines) if lines else "(no files)"
-        return "\n\n".join(x for x in [note, f"Files of session {sid} in /mnt/data:\n{body}"] if x)
+        more = f"(not complete: the walk {listing.note})" if listing.note else None
+        return "\n\n".join(x for x in [note, f"Files of session {sid} in /mnt/data:\n{body}", more] if x)
 
     async def read_artifact(
         self,

@@ -47,6 +47,7 @@ from ..metrics import Metrics
 from ..models import (
     Artifact,
     DeathCause,
+    FileList,
     Limits,
     RunError,
     RunResult,
@@ -55,6 +56,7 @@ from ..models import (
     SessionInfo,
     ToolCall,
     UploadResult,
+    WorkspaceFile,
 )
 from ..sandbox import cgroups
 from ..sandbox.spec import KernelParams, pop_death_record
@@ -621,10 +623,8 @@ class SessionManager:
                 if session_id not in self._live:  # deleted (or reaped) while the code ran
                     raise SessionNotFound(f"session {session_id!r} was deleted while the code ran")
                 if self.harvester is not None and result.status == "ok":
-                    ws = s.workspace_view()
-                    after = await asyncio.to_thread(ws.scan)
-                    await self.harvester.harvest(session_id, result, ws, s.files, after)
-                    s.files = after
+                    # Never raises: a harvest problem is a note on the result, which stands.
+                    s.files = await self.harvester.harvest(session_id, result, s.workspace_view(), s.files)
                 result.duration_ms = round((time.monotonic() - started) * 1000, 3)
                 if result.execution_count is not None:
                     s.info.execution_count = result.execution_count
@@ -893,15 +893,17 @@ class SessionManager:
         chunks = iter(lambda: body.read(1 << 20), b"")
         shown = await asyncio.to_thread(ws.write, rel, chunks, overwrite)
         # An upload is an input, not something a run made: not an artifact of the next run.
-        entry = (await asyncio.to_thread(ws.scan)).get(str(rel))
+        entry = await asyncio.to_thread(ws.entry, rel)
         if entry is not None:
             s.files[str(rel)] = entry
         return UploadResult(path=shown, size_bytes=size)
 
-    async def list_files(self, session_id: str) -> list[dict[str, object]]:
+    async def list_files(self, session_id: str) -> FileList:
+        """The workspace's files, as far as its bounded walk got (``note`` says where it stopped)."""
         s = self._session(session_id)
         files = await asyncio.to_thread(s.workspace_view().scan)
-        return [e.info() for _, e in sorted(files.items())]
+        return FileList(files=[WorkspaceFile.model_validate(e.info()) for _, e in sorted(files.items())],
+                        truncated=files.stopped is not None, note=files.stopped)
 
     def open_file(self, session_id: str, path: str) -> tuple[int, int, str]:
         """(fd, size, mime type) of a workspace file, opened without following links."""

@@ -1,0 +1,241 @@
+"""The workspace walk (listings, harvests, upload accounting) on a real directory: bounded,
+iterative, indifferent to what kernel code does to the tree meanwhile, and safe with names that
+are not UTF-8. The end-to-end attacks are in tests/security/test_workspace_abuse.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import threading
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from kernelmode.artifacts.harvester import Harvester
+from kernelmode.artifacts.local import LocalStore
+from kernelmode.artifacts.workspace import Listing, Workspace, shown
+from kernelmode.config import ArtifactSettings
+from kernelmode.models import RunResult
+
+BAD = b"\xff\xfe-bad.txt"  # not UTF-8
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _deep(root: Path, depth: int, leaf_every: int = 0) -> None:
+    """A chain of ``depth`` folders ``d/d/d...``, made through fds (the path is past PATH_MAX)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for level in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        nfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+        if leaf_every and level % leaf_every == 0:
+            os.close(os.open(f"f{level}", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+    os.close(fd)
+
+
+def test_lists_regular_singly_linked_files_only(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "sub" / "deeper" / "b.csv").write_text("b,c")
+    (tmp_path / "link").symlink_to(tmp_path / "a.txt")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "dirlink").symlink_to(tmp_path / "sub")
+    os.link(tmp_path / "sub" / "deeper" / "b.csv", tmp_path / "hard.csv")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / ".upload-0123").write_text("half an upload")
+    listing = Workspace(tmp_path).scan()
+    assert sorted(listing) == ["a.txt"]  # b.csv and hard.csv are one file with two links
+    (tmp_path / "hard.csv").unlink()
+    listing = Workspace(tmp_path).scan()
+    assert sorted(listing) == ["a.txt", "sub/deeper/b.csv"]
+    assert listing.stopped is None
+
+
+def test_undecodable_name_is_carried_and_shown_escaped(tmp_path: Path) -> None:
+    os.makedirs(os.path.join(os.fsencode(tmp_path), b"dir\xe9"))
+    for raw in (BAD, b"dir\xe9/inner\x80.csv"):
+        with open(os.path.join(os.fsencode(tmp_path), raw), "wb") as f:
+            f.write(b"x")
+    ws = Workspace(tmp_path)
+    listing = ws.scan()
+    assert len(listing) == 2
+    infos = {e.info()["path"] for e in listing.values()}
+    assert infos == {"/mnt/data/\\xff\\xfe-bad.txt", "/mnt/data/dir\\xe9/inner\\x80.csv"}
+    # Everything clients get encodes as JSON and UTF-8, and SQLite stores it.
+    text = json.dumps([e.info() for e in listing.values()], default=str)
+    text.encode()
+    sqlite3.connect(":memory:").execute("select ?", (text,))
+    # The carried name still opens the file (the harvest copies it by that name).
+    entry = listing[os.fsdecode(BAD)]
+    fd, st = ws.open_file(PurePosixPath(entry.path))
+    os.close(fd)
+    assert st.st_size == 1
+    assert shown("plain-é.txt") == "plain-é.txt"
+
+
+def test_a_tree_1500_deep_stops_at_the_depth_bound_without_recursion_or_fd_leak(tmp_path: Path) -> None:
+    _deep(tmp_path, 1500, leaf_every=10)
+    (tmp_path / "top.txt").write_text("t")
+    fds = _open_fds()
+    listing = Workspace(tmp_path).scan(max_depth=64)
+    assert _open_fds() == fds
+    assert "top.txt" in listing
+    assert "d/f0" in listing and "/".join(["d"] * 61) + "/f60" in listing
+    assert max(p.count("/") for p in listing) <= 64
+    assert listing.stopped is not None and "64 levels" in listing.stopped
+
+
+def test_entries_are_bounded_with_a_note(tmp_path: Path) -> None:
+    for i in range(300):
+        (tmp_path / f"f{i}").touch()
+    listing = Workspace(tmp_path).scan(max_entries=100)
+    assert len(listing) == 100
+    assert listing.stopped is not None and "100 entries" in listing.stopped
+    assert Workspace(tmp_path).scan(max_entries=1000).stopped is None
+
+
+def test_walk_survives_a_tree_that_changes_under_it(tmp_path: Path) -> None:
+    """A thread swaps names between file, folder, link, link loop and fifo, as fast as it can."""
+    stop = threading.Event()
+    swaps = 0
+
+    def churn() -> None:
+        nonlocal swaps
+        kinds = ["file", "dir", "link", "loop", "fifo", "tree"]
+        while not stop.is_set():
+            for i in range(20):
+                p = tmp_path / f"n{i}"
+                try:
+                    if p.is_dir() and not p.is_symlink():
+                        for sub in sorted(p.rglob("*"), reverse=True):
+                            sub.rmdir() if sub.is_dir() and not sub.is_symlink() else sub.unlink()
+                        p.rmdir()
+                    elif p.exists() or p.is_symlink():
+                        p.unlink()
+                    kind = kinds[(i + swaps) % len(kinds)]
+                    if kind == "file":
+                        p.write_text("x" * i)
+                    elif kind == "dir":
+                        p.mkdir()
+                    elif kind == "link":
+                        p.symlink_to(tmp_path)
+                    elif kind == "loop":
+                        p.symlink_to(p)
+                    elif kind == "fifo":
+                        os.mkfifo(p)
+                    else:
+                        (p / "a" / "b").mkdir(parents=True)
+                        (p / "a" / "b" / "c.txt").write_text("c")
+                except OSError:
+                    pass  # the walk never changes the tree; a race with ourselves is fine
+            swaps += 1
+
+    t = threading.Thread(target=churn, daemon=True)
+    t.start()
+    ws = Workspace(tmp_path)
+    fds = _open_fds()
+    try:
+        for _ in range(300):
+            listing = ws.scan()
+            for e in listing.values():
+                e.info()
+            ws.usage()
+    finally:
+        stop.set()
+        t.join(10)
+    assert swaps > 0
+    assert _open_fds() == fds
+
+
+def _harvester(tmp_path: Path) -> tuple[Harvester, LocalStore]:
+    store = LocalStore(tmp_path / "store", link_ttl_seconds=60)
+    asyncio.run(store.start())
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    return Harvester(store, ArtifactSettings(), scratch), store
+
+
+def _result() -> RunResult:
+    return RunResult(run_id="r1", session_id="s1", status="ok", stdout="kept")
+
+
+def test_harvest_keeps_an_undecodable_name_under_its_escaped_key(tmp_path: Path) -> None:
+    ws_dir = tmp_path / "ws"
+    ws_dir.mkdir()
+    harvester, store = _harvester(tmp_path)
+    ws = Workspace(ws_dir)
+    before = ws.scan()
+    with open(os.path.join(os.fsencode(ws_dir), BAD), "wb") as f:
+        f.write(b"payload")
+    result = _result()
+    after = asyncio.run(harvester.harvest("s1", result, ws, before))
+    assert os.fsdecode(BAD) in after
+    assert [a.path for a in result.artifacts] == ["/mnt/data/\\xff\\xfe-bad.txt"]
+    assert result.artifact_error is None
+    assert asyncio.run(store.get("s1/r1/\\xff\\xfe-bad.txt")) == b"payload"
+    result.model_dump_json().encode()
+
+
+def test_harvest_never_raises_and_notes_why(tmp_path: Path) -> None:
+    harvester, _ = _harvester(tmp_path)
+
+    class Broken(Workspace):
+        def scan(self, max_entries: int = 0, max_depth: int = 0) -> Listing:
+            raise RecursionError("as the recursive walk did on a deep tree")
+
+    result = _result()
+    before = Listing()
+    assert asyncio.run(harvester.harvest("s1", result, Broken(tmp_path), before)) is before
+    assert result.artifact_error and "could not be read" in result.artifact_error
+    assert result.stdout == "kept"
+
+
+def test_harvest_skips_a_file_that_vanished_after_the_walk(tmp_path: Path) -> None:
+    ws_dir = tmp_path / "ws"
+    ws_dir.mkdir()
+    harvester, _ = _harvester(tmp_path)
+
+    class Vanishing(Workspace):
+        def scan(self, max_entries: int = 0, max_depth: int = 0) -> Listing:
+            listing = super().scan()
+            for p in ws_dir.iterdir():  # the kernel deletes or swaps them right after the walk
+                p.unlink()
+            (ws_dir / "b.txt").mkdir()
+            return listing
+
+    (ws_dir / "a.txt").write_text("a")
+    (ws_dir / "b.txt").write_text("b")
+    result = _result()
+    asyncio.run(harvester.harvest("s1", result, Vanishing(ws_dir), Listing()))
+    assert result.artifacts == [] and result.artifacts_truncated
+
+
+def test_a_walk_that_stopped_early_does_not_make_old_files_new(tmp_path: Path) -> None:
+    ws_dir = tmp_path / "ws"
+    ws_dir.mkdir()
+    for i in range(50):
+        (ws_dir / f"old{i}").touch()
+    harvester, _ = _harvester(tmp_path)
+    ws = Workspace(ws_dir)
+    before = ws.scan(max_entries=10)
+    assert before.stopped
+    (ws_dir / "new.txt").write_text("n")
+    result = _result()
+    asyncio.run(harvester.harvest("s1", result, ws, before))
+    assert [a.path for a in result.artifacts] == ["/mnt/data/new.txt"]
+
+
+@pytest.mark.parametrize("depth", [0, 1, 3])
+def test_entry_of_one_path(tmp_path: Path, depth: int) -> None:
+    rel = PurePosixPath(*(["d"] * depth), "f.txt")
+    (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / rel).write_text("abc")
+    entry = Workspace(tmp_path).entry(rel)
+    assert entry is not None and entry.size == 3 and entry.path == str(rel)
+    assert Workspace(tmp_path).entry(PurePosixPath("missing.txt")) is None

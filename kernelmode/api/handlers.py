@@ -374,10 +374,19 @@ class NotebookHandler(BaseHandler):
     """The session's runs as an .ipynb (console runs included; also after the session is gone)."""
 
     async def get(self, session_id: str) -> None:
-        data = await asyncio.to_thread(self.app.sessions.notebook, self.own(session_id))
-        self.set_header("Content-Type", "application/x-ipynb+json")
-        self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(session_id)}.ipynb")
-        self.finish(data)
+        # Written run by run to a spool (on disk past 1 MiB), then sent in chunks: a long history
+        # with big outputs never sits in memory whole.
+        with tempfile.SpooledTemporaryFile(max_size=1 << 20) as spool:
+            await asyncio.to_thread(self.app.sessions.notebook, self.own(session_id), spool)
+            self.set_header("Content-Type", "application/x-ipynb+json")
+            self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(session_id)}.ipynb")
+            self.set_header("X-Content-Type-Options", "nosniff")
+            self.set_header("Content-Length", str(spool.tell()))
+            spool.seek(0)
+            while chunk := await asyncio.to_thread(spool.read, 1 << 20):
+                self.write(chunk)
+                await self.flush()
+        self.finish()
 
 
 class PublicArtifactHandler(BaseHandler):

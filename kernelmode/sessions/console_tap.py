@@ -5,6 +5,12 @@ each message on the way: it records the console's runs in the session's history 
 in the notebook export), answers the kernel's tool calls itself (the console never sees the
 preamble's requests, and ``tools.*`` works as in any run), and refuses a shutdown request (a
 person leaving the console must not stop the agent's kernel).
+
+What the tap keeps per connection is bounded: a cell's code is kept for the history up to
+``sessions.max_code_bytes`` characters (with a note when cut), and at most ``MAX_PENDING``
+requests (``PENDING_CODE_CELLS`` full cells of code together) wait for their reply; beyond, the oldest are
+forgotten (their cells run, but are not in the history). A console that floods the kernel with
+requests it never gets answers to cannot pin the server's memory.
 """
 
 from __future__ import annotations
@@ -27,6 +33,15 @@ if TYPE_CHECKING:
     from .manager import LiveSession, SessionManager
 
 _OUTPUT_TYPES = {"stream", "display_data", "update_display_data", "execute_result", "error"}
+MAX_PENDING = 32  # requests of one console awaiting their reply
+PENDING_CODE_CELLS = 4  # their kept code together: this many cells of max_code_bytes
+
+
+def kept_code(code: str, cap: int) -> str:
+    """The code as the history keeps it: at most ``cap`` characters, and a note when cut."""
+    if len(code) <= cap:
+        return code
+    return code[:cap] + f"\n# [kernelmode: {len(code) - cap} more characters of this cell were not kept]"
 
 
 @dataclass
@@ -45,7 +60,9 @@ class ConsoleTap:
         self.manager = manager
         self.s = s
         self.send_upstream = send_upstream  # (channel, message) to the kernel
-        self._runs: dict[str, _ConsoleRun] = {}
+        self._runs: dict[str, _ConsoleRun] = {}  # awaiting their reply, oldest first
+        self._pending_chars = 0
+        self.dropped = 0  # requests forgotten at the bounds (their cells are not in the history)
         self._session = JupyterSession(key=b"x", username="kernelmode")
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -57,12 +74,27 @@ class ConsoleTap:
             return False
         if kind == "execute_request" and not msg["content"].get("silent"):
             cfg = self.manager.settings.sessions
-            self._runs[msg["header"]["msg_id"]] = _ConsoleRun(
-                code=str(msg["content"].get("code", "")),
+            msg_id = str(msg["header"]["msg_id"])
+            self._forget(msg_id)  # a repeated id replaces its earlier request
+            run = _ConsoleRun(
+                code=kept_code(str(msg["content"].get("code", "")), cfg.max_code_bytes),
                 collector=OutputCollector(cfg.max_output_bytes, max_display_bytes=cfg.max_display_bytes),
                 started=time.monotonic())
+            self._runs[msg_id] = run
+            self._pending_chars += len(run.code)
             self.s.console_cells += 1
+            budget = PENDING_CODE_CELLS * cfg.max_code_bytes
+            while len(self._runs) > MAX_PENDING or self._pending_chars > budget:
+                self._forget(next(iter(self._runs)))  # the oldest (dicts keep arrival order)
+                self.dropped += 1
         return True
+
+    def _forget(self, msg_id: str) -> _ConsoleRun | None:
+        run = self._runs.pop(msg_id, None)
+        if run is not None:
+            self._pending_chars -= len(run.code)
+            self.s.console_cells -= 1
+        return run
 
     def from_kernel(self, channel: str, msg: dict[str, Any]) -> bool:
         """Look at a message for the console; False: it was for kernelmode (a tool call)."""
@@ -95,8 +127,7 @@ class ConsoleTap:
             await self.send_upstream("stdin", answer)
 
     def _record(self, msg_id: str, run: _ConsoleRun) -> None:
-        del self._runs[msg_id]
-        self.s.console_cells -= 1
+        self._forget(msg_id)
         c = run.collector
         result = RunResult(
             run_id=uuid.uuid4().hex, session_id=self.s.info.session_id,
@@ -110,7 +141,7 @@ class ConsoleTap:
         self.manager.record_console_run(self.s, run.code, result, c.events)
 
     def close(self) -> None:
-        self.s.console_cells -= len(self._runs)
-        self._runs.clear()
+        for msg_id in list(self._runs):
+            self._forget(msg_id)
         for task in list(self._tasks):
             task.cancel()

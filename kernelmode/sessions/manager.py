@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import os
+import tempfile
 import time
 import uuid
 from collections import Counter as Tally
@@ -589,10 +590,14 @@ class SessionManager:
     def get_run(self, run_id: str, principal: Principal = ADMIN) -> LiveRun:
         """The run, if ``principal`` may see its session (another tenant's run is unknown)."""
         run = self.runs.get(run_id)
-        if run is None and (stored := self.store.get_run(run_id)) is not None:
-            # Finished long ago: the result is complete, the event stream is not kept.
-            run = LiveRun(run_id=run_id, session_id=stored.session_id, result=stored,
-                          collector=self._collector(), finished_at=time.monotonic())
+        if run is None or run.stored:
+            # Finished: its result and output events are read from the store, for this answer only.
+            stored = self.store.get_run(run_id)
+            run = None
+            if stored is not None:
+                run = LiveRun(run_id=run_id, session_id=stored.session_id, result=stored,
+                              collector=self._collector(), finished_at=time.monotonic())
+                run.collector.events = self.store.run_events(run_id)
         if run is None or not self.may_see(principal, run.session_id):
             raise RunNotFound(f"no run {run_id!r} (finished runs stay for "
                               f"{self.settings.sessions.run_retention_seconds:g} s)")
@@ -923,17 +928,24 @@ class SessionManager:
         return kept + [await self.harvester.relink(session_id, SESSION_FILES, a)
                        for a in self.store.session_files(session_id)]
 
-    def notebook(self, session_id: str) -> bytes:
-        """The session's runs as an .ipynb (also after the session was deleted)."""
-        history = self.store.history(session_id)
+    def notebook(self, session_id: str, out: BinaryIO) -> None:
+        """Write the session's runs as an .ipynb to ``out`` (also after the session was deleted),
+        one run at a time from the store: memory holds one run's output, not the history's."""
+        runs = self.store.run_count(session_id)
         info = self._live[session_id].info if session_id in self._live else self.store.get(session_id)
-        if info is None and not history:
+        if info is None and not runs:
             raise SessionNotFound(f"no session {session_id!r}")
-        return notebook.to_bytes(notebook.session_notebook(session_id, info, history))
+        # Imported here: nbformat's jsonschema costs seconds of start-up otherwise (embedded MCP).
+        from .. import notebook
+
+        notebook.write_notebook(out, session_id, info, self.store.history_iter(session_id), runs)
 
     async def _keep_notebook(self, session_id: str, name: str) -> Artifact:
         assert self.harvester is not None
-        data = await asyncio.to_thread(self.notebook, session_id)
+        with tempfile.TemporaryFile(dir=self.harvester.scratch) as f:
+            await asyncio.to_thread(self.notebook, session_id, f)
+            f.seek(0)
+            data = await asyncio.to_thread(f.read)
         artifact = await self.harvester.keep_session_file(session_id, name, data, notebook.MIME)
         self.store.add_session_file(session_id, artifact)
         return artifact

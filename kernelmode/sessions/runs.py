@@ -2,7 +2,9 @@
 
 A run executes in its own task, so a caller that stops waiting (``wait_seconds`` passed, a client
 gone) loses nothing: the output keeps arriving in the run's collector, and the final RunResult is
-kept here for ``retention`` seconds (and in the session store for good).
+in the session store for good. Once a run ends, only a stub of it stays here (for ``retention``
+seconds): its output (display data of many MB) is read back from the store when it is polled,
+never held in memory for the hour a finished run stays pollable.
 """
 
 from __future__ import annotations
@@ -29,10 +31,16 @@ class LiveRun:
     failure: KernelmodeError | None = None  # the plumbing failed (not the user's code)
     finished_at: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    stored: bool = False  # a finished run's stub: its result and events are in the session store
 
     @property
     def done(self) -> bool:
         return self.finished_at is not None
+
+    def stub(self) -> LiveRun:
+        """What a finished run keeps in memory: who, when, and a failure's message; no output."""
+        return LiveRun(run_id=self.run_id, session_id=self.session_id, finished_at=self.finished_at,
+                       collector=OutputCollector(0), failure=self.failure, stored=self.failure is None)
 
     def snapshot(self) -> RunResult:
         """The run as a RunResult: the final one, or ``running`` with the output so far."""
@@ -89,8 +97,11 @@ class RunRegistry:
         return self._runs.get(run_id)
 
     def finished(self, run: LiveRun) -> None:
+        """The run ended (its result is in the session store, or it failed): those waiting on it
+        keep the run itself; the registry keeps only its stub."""
         run.finished_at = time.monotonic()
         run.changed.set()
+        self._runs[run.run_id] = run.stub()
         self._finished[run.run_id] = run.finished_at
         self._expire()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +167,26 @@ class SessionStore:
             "SELECT code, result FROM runs WHERE session_id=? ORDER BY seq", (session_id,)
         ).fetchall()
         return [(code, RunResult.model_validate(json.loads(res))) for code, res in rows]
+
+    def run_count(self, session_id: str) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM runs WHERE session_id=?", (session_id,)).fetchone()[0])
+
+    def history_iter(self, session_id: str) -> Iterator[tuple[str, RunResult, list[dict[str, Any]] | None]]:
+        """``history``, one run at a time (a notebook export holds one run's output, not all).
+
+        Each run is its own short query, so no statement stays open while others write. A run
+        with its events does not need the result's copy of the same output: SQLite drops it."""
+        seqs = [r[0] for r in self._db.execute(
+            "SELECT seq FROM runs WHERE session_id=? ORDER BY seq", (session_id,))]
+        for seq in seqs:
+            row = self._db.execute(
+                "SELECT code, CASE WHEN events IS NULL THEN result ELSE "
+                "json_remove(result, '$.outputs', '$.stdout', '$.stderr') END, events "
+                "FROM runs WHERE session_id=? AND seq=?", (session_id, seq)).fetchone()
+            if row is not None:  # the id was taken over meanwhile
+                yield row[0], RunResult.model_validate_json(row[1]), json.loads(row[2]) if row[2] else None
+
+    def run_events(self, run_id: str) -> list[dict[str, Any]]:
+        """A run's output events in arrival order (empty for runs stored without them)."""
+        row = self._db.execute("SELECT events FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        return json.loads(row[0]) if row and row[0] else []

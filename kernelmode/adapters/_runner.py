@@ -12,7 +12,7 @@ from typing import Any
 
 from ..client import AsyncClient, AsyncSession, Client, Session
 from ..errors import SessionNotFound
-from ..mcp.render import run_text
+from ..mcp.render import run_text, whole_page
 from ..models import RunResult
 
 DEFAULT_BUDGET = 20_000  # characters per text part (stdout, stderr, result...), as the MCP server
@@ -73,7 +73,7 @@ class SessionRunner:
         return self._session.id if self._session is not None else None
 
     def render(self, result: RunResult, note: str | None = None) -> str:
-        text = run_text(result, self.budget)
+        text = run_text(result, whole_page(result), self.budget, self.budget)
         return f"{note}\n\n{text}" if note else text
 
     # -- sync --------------------------------------------------------------------------------------

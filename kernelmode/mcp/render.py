@@ -81,6 +81,12 @@ class Page:
         return ", ".join(parts)
 
 
+def whole_page(r: RunResult) -> Page:
+    """All of a finished run's output as one page (for readers that do not page, e.g. adapters)."""
+    return Page(stdout=r.stdout, stdout_total=len(r.stdout), stderr=r.stderr, stderr_total=len(r.stderr),
+                outputs=list(r.outputs), outputs_total=len(r.outputs))
+
+
 def where_whole(run_id: str) -> str:
     """Where a reader gets all of a run that an answer cut."""
     return (f"get_run(run_id={run_id!r}) pages through it, REST GET /v1/runs/{run_id} returns it "

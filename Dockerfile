@@ -20,6 +20,8 @@ RUN set -eux; \
 # build-ca.crt (optional, git-ignored): a CA bundle for pip, behind a TLS-intercepting proxy.
 COPY pyproject.toml README.md build-ca.cr[t] /src/
 COPY kernelmode /src/kernelmode
+# kernelmode/sandbox/kernel-requirements.txt (package data) links to it.
+COPY kernel-image/requirements.txt /src/kernel-image/requirements.txt
 RUN set -eux; \
     if [ -f /src/build-ca.crt ]; then export PIP_CERT=/src/build-ca.crt; fi; \
     /opt/kernelmode-venv/bin/pip install --no-cache-dir --disable-pip-version-check --no-input /src; \
@@ -30,13 +32,11 @@ LABEL app=kernelmode \
       org.opencontainers.image.title="kernelmode" \
       org.opencontainers.image.description="kernelmode manager + Jupyter Kernel Gateway (Docker sandbox backend)"
 COPY --from=build /opt/kernelmode-venv /opt/kernelmode-venv
-COPY gateway-config /opt/kernelmode/gateway-config
-# The package is installed (not a checkout): the gateway's configuration is found through
-# KERNELMODE_GATEWAY__CONFIG_DIR. DATA_DIR must be the same path on the host (see compose).
+# The gateway's configuration ships inside the installed package. DATA_DIR must be the same path
+# on the host (see compose).
 ENV PATH=/opt/kernelmode-venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     LANG=C.UTF-8 \
     PYTHONUNBUFFERED=1 \
-    KERNELMODE_GATEWAY__CONFIG_DIR=/opt/kernelmode/gateway-config \
     KERNELMODE_SERVER__DATA_DIR=/var/lib/kernelmode
 # Runs as root: it hands each kernel's workspace and socket directory to that kernel's own uid
 # (chown), and it talks to the Docker socket anyway (which is root on the host: see compose).

@@ -1,5 +1,6 @@
-# kernelmode: `make run` sets everything up and serves; `make test` sets up and runs every test.
-# Both are idempotent: the second time they only check stamps.
+# kernelmode: `make run` sets up what serving needs and serves; `make test` sets up everything
+# (test tools, agent frameworks too) and runs every test. Both are idempotent: the second time
+# they only check stamps.
 
 PYTHON ?= python3
 # The kernel environment uses the system Python: it must be readable by the unprivileged
@@ -10,26 +11,34 @@ KVENV := .kernel-venv
 PIP_FLAGS ?= -q --disable-pip-version-check
 ARGS ?=
 
-.PHONY: setup run test lint bench bench-quick clean docker-setup docker-test
+.PHONY: setup setup-run run test lint bench bench-quick clean docker-setup docker-test
 
+# Everything: the service, test tools, agent-framework adapters, the kernel environment.
 setup: .stamp-system $(VENV)/.stamp $(KVENV)/.stamp
+# What `kernelmode serve` needs and nothing more.
+setup-run: .stamp-system $(VENV)/.stamp-run $(KVENV)/.stamp
 
 .stamp-system: scripts/install-system-deps.sh
 	bash scripts/install-system-deps.sh
 	@touch $@
 
-$(VENV)/.stamp: pyproject.toml
+$(VENV)/.stamp-run: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install $(PIP_FLAGS) -e .
+	@touch $@
+
+$(VENV)/.stamp: pyproject.toml $(VENV)/.stamp-run
 	$(VENV)/bin/pip install $(PIP_FLAGS) -e '.[test,langchain,crewai]'
 	@touch $@
 
-$(KVENV)/.stamp: kernel-image/requirements.txt .stamp-system
-	test -x $(KVENV)/bin/python || $(KERNEL_PYTHON) -m venv $(KVENV)
-	$(KVENV)/bin/pip install $(PIP_FLAGS) -r kernel-image/requirements.txt
-	chmod -R a+rX $(KVENV)  # the sandboxed kernels run as other uids
+# The same code as `kernelmode setup` (kernelmode/setup_env.py): a venv of KERNEL_PYTHON with
+# kernel-image/requirements.txt, readable by the sandbox uids; it writes $(KVENV)/.stamp.
+$(KVENV)/.stamp: kernel-image/requirements.txt .stamp-system | $(VENV)/.stamp-run
+	$(VENV)/bin/kernelmode setup --quiet --kernel-env $(KVENV) --python $(KERNEL_PYTHON) \
+		--requirements kernel-image/requirements.txt
 	@touch $@
 
-run: setup
+run: setup-run
 	$(VENV)/bin/kernelmode serve $(ARGS)
 
 lint: setup
@@ -54,6 +63,7 @@ bench: setup
 	$(VENV)/bin/python bench/backends.py
 	$(VENV)/bin/python bench/recovery.py
 	$(VENV)/bin/python bench/load.py
+	$(VENV)/bin/python bench/mcp_startup.py
 
 bench-quick: setup
 	$(VENV)/bin/python bench/roundtrip.py --quick --no-write
@@ -61,6 +71,7 @@ bench-quick: setup
 	$(VENV)/bin/python bench/backends.py --quick --no-write
 	$(VENV)/bin/python bench/recovery.py --quick --no-write
 	$(VENV)/bin/python bench/load.py --quick --no-write
+	$(VENV)/bin/python bench/mcp_startup.py --quick --no-write
 
 # The Docker sandbox backend: engine, daemon (no container network), base and kernel images.
 # Idempotent; a no-op in well under a second when all is there (scripts/docker-setup.sh).

@@ -70,7 +70,7 @@ from roundtrip import (  # noqa: E402
 )
 
 from kernelmode.cli import _JsonFormatter  # noqa: E402
-from kernelmode.config import Settings  # noqa: E402
+from kernelmode.config import GATEWAY_CONFIG_DIR, Settings  # noqa: E402
 from kernelmode.models import SessionCreate  # noqa: E402
 from kernelmode.sandbox.spec import KernelParams  # noqa: E402
 from kernelmode.server import KernelmodeApp  # noqa: E402
@@ -375,8 +375,8 @@ _signal.signal(_signal.SIGUSR1, _kmbench_toggle)
 
 
 def profiled_gateway_config(dest: Path) -> Path:
-    """A copy of gateway-config/ whose gateway runs under cProfile (the repo is not touched)."""
-    shutil.copytree(REPO / "gateway-config", dest)
+    """A copy of the gateway config (kernelmode/gateway/config/) whose gateway runs under cProfile (the repo is not touched)."""
+    shutil.copytree(GATEWAY_CONFIG_DIR, dest)
     cfg = dest / "kernel_gateway_config.py"
     cfg.write_text(GATEWAY_PROFILER + cfg.read_text())
     return dest

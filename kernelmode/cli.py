@@ -1,4 +1,4 @@
-"""`kernelmode serve | mcp | console | sessions | config check`."""
+"""`kernelmode serve | mcp | console | sessions | setup | doctor | config check`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import logging
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError as PydanticValidationError
+
 from .audit import LOGGER_NAME as AUDIT_LOGGER
-from .config import load_settings
+from .config import Settings, load_settings
 from .errors import ConfigError
 
 
@@ -127,6 +129,61 @@ def _config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_flags(args: argparse.Namespace) -> Settings:
+    """Settings of --config and the environment, with serve's flags applied (raise ConfigError)."""
+    settings = load_settings(args.config)
+    try:
+        for flag, (section, key) in {"host": ("server", "host"), "port": ("server", "port"),
+                                     "data_dir": ("server", "data_dir"),
+                                     "sandbox": ("sandbox", "backend")}.items():
+            if getattr(args, flag, None) is not None:
+                setattr(getattr(settings, section), key, getattr(args, flag))
+    except PydanticValidationError as e:  # a flag out of range: one line, as for the file
+        raise ConfigError("; ".join(f"--{str(err['loc'][-1]).replace('_', '-')}: {err['msg']}"
+                                    for err in e.errors())) from e
+    return settings
+
+
+def _setup(args: argparse.Namespace) -> int:
+    from .errors import SetupFailed
+    from .setup_env import REQUIREMENTS, build_kernel_env
+
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as e:
+        print(f"kernelmode: {e.message}", file=sys.stderr)
+        return 2
+    configured = settings.sandbox.kernel_python.parent.parent
+    target = Path(args.kernel_env).absolute() if args.kernel_env else configured
+    try:
+        python = build_kernel_env(target, args.python, Path(args.requirements) if args.requirements
+                                  else REQUIREMENTS, force=args.force, quiet=args.quiet)
+    except SetupFailed as e:
+        print(f"kernelmode setup: {e.message}", file=sys.stderr)
+        return 1
+    if target != configured:
+        print(f"serve looks for {configured / 'bin' / 'python'}: set sandbox.kernel_python to "
+              f"{python} (or KERNELMODE_SANDBOX__KERNEL_PYTHON={python})")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import diagnose
+
+    try:
+        settings = _with_flags(args)
+    except ConfigError as e:
+        if args.json:
+            print(json.dumps({"ok": False, "backend": None, "checks": [
+                {"name": "config", "status": "fail", "detail": e.message, "fix": "fix the setting named"}]}))
+        else:
+            print(f"kernelmode: {e.message}", file=sys.stderr)
+        return 1
+    report = diagnose(settings)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernelmode", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -166,6 +223,26 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_argument("--url", help="the server (default $KERNELMODE_URL, else http://127.0.0.1:8888)")
     sessions.add_argument("--token", help="its token (default $KERNELMODE_TOKEN)")
     sessions.set_defaults(func=_sessions)
+    setup = sub.add_parser("setup", help="build the kernel environment (a venv with ipykernel and the "
+                           "libraries kernels can import) where serve looks for it")
+    setup.add_argument("--kernel-env", help="where to build it (default: the venv of sandbox.kernel_python)")
+    setup.add_argument("--python", help="the Python to build it from (default /usr/bin/python3: "
+                       "sandboxed kernels run as other users and must be able to read it)")
+    setup.add_argument("--requirements", help="a requirements file (default: the one shipped with "
+                       "kernelmode, the same list the Docker kernel image installs)")
+    setup.add_argument("--config", help="kernelmode.yaml (for sandbox.kernel_python)")
+    setup.add_argument("--force", action="store_true", help="rebuild even when it is up to date")
+    setup.add_argument("--quiet", action="store_true", help="no pip progress")
+    setup.set_defaults(func=_setup)
+    doctor = sub.add_parser("doctor", help="check everything serve needs and say what to do about "
+                            "each missing piece (exit 0: serve can run)")
+    doctor.add_argument("--config", help="kernelmode.yaml")
+    doctor.add_argument("--host", help="as for serve")
+    doctor.add_argument("--port", type=int, help="as for serve")
+    doctor.add_argument("--data-dir", help="as for serve")
+    doctor.add_argument("--sandbox", choices=["auto", "docker", "bwrap", "none"], help="as for serve")
+    doctor.add_argument("--json", action="store_true", help="the report as JSON")
+    doctor.set_defaults(func=_doctor)
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     check = config_sub.add_parser("check", help="validate a kernelmode.yaml and print the result")

@@ -8,6 +8,7 @@ Environment overrides use ``KERNELMODE_<SECTION>__<KEY>`` (for example
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 import re
 from pathlib import Path
@@ -22,6 +23,21 @@ from .models import LimitCeilings, Limits, LimitsPatch
 
 ENV_PREFIX = "KERNELMODE_"
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Shipped inside the package (package data), so that `pip install .` works without a checkout.
+GATEWAY_CONFIG_DIR = Path(str(importlib.resources.files("kernelmode.gateway") / "config"))
+
+
+def default_kernel_env() -> Path:
+    """Where the kernel environment (a venv with ipykernel) is by default: the checkout's
+    .kernel-venv (what `make setup` builds) when kernelmode runs from a checkout; otherwise
+    where `kernelmode setup` builds it: /opt/kernelmode/kernel-venv as root (readable by the
+    sandbox uids, unlike /root), else the user's data dir."""
+    if (REPO_ROOT / "pyproject.toml").is_file():
+        return REPO_ROOT / ".kernel-venv"
+    if os.geteuid() == 0:
+        return Path("/opt/kernelmode/kernel-venv")
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "kernelmode" / "kernel-venv"
 
 
 class _Section(BaseModel):
@@ -62,6 +78,11 @@ class ServerSettings(_Section):
         default_factory=list, description="Tenant tokens; each tenant sees only its own sessions.")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
 
+    @field_validator("data_dir", mode="after")
+    @classmethod
+    def _home(cls, v: Path) -> Path:
+        return v.expanduser()  # `data_dir: ~/km` is the home's km, not a directory named "~"
+
     @field_validator("token", mode="before")
     @classmethod
     def _empty_token_is_none(cls, v: Any) -> Any:
@@ -88,7 +109,7 @@ class SandboxSettings(_Section):
     limits: Limits = Field(default_factory=Limits)
     max_limits: LimitCeilings = Field(default_factory=LimitCeilings)
     kernel_python: Path = Field(
-        REPO_ROOT / ".kernel-venv" / "bin" / "python",
+        default_factory=lambda: default_kernel_env() / "bin" / "python",
         description="Python of the kernel environment (has ipykernel).",
     )
     bwrap_path: str = "bwrap"
@@ -123,7 +144,6 @@ class SandboxSettings(_Section):
         return self
 
 
-
 class SessionSettings(_Section):
     ttl_seconds: int = Field(1800, ge=10)
     max_sessions: int = Field(50, ge=1)
@@ -151,7 +171,7 @@ class SessionSettings(_Section):
 
 
 class GatewaySettings(_Section):
-    config_dir: Path = REPO_ROOT / "gateway-config"
+    config_dir: Path = GATEWAY_CONFIG_DIR
     startup_timeout_seconds: float = Field(60.0, gt=0)
     # How often the gateway checks that a kernel is alive; bounds how fast a death is seen.
     poll_interval_seconds: float = Field(0.5, gt=0)

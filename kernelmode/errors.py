@@ -4,6 +4,7 @@
 
     KernelmodeError                  (500 internal)
     ├── ConfigError                  (500 config_invalid)    a bad kernelmode.yaml / env var
+    ├── SetupFailed                  (500 setup_failed)      `kernelmode setup` could not build
     ├── ValidationError              (422 invalid_request)   a request that fails validation
     │   ├── BadJSON                  (400 bad_json)
     │   └── LimitExceeded            (422 limit_exceeded)     a limit asked above its ceiling
@@ -15,8 +16,8 @@
     ├── Conflict                     (409 conflict)
     │   └── SessionExists            (409 session_exists)
     ├── PayloadTooLarge              (413 payload_too_large)
-    ├── TooManySessions              (429 too_many_sessions)
-    ├── QuotaExceeded                (429 quota_exceeded)     a tenant's sessions or runs per minute
+    ├── TooManySessions              (429 too_many_sessions)  REST adds a Retry-After header
+    ├── QuotaExceeded                (429 quota_exceeded)     a tenant's sessions or runs per minute (Retry-After too)
     ├── SandboxUnavailable           (503 sandbox_unavailable)
     ├── GatewayError                 (502 gateway_error)      the Kernel Gateway failed us
     │   └── GatewayUnavailable       (503 gateway_unavailable)
@@ -49,6 +50,10 @@ class KernelmodeError(Exception):
 
 class ConfigError(KernelmodeError):
     code = "config_invalid"
+
+
+class SetupFailed(KernelmodeError):
+    code = "setup_failed"
 
 
 class ValidationError(KernelmodeError):
@@ -105,11 +110,15 @@ class PayloadTooLarge(KernelmodeError):
 class TooManySessions(KernelmodeError):
     code = "too_many_sessions"
     http_status = 429
+    # A hint for Retry-After when the error has no details.retry_after_seconds of its own: a
+    # session is freed when a client deletes one or the reaper ends an idle one.
+    retry_after_seconds = 15
 
 
 class QuotaExceeded(KernelmodeError):
     code = "quota_exceeded"
     http_status = 429
+    retry_after_seconds = 15  # as for TooManySessions; a run-rate refusal gives its own
 
 
 class SandboxUnavailable(KernelmodeError):

@@ -33,7 +33,6 @@ from ..models import (
     SESSION_ID_PATTERN,
     ArtifactList,
     ExecuteRequest,
-    FileList,
     Health,
     OneShotRequest,
     SessionCreate,
@@ -170,6 +169,10 @@ class BaseHandler(web.RequestHandler):
         self.set_header("Content-Type", "application/json")  # also where defaults are not JSON (/mcp)
         if status == 401:
             self.set_header("WWW-Authenticate", 'Bearer realm="kernelmode"')
+        if status == 429:  # when to come back: the error's own figure, else its class's hint
+            details = exc.details if isinstance(exc, KernelmodeError) and isinstance(exc.details, dict) else {}
+            retry: Any = details.get("retry_after_seconds") or getattr(exc, "retry_after_seconds", 1)
+            self.set_header("Retry-After", str(max(1, int(retry))))
         self.set_status(status)
         self.finish(json.dumps({"error": body}))
 

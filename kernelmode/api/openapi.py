@@ -1,4 +1,7 @@
-"""The OpenAPI document, generated from the pydantic models."""
+"""The OpenAPI document, generated from the pydantic models.
+
+Every operation has an ``operationId`` (what client generators name methods after) and a tag.
+"""
 
 from __future__ import annotations
 
@@ -37,10 +40,54 @@ def _json(name: str, description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": _ref(name)}}}
 
 
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again",
+                                "schema": {"type": "integer", "minimum": 1}}}
+
+
 def _errors(*codes: int) -> dict[str, Any]:
     text = {400: "Bad JSON", 401: "Missing or wrong token", 403: "Forbidden", 404: "Unknown session or run", 409: "Conflict",
-            413: "Too large", 422: "Invalid request", 429: "Too many sessions", 503: "Kernel or gateway unavailable"}
-    return {str(c): _json("ErrorBody", text[c]) for c in codes}
+            413: "Too large", 422: "Invalid request",
+            429: "Too many sessions (too_many_sessions), or a tenant's quota is spent (quota_exceeded)",
+            503: "Kernel or gateway unavailable"}
+    out = {str(c): _json("ErrorBody", text[c]) for c in codes}
+    if 429 in codes:
+        out["429"]["headers"] = _RETRY_AFTER
+    return out
+
+
+# (path, method) -> (operationId, tag)
+_OPERATIONS = {
+    ("/healthz", "get"): ("getHealth", "health"),
+    ("/readyz", "get"): ("getReadiness", "health"),
+    ("/metrics", "get"): ("getMetrics", "health"),
+    ("/openapi.json", "get"): ("getOpenAPI", "health"),
+    ("/v1/tools", "get"): ("listTools", "tools"),
+    ("/v1/sessions", "get"): ("listSessions", "sessions"),
+    ("/v1/sessions", "post"): ("createSession", "sessions"),
+    ("/v1/execute", "post"): ("executeOneShot", "runs"),
+    ("/v1/sessions/{session_id}", "get"): ("getSession", "sessions"),
+    ("/v1/sessions/{session_id}", "delete"): ("deleteSession", "sessions"),
+    ("/v1/sessions/{session_id}/execute", "post"): ("execute", "runs"),
+    ("/v1/runs/{run_id}", "get"): ("getRun", "runs"),
+    ("/v1/sessions/{session_id}/interrupt", "post"): ("interruptSession", "sessions"),
+    ("/v1/sessions/{session_id}/restart", "post"): ("restartSession", "sessions"),
+    ("/v1/sessions/{session_id}/files", "get"): ("listFiles", "files"),
+    ("/v1/sessions/{session_id}/files/{path}", "put"): ("uploadFile", "files"),
+    ("/v1/sessions/{session_id}/files/{path}", "get"): ("downloadFile", "files"),
+    ("/v1/sessions/{session_id}/artifacts", "get"): ("listArtifacts", "artifacts"),
+    ("/v1/artifacts/{key}", "get"): ("downloadArtifact", "artifacts"),
+    ("/v1/sessions/{session_id}/notebook", "get"): ("exportNotebook", "sessions"),
+    ("/v1/sessions/{session_id}/channels", "get"): ("connectChannels", "console"),
+}
+_TAGS = [
+    {"name": "sessions", "description": "Stateful sessions: one sandboxed kernel each"},
+    {"name": "runs", "description": "Running code, and following long runs"},
+    {"name": "files", "description": "The session's workspace (/mnt/data in the kernel)"},
+    {"name": "artifacts", "description": "Files and outputs that runs produced, with download links"},
+    {"name": "tools", "description": "Host tools callable from kernel code"},
+    {"name": "console", "description": "A person's console on a live session"},
+    {"name": "health", "description": "Probes, metrics and this document"},
+]
 
 
 @lru_cache(maxsize=1)
@@ -55,6 +102,10 @@ def openapi_document() -> dict[str, Any]:
         "/healthz": {"get": {"summary": "Liveness", "security": [], "responses": {"200": _json("Health", "Up")}}},
         "/readyz": {"get": {"summary": "Readiness (gateway up, sandbox usable)", "security": [],
                             "responses": {"200": _json("Health", "Ready"), "503": _json("Health", "Not ready")}}},
+        "/openapi.json": {"get": {"summary": "This document",
+                                  "responses": {"200": {"description": "OpenAPI 3.1",
+                                                        "content": {"application/json": {"schema": {"type": "object"}}}},
+                                                **_errors(401)}}},
         "/metrics": {"get": {"summary": "Prometheus metrics (text format), behind the token",
                              "responses": {"200": {"description": "Prometheus text exposition format",
                                                    "content": {"text/plain": {"schema": {"type": "string"}}}},
@@ -86,7 +137,7 @@ def openapi_document() -> dict[str, Any]:
                      "responses": {"200": _json("RunResult", "The run (user-code errors are status=error)"),
                                    "202": _json("RunResult", "Still running after wait_seconds: status=running, "
                                                 "output so far; poll GET /v1/runs/{run_id}"),
-                                   **_errors(400, 401, 404, 413, 422, 503)}},
+                                   **_errors(400, 401, 404, 413, 422, 429, 503)}},
         },
         "/v1/runs/{run_id}": {
             "parameters": [{"name": "run_id", "in": "path", "required": True,
@@ -123,6 +174,22 @@ def openapi_document() -> dict[str, Any]:
             "get": {"summary": "Artifacts of the session's runs (also after it was deleted)",
                     "responses": {"200": _json("ArtifactList", "Artifacts"), **_errors(401, 404)}},
         },
+        "/v1/artifacts/{key}": {
+            "parameters": [{"name": "key", "in": "path", "required": True, "schema": {"type": "string"},
+                            "description": "The artifact's key, {session_id}/{run_id}/..."}],
+            "get": {"summary": "Download an artifact through a signed, expiring link of the local store "
+                               "(the download_url of an artifact); needs no token",
+                    "security": [],
+                    "parameters": [{"name": "expires", "in": "query", "required": True, "schema": {"type": "string"},
+                                    "description": "Expiry, Unix seconds (part of the link)"},
+                                   {"name": "sig", "in": "query", "required": True, "schema": {"type": "string"},
+                                    "description": "The link's signature"}],
+                    "responses": {"200": {"description": "The artifact's bytes, with its own Content-Type"},
+                                  "403": _json("ErrorBody", "Invalid or expired link: ask for a fresh one "
+                                               "(GET /v1/sessions/{session_id}/artifacts)"),
+                                  "404": _json("ErrorBody", "No such artifact, or the store is S3 (its "
+                                               "links point at S3 itself)")}},
+        },
         "/v1/sessions/{session_id}/notebook": {
             "parameters": [sid],
             "get": {"summary": "The session's runs as a Jupyter notebook (also after it was deleted)",
@@ -144,16 +211,19 @@ def openapi_document() -> dict[str, Any]:
                      "responses": {"200": _json("SessionInfo", "Restarted"), **_errors(401, 404, 503)}},
         },
     }
-    # Tornado parses a form body (urlencoded, multipart) before any handler code runs, the token
-    # check included: one it cannot parse is answered 400 on every route.
-    for item in paths.values():
-        for op in item.values():
+    # Handlers stream their bodies, so no form body is parsed before the token check (nor at all);
+    # a 400 on any route is a request tornado cannot parse (its framing, a bad Content-Length).
+    for path, item in paths.items():
+        for method, op in item.items():
             if isinstance(op, dict) and "responses" in op:
-                op["responses"].setdefault("400", _json("ErrorBody", "Malformed request body"))
+                op["operationId"], tag = _OPERATIONS[(path, method)]
+                op["tags"] = [tag]
+                op["responses"].setdefault("400", _json("ErrorBody", "Malformed request"))
     return {
         "openapi": "3.1.0",
         "info": {"title": "kernelmode", "version": __version__,
                  "description": "Stateful, sandboxed Python sessions for AI agents and automation."},
+        "tags": _TAGS,
         "paths": paths,
         "components": {
             "schemas": defs["$defs"],

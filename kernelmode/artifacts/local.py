@@ -95,4 +95,5 @@ class LocalStore:
             exp = int(expires)
         except ValueError:
             return False
-        return hmac.compare_digest(self._sign(key, exp), sig) and exp >= time.time()
+        # As bytes: compare_digest refuses str with non-ASCII characters (a fuzzed link).
+        return hmac.compare_digest(self._sign(key, exp).encode(), sig.encode()) and exp >= time.time()

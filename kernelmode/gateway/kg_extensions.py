@@ -1,4 +1,4 @@
-"""Classes loaded into the Kernel Gateway process by gateway-config/kernel_gateway_config.py."""
+"""Classes loaded into the Kernel Gateway process by its config file, gateway/config/kernel_gateway_config.py."""
 
 from __future__ import annotations
 

@@ -33,8 +33,8 @@ def kernel_env_paths(kernel_python: Path) -> list[str]:
     """Directories the kernel's Python needs (its venv and base install); checks ipykernel."""
     if not kernel_python.exists():
         raise SandboxUnavailable(
-            f"the kernel environment's Python {kernel_python} does not exist: run `make setup` "
-            "(it installs kernel-image/requirements.txt into .kernel-venv)"
+            f"the kernel environment's Python {kernel_python} does not exist: build it with "
+            "`kernelmode setup` (`make setup` in a checkout), or set sandbox.kernel_python"
         )
     probe = "import json, sys, ipykernel; print(json.dumps([sys.prefix, sys.base_prefix]))"
     try:

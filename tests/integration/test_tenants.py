@@ -154,6 +154,7 @@ def test_session_quota_is_per_tenant(alpha: httpx.Client, beta: httpx.Client, al
         r = alpha.post("/v1/sessions", json={"session_id": "alpha-3"})
         assert r.status_code == 429 and r.json()["error"]["code"] == "quota_exceeded", r.text
         assert "alpha" in r.json()["error"]["message"]
+        assert int(r.headers["Retry-After"]) >= 1  # a hint: sessions free as they are deleted or reaped
         r = alpha.post("/v1/execute", json={"code": "1"})  # a one-shot run needs a session too
         assert r.status_code == 429 and r.json()["error"]["code"] == "quota_exceeded"
         r = beta.post("/v1/sessions", json={"session_id": "beta-2"})
@@ -175,7 +176,9 @@ def test_runs_per_minute_quota(srv: Server) -> None:
                 assert res.status_code == 200 and res.json()["result"] == str(i)
             r = gamma.post("/v1/sessions/gamma-own/execute", json={"code": "'one too many'"})
             assert r.status_code == 429 and r.json()["error"]["code"] == "quota_exceeded", r.text
-            assert 1 <= r.json()["error"]["details"]["retry_after_seconds"] <= 61
+            retry = r.json()["error"]["details"]["retry_after_seconds"]
+            assert 1 <= retry <= 61
+            assert r.headers["Retry-After"] == str(retry)  # the same figure, for HTTP clients
             # The refused run never reached the kernel, and the session is fine.
             info = gamma.get("/v1/sessions/gamma-own").json()
             assert info["execution_count"] == 3 and info["status"] == "idle"

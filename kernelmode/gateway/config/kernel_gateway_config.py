@@ -3,7 +3,7 @@
 # variables read here, so no secret of the manager's environment reaches the gateway or a kernel.
 import os
 
-c = get_config()  # noqa: F821  (traitlets config file)
+c = get_config()  # type: ignore[name-defined]  # noqa: F821  (traitlets config file)
 env = os.environ
 
 # Reachable only by the manager: loopback, a random port, a random token.

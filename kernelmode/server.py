@@ -24,7 +24,7 @@ from .artifacts.local import LocalStore
 from .audit import audit
 from .config import Settings
 from .errors import ConfigError, KernelmodeError, SandboxUnavailable
-from .gateway.client import GatewayClient
+from .gateway.client import GatewayClient, message_limit
 from .gateway.process import GatewayProcess, raise_open_files_limit
 from .sandbox import cgroups
 from .sandbox.docker_backend import server_id
@@ -154,7 +154,8 @@ class KernelmodeApp:
             await self.gateway_process.start(s.gateway.startup_timeout_seconds)
         self._lease = asyncio.create_task(self._renew_lease_forever(), name="gateway-lease")
         self.gateway = GatewayClient(self.gateway_process.url, self.gateway_process.token,
-                                     request_timeout=s.sessions.kernel_start_timeout_seconds + 10)
+                                     request_timeout=s.sessions.kernel_start_timeout_seconds + 10,
+                                     max_message_bytes=message_limit(s))
         self.store = SessionStore(self.data_dir / "sessions.sqlite3")
         await self.tools.start()
         self.artifact_store = await self._start_store()
@@ -195,6 +196,7 @@ class KernelmodeApp:
             "KERNELMODE_GW_CGROUPS": s.sandbox.cgroups,
             "KERNELMODE_GW_POLL_INTERVAL": str(s.gateway.poll_interval_seconds),
             "KERNELMODE_GW_MAX_STREAM_CHARS": str(s.sessions.max_output_bytes + 1),
+            "KERNELMODE_GW_MAX_MESSAGE_BYTES": str(message_limit(s)),
             "KERNELMODE_GW_DOCKER_IMAGE": s.sandbox.docker_image,
             "KERNELMODE_GW_DOCKER_CPUS": str(s.sandbox.docker_cpus),
             "KERNELMODE_GW_SERVER_ID": server_id(self.data_dir),

@@ -18,7 +18,8 @@ from tornado import websocket
 from websockets.asyncio.client import ClientConnection
 
 from ..errors import KernelmodeError
-from ..gateway.client import WS_PROTOCOL, decode_frame, encode_frame
+from ..gateway.client import FRAME_SLACK, WS_PROTOCOL
+from ..gateway.frames import Bounds, FrameError, decode_frame, encode_frame
 from ..sessions.console_tap import ConsoleTap
 
 log = logging.getLogger("kernelmode.api")
@@ -28,10 +29,22 @@ class ChannelsHandler(websocket.WebSocketHandler):
     _upstream: ClientConnection | None = None
     _pump: asyncio.Task[None] | None = None
     _tap: ConsoleTap | None = None
+    _refused = False
 
     @property
     def app(self) -> Any:
         return self.settings["kernelmode"]
+
+    @property
+    def _bounds(self) -> Bounds:
+        """A console's message: a cell of code (up to 6 bytes a character as escaped JSON)."""
+        return Bounds(max_part_bytes=6 * self.app.settings.sessions.max_code_bytes + FRAME_SLACK)
+
+    @property
+    def max_message_size(self) -> int:
+        # tornado's cap on one frame (it closes with 1009 over it): what the manager buffers
+        # for a console connection before any check of ours
+        return self._bounds.max_part_bytes + FRAME_SLACK
 
     def _refuse(self, status: int, code: str, message: str) -> None:
         self.set_status(status)
@@ -85,12 +98,15 @@ class ChannelsHandler(websocket.WebSocketHandler):
         await self._upstream.send(encode_frame(msg, channel))
 
     async def on_message(self, message: str | bytes) -> None:
-        if self._upstream is None or self._tap is None or isinstance(message, str):
+        if self._upstream is None or self._tap is None or isinstance(message, str) or self._refused:
             return
         try:
-            msg = decode_frame(message)
-        except Exception:  # noqa: BLE001 - a malformed frame from the client ends its connection
-            self.close(4400, "malformed frame")
+            # Checked before anything is decoded (and before the gateway, whose own decoder
+            # trusts the frame's header, ever sees it).
+            msg = decode_frame(message, self._bounds)
+        except FrameError as e:  # a malformed or oversized frame ends its connection, only
+            self._refused = True
+            self.close(4400, f"refused frame: {e}"[:120])  # a close reason fits in 123 bytes
             return
         if self._tap.from_console(msg["channel"], msg):
             with contextlib.suppress(websockets.WebSocketException):
@@ -98,10 +114,16 @@ class ChannelsHandler(websocket.WebSocketHandler):
 
     async def _from_kernel(self) -> None:
         assert self._upstream is not None and self._tap is not None
+        bounds = self.app.gateway.bounds
         try:
             async for raw in self._upstream:
-                msg = decode_frame(raw)
-                if self._tap.from_kernel(msg["channel"], msg):
+                try:
+                    msg = decode_frame(raw, bounds, lenient=True)
+                    forward = self._tap.from_kernel(msg["channel"], msg)
+                except FrameError as e:  # skipped, like the manager's own connection does
+                    log.warning("console of %s: a kernel message was skipped: %s", self._tap.s.info.session_id, e)
+                    continue
+                if forward:
                     await self.write_message(raw, binary=isinstance(raw, bytes))
         except (websockets.WebSocketException, websocket.WebSocketClosedError):
             pass

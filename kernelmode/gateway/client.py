@@ -13,19 +13,19 @@ import logging
 import secrets
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import websockets
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session as JupyterSession
-from jupyter_server.services.kernels.connection.base import (
-    deserialize_msg_from_ws_v1,
-    serialize_msg_to_ws_v1,
-)
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from websockets.asyncio.client import ClientConnection
 
 from ..errors import GatewayError, GatewayUnavailable, KernelUnavailable, SandboxUnavailable
+from .frames import Bounds, FrameError, decode_frame, encode_frame
+
+if TYPE_CHECKING:
+    from ..config import Settings
 
 log = logging.getLogger("kernelmode.gateway")
 
@@ -44,44 +44,34 @@ KERNEL_DEAD = "dead"
 # The binary websocket protocol: the gateway forwards the kernel's frames without decoding and
 # re-encoding them as JSON, which the legacy protocol does for every message.
 WS_PROTOCOL = "v1.kernel.websocket.jupyter.org"
+# Frames a kernel websocket buffers before its reader takes them: with the frame size cap
+# (max_size), what one kernel connection can make the manager hold, (MAX_QUEUE + 1) frames.
+MAX_QUEUE = 4
+# A kernel's message over the cap ends that websocket (1009) and the run is reported lost:
+# our gateway cuts messages to the cap first (kg_extensions), so this is only a backstop.
+FRAME_SLACK = 64 * 1024
 
 
-def _pack(obj: Any) -> bytes:
-    return json.dumps(obj, default=json_default).encode()
-
-
-def encode_frame(msg: dict[str, Any], channel: str) -> bytes:
-    """A message as a v1 binary websocket frame."""
-    return bytes(serialize_msg_to_ws_v1(msg, channel, _pack))
-
-
-def decode_frame(raw: str | bytes) -> dict[str, Any]:
-    return _decode(raw)
-
-
-def _decode(raw: str | bytes) -> dict[str, Any]:
-    """A websocket frame (v1 binary or legacy JSON) as a message dict."""
-    if isinstance(raw, str):
-        return dict(json.loads(raw))
-    channel, parts = deserialize_msg_from_ws_v1(raw)
-    header = json.loads(parts[0])
-    return {
-        "channel": channel,
-        "header": header,
-        "msg_type": header.get("msg_type"),
-        "parent_header": json.loads(parts[1]),
-        "metadata": json.loads(parts[2]),
-        "content": json.loads(parts[3]),
-    }
+def message_limit(settings: Settings) -> int:
+    """The largest message a kernel may send the manager, in bytes, from the caps on what the
+    manager keeps of one: a display, a tool request, or a stream text cut at the output cap
+    (up to 6 bytes a character as escaped JSON); plus room for the rest of the message."""
+    return max(settings.sessions.max_display_bytes, settings.tool_calls.max_argument_bytes,
+               6 * settings.sessions.max_output_bytes) + 1024 * 1024
 
 
 class GatewayClient:
     """REST calls to one Kernel Gateway."""
 
-    def __init__(self, url: str, token: str, request_timeout: float = 60.0) -> None:
+    def __init__(self, url: str, token: str, request_timeout: float = 60.0,
+                 max_message_bytes: int = 17 * 1024 * 1024) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.request_timeout = request_timeout
+        # What a kernel's message may hold (message_limit): its metadata and content are
+        # not decoded beyond it, and the websocket refuses frames much larger.
+        self.bounds = Bounds(max_part_bytes=max_message_bytes)
+        self.max_frame_bytes = max_message_bytes + FRAME_SLACK
         self._http = AsyncHTTPClient()
 
     @property
@@ -146,7 +136,8 @@ class GatewayClient:
             return await websockets.connect(
                 url, additional_headers={"Authorization": f"token {self.token}"},
                 subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]
-                max_size=256 * 1024 * 1024, compression=None, open_timeout=30, ping_interval=None,
+                max_size=self.max_frame_bytes, max_queue=MAX_QUEUE, compression=None, open_timeout=30,
+                ping_interval=None,
             )
         except (OSError, websockets.WebSocketException, asyncio.TimeoutError) as e:
             raise KernelUnavailable(f"cannot open the websocket of kernel {kernel_id}: {e}") from e
@@ -183,7 +174,8 @@ class KernelConnection:
                 url,
                 additional_headers={"Authorization": f"token {self.client.token}"},
                 subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]
-                max_size=256 * 1024 * 1024,  # output is capped by the manager, not by framing
+                max_size=self.client.max_frame_bytes,
+                max_queue=MAX_QUEUE,
                 compression=None,
                 open_timeout=30,
                 ping_interval=None,
@@ -207,22 +199,32 @@ class KernelConnection:
         assert self._ws is not None
         try:
             async for raw in self._ws:
-                msg = _decode(raw)
-                parent = (msg.get("parent_header") or {}).get("msg_id")
-                if parent is None or parent == "":
-                    if msg.get("msg_type") == "status":
-                        state = msg["content"].get("execution_state")
-                        if state in (KERNEL_RESTARTING, KERNEL_DEAD):
-                            self.broadcast({"msg_type": "kernelmode_kernel_status", "state": state})
-                            self.on_kernel_status(state)
-                    continue
-                queue = self._listeners.get(parent)
-                if queue is not None:
-                    queue.put_nowait(msg)
+                # One bad message (malformed, over a bound, not UTF-8) is skipped or arrives
+                # marked "dropped": it never ends the reader, which would fail the run as
+                # kernel_died while the kernel is fine.
+                try:
+                    self._route(decode_frame(raw, self.client.bounds, lenient=True))
+                except FrameError as e:
+                    log.warning("kernel %s sent a message that was skipped: %s", self.kernel_id, e)
+                except Exception:  # noqa: BLE001 - same: the next message is read
+                    log.exception("kernel %s: a message could not be routed", self.kernel_id)
         except websockets.WebSocketException as e:
             log.warning("websocket of kernel %s closed: %s", self.kernel_id, e)
         finally:
             self.broadcast({"msg_type": "kernelmode_disconnected"})
+
+    def _route(self, msg: dict[str, Any]) -> None:
+        parent = (msg.get("parent_header") or {}).get("msg_id")
+        if parent is None or parent == "":
+            if msg.get("msg_type") == "status":
+                state = msg["content"].get("execution_state")
+                if state in (KERNEL_RESTARTING, KERNEL_DEAD):
+                    self.broadcast({"msg_type": "kernelmode_kernel_status", "state": state})
+                    self.on_kernel_status(state)
+            return
+        queue = self._listeners.get(parent) if isinstance(parent, str) else None
+        if queue is not None:
+            queue.put_nowait(msg)
 
     def broadcast(self, event: dict[str, Any]) -> None:
         for queue in self._listeners.values():
@@ -238,7 +240,7 @@ class KernelConnection:
         if expect_reply:
             self._listeners[msg["header"]["msg_id"]] = queue
         if self._binary:
-            frame: str | bytes = serialize_msg_to_ws_v1(msg, channel, _pack)
+            frame: str | bytes = encode_frame(msg, channel)
         else:
             frame = json.dumps({**msg, "channel": channel}, default=json_default)
         try:

@@ -63,9 +63,30 @@ class OutputCollector:
         self.outputs.append(output)
         self.events.append(output)
 
+    def _dropped(self, kind: str, note: dict[str, Any]) -> None:
+        """A message too large to read (frames.decode_frame left its content out): say so."""
+        self.truncated = True
+        text = (f"[kernelmode: a {kind} message of {note.get('bytes', 0):,} bytes was not read: "
+                f"{note.get('reason', 'over the limit')}]\n")
+        if kind in ("display_data", "update_display_data", "execute_result"):
+            self.dropped_outputs += 1
+        if kind in ("error", "execute_reply"):
+            if kind == "execute_reply":
+                self.reply_status = "error"
+            if self.error is None:
+                self.error = RunError(ename="MessageTooLarge", evalue=text.strip(), traceback="")
+        if self._sizes["stderr"] < self.max_bytes:
+            self.events.append({"type": "stream", "name": "stderr", "text": self._take("stderr", text)})
+
     def add(self, msg: dict[str, Any]) -> None:
         kind = msg.get("msg_type")
         content = msg.get("content", {})
+        if msg.get("dropped") and kind in ("stream", "execute_result", "display_data",
+                                           "update_display_data", "error", "execute_reply"):
+            self._dropped(str(kind), msg["dropped"])
+            if self.on_change is not None:
+                self.on_change()
+            return
         if kind == "stream":
             name = "stderr" if content.get("name") == "stderr" else "stdout"
             if self._sizes[name] < self.max_bytes:

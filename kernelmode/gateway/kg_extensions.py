@@ -15,9 +15,15 @@ from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebso
 from kernel_gateway.services.kernels.manager import SeedingMappingKernelManager
 from traitlets import default
 
+from .frames import DROPPED, MAX_HEADER_BYTES, json_shape_error
+
 MAX_ZMQ_SOCKETS = 65_536
 # The manager's cap on a stream (sessions.max_output_bytes) + 1: longer stream texts are cut here.
 STREAM_CHARS = int(os.environ.get("KERNELMODE_GW_MAX_STREAM_CHARS", "0"))
+# The largest message the manager reads (frames.message_limit): over it, a message's metadata,
+# content and buffers are replaced here by a note of their size, so that neither this process
+# nor the manager ever holds or decodes one giant message of a kernel's making.
+MAX_MESSAGE_BYTES = int(os.environ.get("KERNELMODE_GW_MAX_MESSAGE_BYTES", "0"))
 
 
 def _cut_stream(parts: list) -> list:
@@ -26,11 +32,26 @@ def _cut_stream(parts: list) -> list:
     try:
         if json.loads(bytes(parts[0])).get("msg_type") != "stream":
             return parts
+        if json_shape_error(parts[3]) is not None:
+            return parts  # not a stream's shape: left for the size check to drop
         content = json.loads(bytes(parts[3]))
         content["text"] = str(content.get("text", ""))[:STREAM_CHARS]
     except (ValueError, TypeError, AttributeError):
         return parts
     return [parts[0], parts[1], parts[2], json.dumps(content).encode(), *parts[4:]]
+
+
+def _cut_oversized(parts: list) -> list | None:
+    """The message with its metadata, content and buffers replaced by a note when it is over
+    MAX_MESSAGE_BYTES (None: drop it, its header alone is over)."""
+    size = sum(len(p) for p in parts)
+    if size <= MAX_MESSAGE_BYTES:
+        return parts
+    if len(parts[0]) + len(parts[1]) > MAX_HEADER_BYTES:
+        return None
+    note = {DROPPED: {"bytes": size, "limit": MAX_MESSAGE_BYTES,
+                      "reason": f"over the limit of {MAX_MESSAGE_BYTES:,} bytes a message"}}
+    return [parts[0], parts[1], b"{}", json.dumps(note).encode()]
 
 
 log = logging.getLogger("kernelmode.gateway")
@@ -66,11 +87,18 @@ class NoDelayWebsocketConnection(ZMQChannelsWebsocketConnection):
 
     def _on_zmq_reply(self, stream, msg_list):  # noqa: ANN001, ANN202
         """Cut a stream message's text to what the manager keeps anyway (its output cap), here,
-        before it is framed and sent: one huge ``print`` then costs the manager nothing."""
-        if (STREAM_CHARS and self.subprotocol == "v1.kernel.websocket.jupyter.org"
-                and getattr(stream, "channel", None) == "iopub" and len(msg_list) >= 4
-                and len(msg_list[3]) > STREAM_CHARS + 1024):
-            msg_list = _cut_stream(msg_list)
+        before it is framed and sent: one huge ``print`` then costs the manager nothing. Any
+        other message over the manager's limit loses its content here, with a note."""
+        if self.subprotocol == "v1.kernel.websocket.jupyter.org" and len(msg_list) >= 4:
+            if (STREAM_CHARS and getattr(stream, "channel", None) == "iopub"
+                    and len(msg_list[3]) > STREAM_CHARS + 1024):
+                msg_list = _cut_stream(msg_list)
+            if MAX_MESSAGE_BYTES:
+                msg_list = _cut_oversized(msg_list)
+                if msg_list is None:
+                    self.log.warning("kernel %s: a message with a header over %d bytes was dropped",
+                                     self.kernel_id, MAX_HEADER_BYTES)
+                    return None
         return super()._on_zmq_reply(stream, msg_list)
 
 

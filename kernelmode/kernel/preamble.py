@@ -58,13 +58,18 @@ class _Bridge:
         except (TypeError, ValueError) as e:
             raise TypeError(f"tools.{name}: arguments must be JSON data (dict, list, str, numbers, "
                             f"bool, None): {e}") from None
+        except RecursionError:
+            raise ToolError(f"{name}: the arguments are nested too deeply") from None
         with self._lock:
             raw = self._raw_input(MARKER + request)
         try:
             reply = json.loads(raw)
         except ValueError:
             raise ToolError(f"{name}: the manager sent an unreadable reply") from None
-        if reply.get("id") != call_id:
+        if not isinstance(reply, dict):
+            raise ToolError(f"{name}: the manager sent an unreadable reply")
+        # id None: the manager refused a request it could not read (too large) for this call.
+        if reply.get("id") != call_id and not (reply.get("id") is None and reply.get("ok") is False):
             raise ToolError(f"{name}: the manager's reply does not match this call")
         if reply.get("ok"):
             return reply.get("result")

@@ -767,7 +767,12 @@ class SessionManager:
                             tool_calls: list[ToolCall]) -> None:
         """Answer an input_request of the run: a tool call from the preamble, else nothing."""
         prompt = str(msg.get("content", {}).get("prompt", ""))
-        if prompt.startswith(MARKER):
+        record: ToolCall | None
+        if msg.get("dropped"):  # too large to read: answered at once, the call fails in the kernel
+            reply, record = self.broker.refuse_unread(s.info.session_id, run_id, msg["dropped"])
+            if len(tool_calls) < self.settings.tool_calls.max_recorded_calls:
+                tool_calls.append(record)
+        elif prompt.startswith(MARKER):
             reply, record = await self.broker.handle(
                 s.info.session_id, run_id, s.info.tools, prompt[len(MARKER):])
             if record is not None and len(tool_calls) < self.settings.tool_calls.max_recorded_calls:

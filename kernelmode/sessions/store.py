@@ -10,6 +10,16 @@ from typing import Any
 
 from ..models import Artifact, RunResult, SessionInfo
 
+
+def storable(text: str) -> str:
+    """``text`` as SQLite can hold it: a lone surrogate (``"\\udcff"`` sent in JSON, which
+    Python runs as it is) is kept escaped, as ``\\udcff``, instead of failing the write."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY,
@@ -130,7 +140,7 @@ class SessionStore:
             "INSERT INTO runs (run_id, session_id, seq, code, result, events) VALUES "
             "(?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs WHERE session_id=?), ?, ?, ?) "
             "ON CONFLICT(run_id) DO UPDATE SET result=excluded.result, events=excluded.events",
-            (result.run_id, result.session_id, result.session_id, code, result.model_dump_json(),
+            (result.run_id, result.session_id, result.session_id, storable(code), result.model_dump_json(),
              json.dumps(events, default=str) if events is not None else None),
         )
 

@@ -8,16 +8,27 @@ recorded for the RunResult.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..audit import audit
 from ..config import ToolBrokerSettings
+from ..gateway.frames import json_shape_error
 from ..kernel.preamble import PING
 from ..models import ToolCall
 from .base import ToolFailed
 from .registry import ToolRegistry, allowed
+
+# The call id at the head of the preamble's request: read without parsing, so that a request
+# refused before it is parsed is still answered as its call.
+_CALL_ID = re.compile(r'\{"id": "([0-9a-f]{32})"')
+
+
+def _call_id(payload: str) -> str | None:
+    m = _CALL_ID.match(payload[:64])
+    return m.group(1) if m else None
 
 
 @dataclass
@@ -57,22 +68,30 @@ class ToolBroker:
 
         The preamble's stdin ping is answered here too, with no record."""
         started = time.monotonic()
-        bytes_in = len(payload.encode("utf-8", errors="replace"))
-        call_id: Any = None
+        limit = self.settings.max_argument_bytes
+        call_id: Any = _call_id(payload)
         name = "?"
+        # Sizes first, then shape, then parsing: json.loads of a request of many small values
+        # builds many times its size in objects, and recurses on deep nesting.
+        bytes_in = len(payload)  # characters: at most the bytes, enough to refuse a huge one
         try:
+            if bytes_in <= limit:
+                data = payload.encode("utf-8", errors="replace")
+                bytes_in = len(data)
+            if bytes_in > limit:
+                raise ToolFailed(f"arguments are over the limit of {limit} bytes; pass a file path instead")
+            problem = json_shape_error(data)
+            if problem is not None:
+                raise ToolFailed(f"the request cannot be read: {problem}")
             try:
-                request = json.loads(payload)
+                request = json.loads(data)
                 call_id, name, arguments = request["id"], str(request["tool"]), request["arguments"]
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
                 raise ToolFailed("malformed tool request") from None
             if name == PING:
                 return json.dumps({"id": call_id, "ok": True, "result": "pong"}), None
             if not isinstance(arguments, dict):
                 raise ToolFailed("arguments must be a mapping of parameter names to values")
-            if bytes_in > self.settings.max_argument_bytes:
-                raise ToolFailed(f"arguments are {bytes_in} bytes, over the limit of "
-                                 f"{self.settings.max_argument_bytes}; pass a file path instead")
             tool = self.registry.get(name)
             if tool is None or not allowed(name, allow):
                 # The same answer for "does not exist" and "not allowed here".
@@ -94,10 +113,24 @@ class ToolBroker:
         except ToolFailed as e:
             error = str(e) or "failed"
             reply = json.dumps({"id": call_id, "ok": False, "error": error})
+        return reply, self._record(session_id, run_id, name, error, started, bytes_in, len(reply))
+
+    def refuse_unread(self, session_id: str, run_id: str, note: dict[str, Any]) -> tuple[str, ToolCall]:
+        """Answer a request too large to be read at all (its message arrived without it, see
+        frames.decode_frame): the kernel's call fails at once instead of waiting."""
+        size = int(note.get("bytes") or 0)
+        error = (f"the request is {size:,} bytes, over the limit of {int(note.get('limit') or 0):,} "
+                 "bytes a message; pass a file path instead")
+        reply = json.dumps({"id": None, "ok": False, "error": error})
+        return reply, self._record(session_id, run_id, "?", error, time.monotonic(), size, len(reply))
+
+    @staticmethod
+    def _record(session_id: str, run_id: str, name: str, error: str | None, started: float,
+                bytes_in: int, bytes_out: int) -> ToolCall:
         record = ToolCall(
             tool=name, ok=error is None, error=error,
             duration_ms=round((time.monotonic() - started) * 1000, 3),
-            bytes_in=bytes_in, bytes_out=len(reply),
+            bytes_in=bytes_in, bytes_out=bytes_out,
         )
         audit("tool_call", session_id=session_id, run_id=run_id, **record.model_dump())
-        return reply, record
+        return record

@@ -60,7 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
         if args.sandbox is not None:
             settings.sandbox.backend = args.sandbox
     except ValueError as e:  # pydantic's ValidationError (e.g. --token equal to a tenant's token)
-        print(f"kernelmode: {e}", file=sys.stderr)
+        print(f"kernelmode: {_flag_problem(e)}", file=sys.stderr)
         return 2
     return asyncio.run(serve(settings))
 
@@ -138,10 +138,17 @@ def _with_flags(args: argparse.Namespace) -> Settings:
                                      "sandbox": ("sandbox", "backend")}.items():
             if getattr(args, flag, None) is not None:
                 setattr(getattr(settings, section), key, getattr(args, flag))
-    except PydanticValidationError as e:  # a flag out of range: one line, as for the file
-        raise ConfigError("; ".join(f"--{str(err['loc'][-1]).replace('_', '-')}: {err['msg']}"
-                                    for err in e.errors())) from e
+    except PydanticValidationError as e:
+        raise ConfigError(_flag_problem(e)) from e
     return settings
+
+
+def _flag_problem(e: ValueError) -> str:
+    """A flag out of range, in one line as for the file (`--port: Input should be ...`)."""
+    if not isinstance(e, PydanticValidationError):
+        return str(e)
+    return "; ".join((f"--{str(err['loc'][-1]).replace('_', '-')}: " if err["loc"] else "") + err["msg"]
+                     for err in e.errors())
 
 
 def _setup(args: argparse.Namespace) -> int:

@@ -79,7 +79,7 @@ class SessionInfo(BaseModel):
     ttl_seconds: int
     limits: Limits
     execution_count: int = 0
-    sandbox: str = Field(description="Sandbox backend of the kernel (bwrap or none).")
+    sandbox: str = Field(description="Sandbox backend of the kernel: docker, bwrap or none.")
     tools: list[str] | None = Field(None, description="Tool allow-list (None: all tools).")
     from_pool: bool = Field(False, description="The kernel came ready from the warm pool.")
     kernel_id: str | None = Field(

@@ -120,7 +120,8 @@ def build_kernel_env(
         say("[2/4] creating the venv")
         _run([python, "-m", "venv", *(["--clear"] if force else []), str(target)], VENV_TIMEOUT,
              f"{python} -m venv", quiet)
-    say(f"[3/4] installing {requirements} (pip's progress follows; the first time takes minutes)")
+    say(f"[3/4] installing {requirements}" + ("" if quiet else " (pip's progress follows; the first "
+                                                              "time takes minutes)"))
     _run([str(venv_python), "-m", "pip", "install", "--disable-pip-version-check",
           *(["-q"] if quiet else []), "-r", str(requirements)], PIP_TIMEOUT, "pip install", quiet)
     say("[4/4] making it readable by the sandbox users and checking ipykernel")

@@ -69,8 +69,8 @@ from roundtrip import (  # noqa: E402
     now_ms,
 )
 
-from kernelmode.cli import _JsonFormatter  # noqa: E402
 from kernelmode.config import GATEWAY_CONFIG_DIR, Settings  # noqa: E402
+from kernelmode.logs import JsonFormatter  # noqa: E402
 from kernelmode.models import SessionCreate  # noqa: E402
 from kernelmode.sandbox.spec import KernelParams  # noqa: E402
 from kernelmode.server import KernelmodeApp  # noqa: E402
@@ -426,7 +426,7 @@ def setup_tmp() -> Path:
     (tmp / "direct").mkdir()
     # The in-process apps log like `kernelmode serve` (JSON lines, level info), to a file.
     handler = logging.FileHandler(tmp.with_suffix(".log"))
-    handler.setFormatter(_JsonFormatter())
+    handler.setFormatter(JsonFormatter())
     logging.getLogger().handlers[:] = [handler]
     logging.getLogger().setLevel(logging.INFO)
     logging.getLogger("tornado.access").setLevel(logging.WARNING)

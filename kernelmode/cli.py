@@ -5,48 +5,39 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError as PydanticValidationError
 
-from .audit import LOGGER_NAME as AUDIT_LOGGER
 from .config import Settings, load_settings
 from .errors import ConfigError
+from .logs import setup_logging
+
+if TYPE_CHECKING:
+    from .banner import TokenSource
 
 
-class _JsonFormatter(logging.Formatter):
-    """Audit records are JSON already; other records become JSON lines too."""
+def _token_source(args: argparse.Namespace) -> TokenSource:
+    """Where serve's token comes from, for the start-up block (config.py applies the same order)."""
+    import os
 
-    def format(self, record: logging.LogRecord) -> str:
-        msg = record.getMessage()
-        if record.name == AUDIT_LOGGER:
-            return msg
-        line = {"level": record.levelname.lower(), "logger": record.name, "message": msg}
-        if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line)
-
-
-def _setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    logging.getLogger("tornado.access").setLevel(logging.WARNING)
+    if args.token is not None:
+        return "--token"
+    return "KERNELMODE_TOKEN" if os.environ.get("KERNELMODE_TOKEN") else "config"
 
 
 def _serve(args: argparse.Namespace) -> int:
     from .server import serve
 
-    _setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format or "auto")
     try:
         settings = load_settings(args.config)
     except ConfigError as e:
         print(f"kernelmode: {e.message}", file=sys.stderr)
         return 2
+    setup_logging(args.log_level, args.log_format or settings.server.log_format)
     server = settings.server
     try:
         if args.host is not None:
@@ -62,7 +53,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as e:  # pydantic's ValidationError (e.g. --token equal to a tenant's token)
         print(f"kernelmode: {_flag_problem(e)}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(settings))
+    return asyncio.run(serve(settings, token_source=_token_source(args)))
 
 
 def _mcp(args: argparse.Namespace) -> int:
@@ -70,7 +61,7 @@ def _mcp(args: argparse.Namespace) -> int:
 
     from .mcp.stdio import bridge, embedded
 
-    _setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format or "auto")
     url = args.url or os.environ.get("KERNELMODE_URL")
     if url:
         token = args.token or os.environ.get("KERNELMODE_TOKEN")
@@ -84,6 +75,7 @@ def _mcp(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"kernelmode: {e.message}", file=sys.stderr)
         return 2
+    setup_logging(args.log_level, args.log_format or settings.server.log_format)
     # Embedded: its own loopback port for download links unless one is asked for.
     settings.server.port = args.port if args.port is not None else 0
     if args.data_dir is not None:
@@ -204,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="kernel sandbox (default auto: docker when an engine and the kernel image "
                        "are there, else bwrap; 'none' = NO isolation, development only)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-format", choices=["text", "json"], help="stderr log lines (default "
+                       "server.log_format: text on a terminal, JSON lines with ts and level otherwise)")
     serve.set_defaults(func=_serve)
     mcp = sub.add_parser("mcp", help="serve the MCP tools over stdio (for MCP clients that launch commands)")
     mcp.add_argument("--url", help="use a running server (else $KERNELMODE_URL; neither: start an embedded one)")
@@ -213,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--port", type=int, help="embedded mode: port for download links (default: any free one)")
     mcp.add_argument("--sandbox", choices=["auto", "docker", "bwrap", "none"], help="embedded mode: kernel sandbox")
     mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    mcp.add_argument("--log-format", choices=["text", "json"], help="stderr log lines (as for serve)")
     mcp.set_defaults(func=_mcp)
     console = sub.add_parser(
         "console", epilog="Arguments after -- go to jupyter console.", help="attach jupyter console to a live session's kernel (through kernelmode and its token)")

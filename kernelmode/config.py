@@ -77,6 +77,8 @@ class ServerSettings(_Section):
     tenants: list[TenantSettings] = Field(
         default_factory=list, description="Tenant tokens; each tenant sees only its own sessions.")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    log_format: Literal["auto", "text", "json"] = Field(
+        "auto", description="Log lines on stderr: text, json, or auto (text on a terminal, else json).")
 
     @field_validator("data_dir", mode="after")
     @classmethod

@@ -22,6 +22,7 @@ from .artifacts.base import ArtifactStore, StoreError
 from .artifacts.harvester import Harvester
 from .artifacts.local import LocalStore
 from .audit import audit
+from .banner import TokenSource, startup_block
 from .config import Settings
 from .errors import ConfigError, KernelmodeError, SandboxUnavailable
 from .gateway.client import GatewayClient, message_limit
@@ -62,6 +63,8 @@ class KernelmodeApp:
         self._gateway_watch: asyncio.Task[None] | None = None
         self._lease: asyncio.Task[None] | None = None
         self._stopping = False
+        self._tools_started = False
+        self._starting: asyncio.Task[None] | None = None  # start_in_background's
         self.gateway_restarts = 0
         self._lock_fd: int | None = None
 
@@ -131,17 +134,43 @@ class KernelmodeApp:
         if version and (swept := cgroups.sweep_stale(version)):
             log.info("removed %d empty kernel cgroup(s) left by killed servers", swept)
 
-    async def start(self) -> None:
+    async def start_tools(self) -> None:
+        """The host tools (and upstream MCP servers' tools): all that the MCP tool list and
+        instructions need, so an embedded MCP server can answer ``initialize`` before ``start``."""
+        if self._tools_started:
+            return
         s = self.settings
         self.tools.add_from_settings(s.tools, s.mcp_servers)  # a bad tool fails before anything runs
+        await self.tools.start()
+        self._tools_started = True
+
+    def start_in_background(self) -> None:
+        """``start`` in a task of its own; whatever needs the sessions awaits ``ready()``."""
+        self._starting = asyncio.create_task(self.start(), name="start")
+
+    async def ready(self) -> None:
+        """Until a background start is done; raises its error if it failed."""
+        if self._starting is not None:
+            # Shielded: a caller that gives up (a cancelled tool call) must not cancel the start.
+            await asyncio.shield(self._starting)
+
+    async def start(self) -> None:
+        s = self.settings
+        await self.start_tools()
         dirs = self._prepare_dirs()
-        self._choose_backend()
+        await asyncio.to_thread(self._choose_backend)  # may ask a Docker engine (up to 5 s)
         self.gateway_process = self._gateway_process(dirs)
         # A gateway that a crashed manager left running keeps its kernels: adopt them.
         adopted = await self.gateway_process.adopt()
-        self._check_sandbox(set(adopted or ()))
         install_kernelspec(dirs["kernels"], s.sandbox.backend, s.sandbox.kernel_python,
                            s.gateway.config_dir / "kernelspec.json")
+        # Renewed from here on: a gateway slow to start must not find its lease stale.
+        self._lease = asyncio.create_task(self._renew_lease_forever(), name="gateway-lease")
+        if adopted is None:
+            # The gateway's own start (a second or more of imports) overlaps the sandbox check;
+            # a failed check stops it with the rest (stop()).
+            await self.gateway_process.spawn()
+        await asyncio.to_thread(self._check_sandbox, set(adopted or ()))
         self.limits_mechanism = (
             f"cgroups {cgroups.detect()} (memory, pids) + rlimits (cpu, fsize, nofile)"
             if s.sandbox.backend == "bwrap" and s.sandbox.cgroups == "auto" and cgroups.detect()
@@ -151,13 +180,11 @@ class KernelmodeApp:
         )
         log.info("kernel limits enforced by %s", self.limits_mechanism)
         if adopted is None:
-            await self.gateway_process.start(s.gateway.startup_timeout_seconds)
-        self._lease = asyncio.create_task(self._renew_lease_forever(), name="gateway-lease")
+            await self.gateway_process.wait_ready(s.gateway.startup_timeout_seconds)
         self.gateway = GatewayClient(self.gateway_process.url, self.gateway_process.token,
                                      request_timeout=s.sessions.kernel_start_timeout_seconds + 10,
                                      max_message_bytes=message_limit(s))
         self.store = SessionStore(self.data_dir / "sessions.sqlite3")
-        await self.tools.start()
         self.artifact_store = await self._start_store()
         scratch = self.data_dir / "scratch"
         scratch.mkdir(exist_ok=True, mode=0o700)
@@ -172,7 +199,8 @@ class KernelmodeApp:
             from .mcp.http import McpHandler, McpHttp
             from .mcp.server import KernelmodeMCP
 
-            self.mcp = KernelmodeMCP(self)
+            if self.mcp is None:  # the embedded stdio server makes its own before start
+                self.mcp = KernelmodeMCP(self)
             self.mcp_http = McpHttp(self.mcp, s.mcp.max_request_bytes)
             await self.mcp_http.start()
             route_table.append((r"/mcp/?", McpHandler))
@@ -290,6 +318,9 @@ class KernelmodeApp:
     # -- stop --------------------------------------------------------------------------------------
     async def stop(self) -> None:
         self._stopping = True
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()
+            await asyncio.wait([self._starting])
         for task in (self._gateway_watch, self._lease):
             if task is not None:
                 task.cancel()
@@ -313,8 +344,10 @@ class KernelmodeApp:
             self._lock_fd = None
 
 
-async def serve(settings: Settings, tools: ToolRegistry | None = None) -> int:
-    """Run until SIGINT/SIGTERM; everything started is stopped before returning."""
+async def serve(settings: Settings, tools: ToolRegistry | None = None,
+                token_source: TokenSource | None = None) -> int:
+    """Run until SIGINT/SIGTERM; everything started is stopped before returning.
+    ``token_source``: where a given token came from (for the start-up block), default config."""
     raise_open_files_limit()  # one websocket per session
     app = KernelmodeApp(settings, tools)
     stop = asyncio.Event()
@@ -330,9 +363,9 @@ async def serve(settings: Settings, tools: ToolRegistry | None = None) -> int:
         except KernelmodeError as e:
             log.error("cannot start: %s", e.message)
             return 1
-        print(f"kernelmode serving on {app.url}  (sandbox: {settings.sandbox.backend})", flush=True)
-        if app.token_generated:
-            print(f"API token (generated; set KERNELMODE_TOKEN to choose one): {app.token}", flush=True)
+        source: TokenSource = "generated" if app.token_generated else token_source or "config"
+        print(startup_block(app.url, app.token, source, settings.sandbox.backend, settings.mcp.enabled),
+              flush=True)
         await stop.wait()
         log.info("shutting down")
         return 0

@@ -16,16 +16,22 @@ import os
 import shutil
 import signal
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx2
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR
 
 from ..config import Settings
 from ..errors import KernelmodeError
+
+if TYPE_CHECKING:
+    from ..server import KernelmodeApp
 
 log = logging.getLogger("kernelmode.mcp")
 
@@ -104,10 +110,47 @@ def _sweep_stale_data_dirs() -> None:
         log.info("removed %s, left by an embedded service that was killed", d)
 
 
+# Tool calls that need no session: answered while the service starts.
+_NO_SESSION_TOOLS = frozenset({"list_tools"})
+
+
+def _wait_for_start(app: KernelmodeApp) -> Any:
+    """Middleware: a tool call that needs the sessions waits until the background start is done;
+    a failed start answers every such call with its reason (an error, never a hang)."""
+
+    async def middleware(ctx: Any, call_next: Any) -> Any:
+        params = ctx.params if isinstance(ctx.params, Mapping) else {}
+        if ctx.method == "tools/call" and params.get("name") not in _NO_SESSION_TOOLS:
+            try:
+                await app.ready()
+            except KernelmodeError as e:
+                raise MCPError(INTERNAL_ERROR, f"kernelmode could not start: {e.message}") from e
+            except Exception as e:  # anything else that stopped the start: say so, do not hang
+                raise MCPError(INTERNAL_ERROR, f"kernelmode could not start: {e!r}") from e
+        return await call_next(ctx)
+
+    return middleware
+
+
+async def _log_start(app: KernelmodeApp) -> None:
+    """Say when the background start is done (or why it failed: the process goes on serving,
+    and each tool call that needs a kernel answers with the reason)."""
+    try:
+        await app.ready()
+    except Exception as e:
+        log.error("cannot start: %s", getattr(e, "message", None) or repr(e))
+        return
+    log.info("kernelmode MCP (stdio) ready; downloads served on %s", app.url)
+
+
 async def embedded(settings: Settings) -> int:
-    """Start a whole service in this process and serve its MCP tools over stdio."""
+    """Start a whole service in this process and serve its MCP tools over stdio.
+
+    ``initialize`` and the tool list are answered at once; the gateway, the sandbox check and the
+    first kernel start in the background, and a tool call that needs them waits for them."""
     from ..gateway.process import raise_open_files_limit
     from ..server import KernelmodeApp
+    from .server import KernelmodeMCP
 
     raise_open_files_limit()
     temp_dir: Path | None = None
@@ -120,7 +163,6 @@ async def embedded(settings: Settings) -> int:
         settings.server.data_dir = temp_dir
         # Nobody will adopt this private gateway after a crash: it should not wait long.
         settings.gateway.orphan_timeout_seconds = 5.0
-    settings.mcp.enabled = True
     app = KernelmodeApp(settings)
     # MCP clients stop their servers by closing stdin, then SIGTERM to the process group: either
     # way, clean up (kernels, volumes, the data dir) before exiting.
@@ -138,17 +180,22 @@ async def embedded(settings: Settings) -> int:
         loop.add_signal_handler(sig, on_signal)
     try:
         try:
-            await app.start()
+            await app.start_tools()  # the instructions list them
         except KernelmodeError as e:
             log.error("cannot start: %s", e.message)
             return 2
-        log.info("kernelmode MCP (stdio) ready; downloads served on %s", app.url)
+        app.mcp = KernelmodeMCP(app)
+        app.mcp.server.middleware.append(_wait_for_start(app))
+        app.start_in_background()
+        started = asyncio.create_task(_log_start(app), name="start-log")
         await app.mcp.server.run_stdio_async()
+        started.cancel()
         return 0
     except asyncio.CancelledError:
         return 0
     finally:
         stopping = True
+        log.info("kernelmode MCP (stdio) stopping")
         with contextlib.suppress(Exception):
             await app.stop()
         if temp_dir is not None:

@@ -23,7 +23,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .. import notebook
 from ..artifacts.base import StoreError
 from ..artifacts.harvester import SESSION_FILES, Harvester
 from ..artifacts.volume import WorkspaceVolumes
@@ -129,6 +128,10 @@ class SessionManager:
         # Warm pool: started, sandboxed, preamble-ready kernels that no session has used yet.
         self._pool: list[LiveSession] = []
         self._pool_task: asyncio.Task[None] | None = None
+        # The pool kernel being started (done when its start ends), and whether a create waits
+        # for it: one that comes while it starts takes it rather than start a second beside it.
+        self._pool_next: asyncio.Future[None] | None = None
+        self._pool_claimed = False
         self._stopping = False
         self.runs = RunRegistry(settings.sessions.run_retention_seconds)
         self.metrics = Metrics()
@@ -266,13 +269,23 @@ class SessionManager:
                 ttl_seconds=self.settings.sessions.ttl_seconds, limits=self.settings.sandbox.limits,
                 sandbox=self.sandbox,
             )
+            self._pool_next = asyncio.get_running_loop().create_future()
             try:
                 self._pool.append(await self._new_kernel(placeholder))
                 backoff = 0.5
             except KernelmodeError as e:
+                self._pool_started()
                 log.warning("warm pool: could not start a kernel (%s); retrying in %.1f s", e, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
+            finally:
+                self._pool_started()
+
+    def _pool_started(self) -> None:
+        """The pool kernel's start ended (in the pool, failed or cancelled): wake its claimant."""
+        if self._pool_next is not None and not self._pool_next.done():
+            self._pool_next.set_result(None)
+        self._pool_next, self._pool_claimed = None, False
 
     def _take_warm(self, limits: Limits) -> LiveSession | None:
         """A pool kernel for a session with the default limits; never one that ran any code."""
@@ -414,6 +427,13 @@ class SessionManager:
         self._creating[sid] = tenant
         try:
             s = self._take_warm(limits)
+            if s is None and self._pool_next is not None and not self._pool_claimed \
+                    and limits == self.settings.sandbox.limits:
+                # A pool kernel is starting: it is ready sooner than one started now beside it
+                # (the first session after start, e.g. the embedded MCP server's).
+                self._pool_claimed = True
+                await asyncio.shield(self._pool_next)
+                s = self._take_warm(limits)
             if s is not None:
                 info.from_pool = True
                 s.info = info
@@ -951,7 +971,9 @@ class SessionManager:
             await asyncio.to_thread(self.notebook, session_id, f)
             f.seek(0)
             data = await asyncio.to_thread(f.read)
-        artifact = await self.harvester.keep_session_file(session_id, name, data, notebook.MIME)
+        from ..notebook import MIME
+
+        artifact = await self.harvester.keep_session_file(session_id, name, data, MIME)
         self.store.add_session_file(session_id, artifact)
         return artifact
 

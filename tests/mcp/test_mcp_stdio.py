@@ -3,8 +3,10 @@ by the command, gone with it) and the bridge to a running `kernelmode serve`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
 
 from tests.conftest import REPO, Server
 
@@ -101,6 +104,58 @@ def test_stdout_carries_only_the_protocol() -> None:
     assert result["structuredContent"]["result"] == "7"
     assert result["structuredContent"]["stdout"] == "to stdout\n"
     assert "kernel gateway ready" in err  # logs went to stderr
+
+
+def gateway_config(dest: Path, prelude: str) -> Path:
+    """A gateway config dir whose config runs ``prelude`` (in the gateway process) before the
+    real one: a gateway held back, or one that cannot start."""
+    from kernelmode.config import GATEWAY_CONFIG_DIR
+
+    dest.mkdir()
+    shutil.copy(GATEWAY_CONFIG_DIR / "kernelspec.json", dest)
+    real = GATEWAY_CONFIG_DIR / "kernel_gateway_config.py"
+    (dest / "kernel_gateway_config.py").write_text(
+        f"{prelude}\nexec(compile(open({str(real)!r}).read(), {str(real)!r}, 'exec'))\n")
+    return dest
+
+
+async def test_initialize_does_not_wait_for_the_gateway_and_a_first_run_waits_for_it(tmp_path: Path) -> None:
+    """The embedded service answers initialize and lists its tools while the gateway starts; a
+    run_python sent at once waits for the gateway and its kernel, then answers."""
+    go = tmp_path / "go"
+    # Held until `go` exists; a server that waited for it before answering initialize would never
+    # see `go`, and its start fails when the hold gives up.
+    held = gateway_config(tmp_path / "gw", "import os, time\n"
+                          "deadline = time.monotonic() + 120\n"
+                          f"while not os.path.exists({str(go)!r}):\n"
+                          "    if time.monotonic() > deadline:\n"
+                          "        raise SystemExit('kmtest: held gateway never released')\n"
+                          "    time.sleep(0.05)")
+    async with Client(stdio_client(params(env={"KERNELMODE_GATEWAY__CONFIG_DIR": str(held)}))) as client:
+        # Connected (initialize answered) while the gateway cannot be up: its config waits for `go`.
+        assert {"run_python", "list_tools"} <= {t.name for t in (await client.list_tools()).tools}
+        host_tools = await client.call_tool("list_tools", {})
+        assert not host_tools.is_error, text(host_tools)
+        run = asyncio.create_task(client.call_tool("run_python", {"code": "6 * 7"}))
+        await asyncio.sleep(0)  # the request is on its way
+        assert not go.exists() and not run.done()
+        go.touch()  # the gateway may start now
+        result = await run
+        assert not result.is_error, text(result)
+        assert result.structured_content["result"] == "42"
+
+
+async def test_a_gateway_that_cannot_start_gives_run_python_a_clear_error(tmp_path: Path) -> None:
+    broken = gateway_config(tmp_path / "gw", "raise SystemExit('kmtest: this gateway refuses to start')")
+    async with Client(stdio_client(params(env={"KERNELMODE_GATEWAY__CONFIG_DIR": str(broken)}))) as client:
+        with pytest.raises(MCPError) as failed:
+            await client.call_tool("run_python", {"code": "1"})
+        message = str(failed.value)
+        assert "could not start" in message and "gateway" in message, message
+        # The server still answers (and says the same again), it does not hang or die.
+        assert not (await client.call_tool("list_tools", {})).is_error
+        with pytest.raises(MCPError, match="could not start"):
+            await client.call_tool("run_python", {"code": "2"})
 
 
 def test_stale_data_dir_of_a_killed_embedded_service_is_swept() -> None:

@@ -47,6 +47,12 @@ class WorkspaceFull(PayloadTooLarge):
     code = "workspace_full"
 
 
+class WorkspaceChanged(Conflict):
+    """Kernel code removed or replaced the upload's folder while it was written."""
+
+    code = "workspace_changed"
+
+
 def mime_type(name: str) -> str:
     return mimetypes.guess_type(name)[0] or "application/octet-stream"
 
@@ -188,6 +194,9 @@ class Workspace:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=dfd)
                 raise
+        except OSError as e:  # the folder was removed, or the name made a folder, meanwhile
+            raise WorkspaceChanged(f"{WORKSPACE_MOUNT}/{rel} changed while it was uploaded "
+                                   f"({errno.errorcode.get(e.errno or 0, 'error')}); try again") from e
         finally:
             os.close(dfd)
         return f"{WORKSPACE_MOUNT}/{rel}"

@@ -199,6 +199,9 @@ def test_a_tree_1500_levels_deep(session_factory, run, api) -> None:
 
 def test_a_name_swapped_between_file_folder_loop_and_fifo(session_factory, run, api) -> None:
     sid = session_factory()
+    assert run(sid, "import os; os.mkfifo('/mnt/data/pipe')")["status"] == "ok"
+    r = api.get(f"/v1/sessions/{sid}/files/pipe")  # never opened for reading: no hang, no 500
+    assert r.status_code == 404 and r.json()["error"]["code"] == "file_not_found", r.text
     assert run(sid, SWAPPER)["status"] == "ok"
     try:
         for i in range(10):

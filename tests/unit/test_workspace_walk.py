@@ -15,7 +15,7 @@ import pytest
 
 from kernelmode.artifacts.harvester import Harvester
 from kernelmode.artifacts.local import LocalStore
-from kernelmode.artifacts.workspace import Listing, Workspace, shown
+from kernelmode.artifacts.workspace import Listing, Workspace, WorkspaceChanged, shown
 from kernelmode.config import ArtifactSettings
 from kernelmode.models import RunResult
 
@@ -37,6 +37,20 @@ def _deep(root: Path, depth: int, leaf_every: int = 0) -> None:
         if leaf_every and level % leaf_every == 0:
             os.close(os.open(f"f{level}", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
     os.close(fd)
+
+
+def _remove_chain(top: Path) -> None:
+    """Remove a ``d/d/d...`` chain without recursion (shutil.rmtree, and so pytest's own clean-up
+    of tmp_path, recurses per level on Python 3.11): lift the rest of the chain up, level by level."""
+    d = top / "d"
+    while d.is_dir():
+        if (d / "d").is_dir():
+            (d / "d").rename(top / "rest")
+        for p in d.iterdir():
+            p.unlink()
+        d.rmdir()
+        if (top / "rest").is_dir():
+            (top / "rest").rename(d)
 
 
 def test_lists_regular_singly_linked_files_only(tmp_path: Path) -> None:
@@ -83,7 +97,10 @@ def test_a_tree_1500_deep_stops_at_the_depth_bound_without_recursion_or_fd_leak(
     _deep(tmp_path, 1500, leaf_every=10)
     (tmp_path / "top.txt").write_text("t")
     fds = _open_fds()
-    listing = Workspace(tmp_path).scan(max_depth=64)
+    try:
+        listing = Workspace(tmp_path).scan(max_depth=64)
+    finally:
+        _remove_chain(tmp_path)
     assert _open_fds() == fds
     assert "top.txt" in listing
     assert "d/f0" in listing and "/".join(["d"] * 61) + "/f60" in listing
@@ -239,3 +256,18 @@ def test_entry_of_one_path(tmp_path: Path, depth: int) -> None:
     entry = Workspace(tmp_path).entry(rel)
     assert entry is not None and entry.size == 3 and entry.path == str(rel)
     assert Workspace(tmp_path).entry(PurePosixPath("missing.txt")) is None
+
+
+def test_upload_whose_folder_vanishes_meanwhile_is_a_409(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+
+    def chunks():  # the kernel removes the folder while the upload is being written
+        yield b"first"
+        for p in (tmp_path / "d").iterdir():
+            p.unlink()
+        (tmp_path / "d").rmdir()
+        yield b"second"
+
+    with pytest.raises(WorkspaceChanged) as e:
+        Workspace(tmp_path).write(PurePosixPath("d/f.txt"), chunks(), overwrite=False)
+    assert e.value.http_status == 409 and "try again" in e.value.message

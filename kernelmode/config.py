@@ -184,7 +184,12 @@ class GatewaySettings(_Section):
     @field_validator("config_dir", mode="after")
     @classmethod
     def _absolute(cls, v: Path) -> Path:
-        return v.expanduser().absolute()  # the gateway runs in another directory
+        v = v.expanduser().absolute()  # the gateway runs in another directory
+        missing = [name for name in ("kernel_gateway_config.py", "kernelspec.json") if not (v / name).is_file()]
+        if missing:  # said here, naming the key, rather than as a traceback when serve starts
+            raise ValueError(f"{v} lacks {' and '.join(missing)} (the package ships them in "
+                             f"{GATEWAY_CONFIG_DIR})")
+        return v
 
 
 class ToolSettings(_Section):

@@ -140,7 +140,7 @@ def _docker_sandbox(s: Settings) -> Check:
     from .sandbox.docker_backend import check_docker
 
     try:
-        return Check("docker sandbox", "ok", check_docker(s.sandbox.docker_image))
+        return Check("docker sandbox", "ok", check_docker(s.sandbox.docker_image, s.sandbox.max_limits))
     except KernelmodeError as e:
         return Check("docker sandbox", "fail", e.message,
                      "see the engine's log; rebuild the image with `make docker-setup`")

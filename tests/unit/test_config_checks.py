@@ -1,0 +1,28 @@
+"""Settings that name files are checked when they load, naming the key (not a traceback at start)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kernelmode.config import GATEWAY_CONFIG_DIR, load_settings
+from kernelmode.errors import ConfigError
+
+
+def test_a_gateway_config_dir_without_its_files_is_a_config_error(tmp_path: Path) -> None:
+    empty = tmp_path / "gw"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=r"gateway\.config_dir.*lacks kernel_gateway_config\.py and kernelspec\.json"):
+        load_settings(None, environ={"KERNELMODE_GATEWAY__CONFIG_DIR": str(empty)})
+    with pytest.raises(ConfigError, match=r"gateway\.config_dir.*lacks"):
+        load_settings(None, environ={"KERNELMODE_GATEWAY__CONFIG_DIR": str(tmp_path / "nowhere")})
+
+
+def test_a_gateway_config_dir_with_both_files_loads(tmp_path: Path) -> None:
+    own = tmp_path / "gw"
+    own.mkdir()
+    for name in ("kernel_gateway_config.py", "kernelspec.json"):
+        shutil.copy(GATEWAY_CONFIG_DIR / name, own / name)
+    assert load_settings(None, environ={"KERNELMODE_GATEWAY__CONFIG_DIR": str(own)}).gateway.config_dir == own

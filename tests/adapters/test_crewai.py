@@ -107,7 +107,7 @@ def test_host_tools_are_reached_from_the_one_tool(tool_server: Server) -> None:
         try:
             text = tool.run(code="r = tools.weather('Paris')\n[tools.add(r['temp'], b=21), r['city']]")
             assert "[result]\n[42, 'Paris']" in text
-            assert "[tool calls] weather(ok), add(ok)" in text
+            assert "[tool calls: 2, 0 failed] weather(ok), add(ok)" in text
         finally:
             tool.close()
 

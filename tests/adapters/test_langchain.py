@@ -167,7 +167,7 @@ def test_host_tools_are_reached_from_the_one_tool(tool_server: Server) -> None:
         tool = as_langchain_tool(c, session={"tools": ["add"]})
         try:
             text = tool.invoke({"code": "sum(tools.add(i, b=1) for i in range(10))"})
-            assert "[result]\n55" in text and "[tool calls] add(ok)" in text
+            assert "[result]\n55" in text and "[tool calls: 10, 0 failed] add(ok), add(ok)" in text
             hidden = tool.invoke({"code": "tools.weather('Paris')"})  # not in this session's list
             assert "status: ERROR" in hidden and "ToolError" in hidden
         finally:

@@ -36,6 +36,7 @@ from ..models import (
 T = TypeVar("T")
 EXTRA_WAIT = 90.0  # beyond a run's own timeout: interrupt grace, a restart, harvesting
 NO_TIMEOUT = 3600.0  # read timeout of a run with no timeout of its own
+RESTART_TIMEOUT = 120.0  # a restart waits for the new kernel
 
 # What an upload accepts: bytes, a local file's path, or an open binary file (streamed).
 UploadData = bytes | str | os.PathLike[str] | IO[bytes]
@@ -196,5 +197,3 @@ def session_call(route: Route[T], session_id: str, timeout: float | None = None)
     """A route whose only argument is the session (get, delete, interrupt, restart, listings)."""
     return route.call(session_id=session_id, timeout=timeout)
 
-
-RESTART_TIMEOUT = 120.0

@@ -1,6 +1,6 @@
 """kernelmode: a self-hosted, stateful, sandboxed Python interpreter service for AI agents.
 
-Client of a running server: ``kernelmode.Client`` / ``kernelmode.AsyncClient`` (see client.py).
+Client of a running server: ``kernelmode.Client`` / ``kernelmode.AsyncClient`` (see client/).
 
 Library mode (embed the service in your own asyncio application)::
 

@@ -61,7 +61,7 @@ total, [a.name for a in chart.artifacts]'''),
         code('''png = km.download_artifact(chart.artifacts[0])
 png[:4]'''),
         md("No session needed? A one-shot run uses a fresh kernel that is thrown away afterwards:"),
-        code('''km.run("import sys; sys.version.split()[0]").result'''),
+        code('''km.run_once("import sys; sys.version.split()[0]").result'''),
         md("A failing cell is a result, not an exception; the session stays usable:"),
         code('''with km.create_session() as s:
     bad = s.run("1/0")

@@ -7,17 +7,9 @@ until the connection is lost or :meth:`UpstreamMcpServer.stop` is called, and re
 bounded exponential backoff. Tool calls come from other tasks and only send requests over the
 live session, so no anyio cancel scope is ever entered in one task and left in another.
 
-Call results become plain data (see :func:`call_result_to_data`):
-
-* ``structured_content`` when the server gives it; MCPServer/FastMCP wrap a plain return value
-  (``-> int``, ``-> str``, ``-> list[...]``...) as ``{"result": value}``, which is unwrapped
-  to ``value`` when ``result`` is the only key (and the tool's output schema, if it has one,
-  declares exactly that one property);
-* otherwise the content list: no item -> ``None``; one item -> that item; several -> a list.
-  Text is its ``str`` (never JSON-decoded, even if it looks like JSON); images and audio are
-  ``{"type": "image"|"audio", "mime_type": ..., "data": <base64 str>}``; embedded resources
-  ``{"type": "resource", "uri": ..., "mime_type": ..., "text"|"blob": ...}``; resource links
-  ``{"type": "resource_link", "uri": ..., "name": ..., "mime_type": ..., "description": ...}``.
+Its rooms: :mod:`~kernelmode.tools.mcp_adapt` turns upstream tools into kernelmode tools
+(signatures) and their results into plain data; :mod:`~kernelmode.tools.mcp_transport` holds
+the pieces below the session (a read stream that reports EOF, a stderr for stdio servers).
 
 ``is_error`` results, timeouts, protocol errors and a lost connection all raise ``ToolFailed``.
 """
@@ -25,15 +17,13 @@ Call results become plain data (see :func:`call_result_to_data`):
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import math
 import os
-import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from typing import Any, Generic, TextIO, TypeVar
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import Any, TextIO
 
 import anyio
 import anyio.to_thread
@@ -46,19 +36,26 @@ from mcp_types import (
     CONNECTION_CLOSED,
     INVALID_REQUEST,
     REQUEST_TIMEOUT,
-    AudioContent,
-    BlobResourceContents,
     CallToolResult,
-    EmbeddedResource,
-    ImageContent,
     Implementation,
-    ResourceLink,
-    TextContent,
 )
 from mcp_types import Tool as McpTool
 
 from kernelmode.config import McpServerSettings
-from kernelmode.tools.base import ToolFailed, ToolInfo
+from kernelmode.tools.base import ToolFailed
+from kernelmode.tools.mcp_adapt import (
+    UpstreamTool,
+    call_result_to_data,
+    error_text,
+    schema_signature,
+)
+from kernelmode.tools.mcp_transport import (
+    Connection,
+    describe,
+    eof_watching,
+    preload_validation,
+    usable_errlog,
+)
 
 __all__ = [
     "UpstreamMcpServer",
@@ -77,286 +74,6 @@ _MAX_TOOL_PAGES = 100
 # Extra time start() and stop() allow beyond the connect timeout for a transport to wind down
 # (the SDK's stdio shutdown: close stdin, wait 2 s, SIGTERM, wait 2 s, SIGKILL).
 _SHUTDOWN_GRACE_SECONDS = 10.0
-
-_T = TypeVar("_T")
-
-
-def _preload_validation() -> None:
-    """Import what the SDK's client imports lazily on the first tool result.
-
-    ``ClientSession.validate_tool_result`` imports jsonschema (~1.3 s, with format checkers)
-    inside the first ``call_tool``, which would block the event loop; do it in a thread first.
-    """
-    for module in ("jsonschema", "jsonschema.validators", "referencing", "referencing.exceptions"):
-        try:
-            importlib.import_module(module)
-        except Exception:  # the SDK will report it where it matters
-            logger.debug("could not preload %s", module, exc_info=True)
-
-
-# --------------------------------------------------------------------------- signatures
-
-_JSON_TO_PY = {
-    "string": "str",
-    "integer": "int",
-    "number": "float",
-    "boolean": "bool",
-    "null": "None",
-    "array": "list",
-    "object": "dict",
-}
-
-
-def _resolve_ref(schema: dict[str, Any], root: dict[str, Any]) -> Any:
-    ref = schema.get("$ref")
-    if not isinstance(ref, str) or not ref.startswith("#/"):
-        return None
-    node: Any = root
-    for part in ref[2:].split("/"):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def _union(parts: list[str]) -> str:
-    seen: list[str] = []
-    for p in parts:
-        if p not in seen:
-            seen.append(p)
-    if "Any" in seen:
-        return "Any"
-    # `X | None` reads best with None last.
-    seen.sort(key=lambda p: p == "None")
-    return " | ".join(seen) if seen else "Any"
-
-
-def _py_type(schema: Any, root: dict[str, Any], depth: int = 0) -> str:
-    """A Python-like type name for a JSON Schema (best effort, for humans and models)."""
-    if depth > 8 or not isinstance(schema, dict):
-        return "Any"
-    if "$ref" in schema:
-        return _py_type(_resolve_ref(schema, root), root, depth + 1)
-    if "const" in schema:
-        return f"Literal[{schema['const']!r}]"
-    enum = schema.get("enum")
-    if isinstance(enum, list) and enum:
-        return "Literal[" + ", ".join(repr(v) for v in enum) + "]"
-    for key in ("anyOf", "oneOf"):
-        options = schema.get(key)
-        if isinstance(options, list) and options:
-            return _union([_py_type(o, root, depth + 1) for o in options])
-    all_of = schema.get("allOf")
-    if isinstance(all_of, list) and len(all_of) == 1:
-        return _py_type(all_of[0], root, depth + 1)
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        return _union([_py_type({**schema, "type": k}, root, depth + 1) for k in kind])
-    if kind == "array":
-        items = schema.get("items")
-        if isinstance(items, dict) and items:
-            return f"list[{_py_type(items, root, depth + 1)}]"
-        return "list"
-    if kind == "object":
-        extra = schema.get("additionalProperties")
-        if isinstance(extra, dict) and extra and not schema.get("properties"):
-            return f"dict[str, {_py_type(extra, root, depth + 1)}]"
-        return "dict"
-    if isinstance(kind, str):
-        return _JSON_TO_PY.get(kind, "Any")
-    return "Any"
-
-
-def schema_signature(name: str, schema: dict[str, Any]) -> str:
-    """A Python-like signature for a tool taking keyword arguments described by ``schema``.
-
-    Required parameters come first (in schema order), then optional ones with ``= default``
-    (the JSON default as a Python literal) or ``= None``. E.g.
-    ``list_commits(repo: str, limit: int = 10, branch: str | None = None)``.
-    """
-    props = schema.get("properties")
-    properties: dict[str, Any] = props if isinstance(props, dict) else {}
-    req = schema.get("required")
-    required = [r for r in req if isinstance(r, str)] if isinstance(req, list) else []
-    params: list[str] = []
-    for pname in [*(p for p in properties if p in required), *(r for r in required if r not in properties)]:
-        params.append(f"{pname}: {_py_type(properties.get(pname), schema)}")
-    for pname, pschema in properties.items():
-        if pname in required:
-            continue
-        default = pschema.get("default") if isinstance(pschema, dict) else None
-        params.append(f"{pname}: {_py_type(pschema, schema)} = {default!r}")
-    return f"{name}({', '.join(params)})"
-
-
-# --------------------------------------------------------------------------- results
-
-
-def _content_to_data(item: Any) -> Any:
-    if isinstance(item, TextContent):
-        return item.text
-    if isinstance(item, ImageContent | AudioContent):
-        return {"type": item.type, "mime_type": item.mime_type, "data": item.data}
-    if isinstance(item, EmbeddedResource):
-        res = item.resource
-        out: dict[str, Any] = {"type": "resource", "uri": str(res.uri), "mime_type": res.mime_type}
-        if isinstance(res, BlobResourceContents):
-            out["blob"] = res.blob
-        else:
-            out["text"] = res.text
-        return out
-    if isinstance(item, ResourceLink):
-        return {
-            "type": "resource_link",
-            "uri": str(item.uri),
-            "name": item.name,
-            "mime_type": item.mime_type,
-            "description": item.description,
-        }
-    if hasattr(item, "model_dump"):  # a content type newer than this code
-        return item.model_dump(mode="json", exclude_none=True)
-    return item
-
-
-def _is_result_wrapper(output_schema: dict[str, Any] | None) -> bool:
-    if output_schema is None:
-        return True
-    props = output_schema.get("properties")
-    return isinstance(props, dict) and set(props) == {"result"}
-
-
-def call_result_to_data(result: CallToolResult, output_schema: dict[str, Any] | None = None) -> Any:
-    """Plain data for a successful ``CallToolResult`` (the rules are in the module docstring)."""
-    structured = result.structured_content
-    if structured is not None:
-        if isinstance(structured, dict) and set(structured) == {"result"} and _is_result_wrapper(output_schema):
-            return structured["result"]
-        return structured
-    items = [_content_to_data(c) for c in result.content]
-    if not items:
-        return None
-    if len(items) == 1:
-        return items[0]
-    return items
-
-
-def _error_text(result: CallToolResult) -> str:
-    texts = [c.text for c in result.content if isinstance(c, TextContent) and c.text]
-    return "\n".join(texts)
-
-
-def _describe(exc: BaseException) -> str:
-    """A one-line description of a (possibly grouped) connection error."""
-    while True:
-        inner = getattr(exc, "exceptions", None)
-        if isinstance(inner, (list, tuple)) and inner and isinstance(inner[0], BaseException):
-            exc = inner[0]
-            continue
-        break
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-# --------------------------------------------------------------------------- transport
-
-
-class _EofWatchingReadStream(Generic[_T]):
-    """Wraps a transport's read stream and reports when it ends (e.g. the stdio server died).
-
-    The SDK's dispatcher simply stops on EOF; this tells the connection owner to reconnect
-    without waiting for the next call to notice.
-    """
-
-    def __init__(self, inner: Any, on_eof: Callable[[], None]) -> None:
-        self._inner = inner
-        self._on_eof = on_eof
-
-    @property
-    def last_context(self) -> Any:
-        return getattr(self._inner, "last_context", None)
-
-    async def receive(self) -> _T:
-        try:
-            item: _T = await self._inner.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._on_eof()
-            raise
-        return item
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    def __aiter__(self) -> _EofWatchingReadStream[_T]:
-        return self
-
-    async def __anext__(self) -> _T:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> _EofWatchingReadStream[_T]:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-
-@asynccontextmanager
-async def _eof_watching(
-    transport: AbstractAsyncContextManager[tuple[Any, Any]], on_eof: Callable[[], None]
-) -> AsyncIterator[tuple[Any, Any]]:
-    async with transport as (read_stream, write_stream):
-        yield _EofWatchingReadStream[Any](read_stream, on_eof), write_stream
-
-
-def _usable_errlog(errlog: TextIO | None) -> TextIO:
-    for candidate in (errlog, sys.stderr, sys.__stderr__):
-        if candidate is None:
-            continue
-        try:
-            candidate.fileno()
-        except (AttributeError, OSError, ValueError):
-            continue
-        return candidate
-    raise OSError("no stderr file descriptor for the MCP server process")
-
-
-class _Connection:
-    """One live session; `lost` is set when it must be torn down (EOF, failure, stop)."""
-
-    def __init__(self) -> None:
-        self.client: Client | None = None
-        self.lost = anyio.Event()
-        self.connected_at: float | None = None  # time.monotonic() when the session came up
-
-
-# --------------------------------------------------------------------------- tools
-
-
-class UpstreamTool:
-    """One tool of an upstream MCP server, implementing the ``Tool`` protocol."""
-
-    def __init__(self, server: UpstreamMcpServer, tool: McpTool) -> None:
-        self.server = server
-        self.upstream_name = tool.name
-        self.output_schema: dict[str, Any] | None = tool.output_schema
-        schema = dict(tool.input_schema)
-        self.info = ToolInfo(
-            name=f"{server.name}.{tool.name}",
-            namespace=server.name,
-            description=tool.description or "",
-            parameters=schema,
-            signature=schema_signature(tool.name, schema),
-        )
-
-    async def call(self, arguments: dict[str, Any], timeout: float) -> Any:  # noqa: ASYNC109
-        return await self.server.call_tool(
-            self.upstream_name, arguments, timeout, output_schema=self.output_schema
-        )
-
-    def __repr__(self) -> str:
-        return f"<UpstreamTool {self.info.name}>"
 
 
 # --------------------------------------------------------------------------- server
@@ -379,7 +96,7 @@ class UpstreamMcpServer:
         self._initial_backoff = initial_backoff
         self._max_backoff = max(max_backoff, initial_backoff)
         self._tools: list[UpstreamTool] = []
-        self._conn: _Connection | None = None
+        self._conn: Connection | None = None
         self._available = False
         self._last_error: str | None = None
         self._up = anyio.Event()
@@ -494,21 +211,21 @@ class UpstreamMcpServer:
                 raise ToolFailed(f"MCP server {self.name} is unavailable: {e.message}") from None
             raise ToolFailed(f"tool {full_name} failed: {e.message}") from None
         except (anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
-            self._lose(conn, f"connection lost during {full_name}: {_describe(e)}")
+            self._lose(conn, f"connection lost during {full_name}: {describe(e)}")
             raise ToolFailed(f"MCP server {self.name} is unavailable: connection closed") from None
         except ToolFailed:
             raise
         except Exception as e:  # invalid result, unserializable arguments, SDK surprises
-            raise ToolFailed(f"tool {full_name} failed: {_describe(e)}") from None
+            raise ToolFailed(f"tool {full_name} failed: {describe(e)}") from None
         if not isinstance(result, CallToolResult):  # pragma: no cover - extension results
             raise ToolFailed(f"tool {full_name} returned an unsupported result type")
         if result.is_error:
-            raise ToolFailed(_error_text(result) or f"tool {full_name} failed")
+            raise ToolFailed(error_text(result) or f"tool {full_name} failed")
         return call_result_to_data(result, output_schema)
 
     # ---- the connection owner
 
-    def _lose(self, conn: _Connection, why: str) -> None:
+    def _lose(self, conn: Connection, why: str) -> None:
         """Mark a live connection as lost so its owner tears it down and reconnects."""
         if conn is not self._conn or conn.lost.is_set():
             return
@@ -529,14 +246,14 @@ class UpstreamMcpServer:
             env = {k: os.environ[k] for k in INHERITED_ENV_VARS if k in os.environ}
             env.update(s.env)
             params = StdioServerParameters(command=s.command, args=list(s.args), env=env, cwd=s.cwd)
-            return _eof_watching(stdio_client(params, errlog=_usable_errlog(self._errlog)), on_eof)
+            return eof_watching(stdio_client(params, errlog=usable_errlog(self._errlog)), on_eof)
         assert s.url is not None
         http = httpx2.AsyncClient(
             headers=dict(s.headers),
             timeout=httpx2.Timeout(s.connect_timeout_seconds, read=300.0),
         )
         stack.push_async_callback(http.aclose)
-        return _eof_watching(streamable_http_client(s.url, http_client=http), on_eof)
+        return eof_watching(streamable_http_client(s.url, http_client=http), on_eof)
 
     async def _list_tools(self, client: Client) -> list[McpTool]:
         tools: list[McpTool] = []
@@ -549,7 +266,7 @@ class UpstreamMcpServer:
                 break
         return tools
 
-    async def _session(self, conn: _Connection) -> None:
+    async def _session(self, conn: Connection) -> None:
         """Connect, list tools, and hold the session until it is lost or stop() is called."""
         self._conn = conn
         timeout = self.settings.connect_timeout_seconds
@@ -591,14 +308,14 @@ class UpstreamMcpServer:
     async def _run(self) -> None:
         delay = self._initial_backoff
         with anyio.CancelScope() as self._scope:
-            await anyio.to_thread.run_sync(_preload_validation, abandon_on_cancel=True)
+            await anyio.to_thread.run_sync(preload_validation, abandon_on_cancel=True)
             while not self._stopping:
-                conn = _Connection()
+                conn = Connection()
                 error: str | None = None
                 try:
                     await self._session(conn)
                 except Exception as e:  # connection failures of every kind (and HTTP drops)
-                    error = _describe(e)
+                    error = describe(e)
                 self._first_attempt.set()
                 if self._stopping:
                     break

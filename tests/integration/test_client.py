@@ -124,7 +124,7 @@ def test_a_run_whose_session_was_deleted_raises_on_follow(km: Client) -> None:
 
 def test_one_shot_run_with_files_and_artifacts(km: Client) -> None:
     before = {i.session_id for i in km.list_sessions()}
-    r = km.run("import pandas as pd\ndf = pd.read_csv('/mnt/data/in/t.csv')\n"
+    r = km.run_once("import pandas as pd\ndf = pd.read_csv('/mnt/data/in/t.csv')\n"
                "df.assign(c=df.a * 2).to_csv('/mnt/data/out.csv', index=False)\nint(df.a.sum())",
                files={"in/t.csv": b"a\n1\n2\n"})
     assert r.status == "ok" and r.result == "3", r
@@ -136,8 +136,8 @@ def test_one_shot_run_with_files_and_artifacts(km: Client) -> None:
     with pytest.raises(SessionNotFound):
         km.get_session(r.session_id)
     # State never leaks from one one-shot run to the next.
-    assert km.run("x = 1").status == "ok"
-    assert km.run("x").error.ename == "NameError"
+    assert km.run_once("x = 1").status == "ok"
+    assert km.run_once("x").error.ename == "NameError"
 
 
 def test_one_shot_bad_input(km: Client, server: Server) -> None:
@@ -148,9 +148,9 @@ def test_one_shot_bad_input(km: Client, server: Server) -> None:
         assert r.status_code in (400, 422), r.text
         assert raw.post("/v1/execute", json={"cod": "1"}).status_code == 422
         assert raw.post("/v1/execute", json={"code": "1", "timeout_seconds": 10**7}).status_code == 422
-    assert km.run("'still fine'").result == "'still fine'"
+    assert km.run_once("'still fine'").result == "'still fine'"
     with pytest.raises(PayloadTooLarge):
-        km.run("x = '" + "a" * (2 * 1024 * 1024) + "'")
+        km.run_once("x = '" + "a" * (2 * 1024 * 1024) + "'")
 
 
 async def test_async_client(server: Server) -> None:
@@ -159,13 +159,27 @@ async def test_async_client(server: Server) -> None:
             assert (await s.run("y = 5; y * 2")).result == "10"
             await s.upload("f.txt", b"async")
             assert await s.download("f.txt") == b"async"
+            assert (await s.upload("g.txt", io.BytesIO(b"from a file"))).size_bytes == 11
+            assert await s.download("/mnt/data/g.txt") == b"from a file"
+            first = await s.run("import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.2)",
+                                wait_seconds=0.1)
+            streamed = [e async for e in km.stream(first.run_id)]
+            assert "".join(e.get("text", "") for e in streamed) == "0\n1\n2\n"
             events: list[dict] = []
             r = await s.run("print('streamed')", on_event=events.append)
             assert r.stdout == "streamed\n" and events[0]["text"] == "streamed\n"
             sid = s.id
         with pytest.raises(SessionNotFound):
             await km.get_session(sid)
-        one = await km.run("6 * 7")
+        one = await km.run_once("6 * 7")
         assert one.result == "42"
         assert [t.name for t in await km.tools()] == [t.name for t in Client(server.url, server.token).tools()]
         assert (await km.health()).status == "ok"
+
+
+async def test_run_is_the_deprecated_name_of_run_once(server: Server) -> None:
+    with Client(server.url, server.token) as km, pytest.warns(DeprecationWarning, match="run_once"):
+        assert km.run("6 * 7").result == "42"
+    async with AsyncClient(server.url, server.token) as akm:
+        with pytest.warns(DeprecationWarning, match="AsyncClient.run_once"):
+            assert (await akm.run("6 * 7")).result == "42"

@@ -1,0 +1,128 @@
+"""Everything the two client flavours share that does no I/O (after httpx's ``BaseClient``).
+
+Settings (URL, token, timeouts, retries), the retry policy, error mapping, the steps of
+long-polling a run, and the deprecated ``run`` alias. ``Client`` and ``AsyncClient`` add only
+the sending; ``Session`` and ``AsyncSession`` only the delegation.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, TypeVar
+
+import httpx
+
+from .. import errors
+from ..models import RunProgress, RunResult, SessionInfo
+from ._routes import Call
+
+T = TypeVar("T")
+DEFAULT_URL = "http://127.0.0.1:8888"
+_RETRYABLE_STATUS = {502, 503, 504}
+
+
+class ServerUnreachable(errors.KernelmodeError):
+    """The request could not reach the server (refused, timed out, connection dropped)."""
+
+    code = "unreachable"
+    http_status = 0
+
+
+def _error_classes() -> dict[str, type[errors.KernelmodeError]]:
+    found: dict[str, type[errors.KernelmodeError]] = {}
+    todo: list[type[errors.KernelmodeError]] = [errors.KernelmodeError]
+    while todo:
+        cls = todo.pop()
+        found.setdefault(cls.code, cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+_ERRORS = _error_classes()
+
+
+def error_from_response(r: httpx.Response) -> errors.KernelmodeError:
+    """The server's ``{"error": {"code", "message"}}`` as the matching exception."""
+    try:
+        body = r.json()["error"]
+        code, message, details = str(body["code"]), str(body["message"]), body.get("details")
+    except (ValueError, KeyError, TypeError):
+        code, message, details = "http_error", f"HTTP {r.status_code}: {r.text[:300]}", None
+    cls = _ERRORS.get(code, errors.KernelmodeError)
+    exc = cls(message, details=details)
+    if exc.code != code:  # a code this client does not know: keep the server's
+        exc.code = code
+    exc.http_status = r.status_code
+    return exc
+
+
+def final(p: RunProgress) -> RunResult:
+    """The RunResult of a run that is done, or the exception of a run that could not complete."""
+    if p.result is not None:
+        return p.result
+    failure = p.failure
+    code = failure.code if failure else "internal"
+    raise _ERRORS.get(code, errors.KernelmodeError)(
+        failure.message if failure else "the run ended without a result")
+
+
+def warn_run_renamed(cls: str) -> None:
+    """``Client.run`` was a one-shot run while ``Session.run`` runs in the session."""
+    warnings.warn(f"{cls}.run is deprecated: use {cls}.run_once (a one-shot run in a fresh kernel); "
+                  "Session.run is unchanged", DeprecationWarning, stacklevel=3)
+
+
+class BaseClient:
+    """Connection settings and the rules for answers and retries."""
+
+    def __init__(self, url: str | None, token: str | None, timeout: float, retries: int) -> None:
+        self.url = (url or os.environ.get("KERNELMODE_URL") or DEFAULT_URL).rstrip("/")
+        self.token = token if token is not None else os.environ.get("KERNELMODE_TOKEN")
+        self.timeout = timeout
+        self.retries = retries
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def _timeout(self, call: Call[Any]) -> httpx.Timeout:
+        return httpx.Timeout(self.timeout, read=call.timeout or self.timeout)
+
+    @staticmethod
+    def _finish(call: Call[T], r: httpx.Response) -> T:
+        if r.status_code not in call.route.ok:
+            raise error_from_response(r)
+        return call.route.parse(r)
+
+    def _should_retry(self, call: Call[Any], attempt: int, r: httpx.Response | None,
+                      exc: Exception | None) -> bool:
+        if attempt >= self.retries:
+            return False
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return True  # the request never reached the server
+        return r is not None and call.route.retry_safe and r.status_code in _RETRYABLE_STATUS
+
+    @staticmethod
+    def _backoff(attempt: int) -> float:
+        return 0.2 * 2 ** attempt
+
+    @staticmethod
+    def _unreachable(url: str, exc: Exception) -> ServerUnreachable:
+        return ServerUnreachable(f"cannot reach the kernelmode server at {url}: {exc}")
+
+    @staticmethod
+    def _artifact_bytes(r: httpx.Response) -> bytes:
+        if r.status_code != 200:
+            raise error_from_response(r)
+        return r.content
+
+
+class BaseSession:
+    """What a session handle is: its client, its id and the SessionInfo last seen."""
+
+    def __init__(self, info: SessionInfo) -> None:
+        self.info = info
+        self.id = info.session_id
+
+    def __repr__(self) -> str:
+        return f"<kernelmode {type(self).__name__} {self.id}>"

@@ -1,0 +1,252 @@
+"""``Client`` and ``Session``: the synchronous I/O surface over the shared route table.
+
+Every method sends the :class:`~kernelmode.client._routes.Call` that ``_routes`` builds for it;
+``AsyncClient`` (``_async.py``) has the same methods with the same parameters, awaitable
+(tests/unit/test_client_parity.py holds the two to it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import httpx
+
+from .. import errors
+from ..models import (
+    Artifact,
+    Health,
+    RunProgress,
+    RunResult,
+    SessionInfo,
+    UploadResult,
+    WorkspaceFile,
+)
+from ..tools.base import ToolInfo
+from . import _routes as routes
+from ._base import BaseClient, BaseSession, final, warn_run_renamed
+from ._routes import Call, UploadData
+
+T = TypeVar("T")
+OnEvent = Callable[[dict[str, Any]], None]
+
+
+class Client(BaseClient):
+    """Synchronous client. Use as a context manager, or call ``close()``."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0,
+                 retries: int = 2, transport: httpx.BaseTransport | None = None) -> None:
+        """``url`` defaults to $KERNELMODE_URL, else http://127.0.0.1:8888; ``token`` to
+        $KERNELMODE_TOKEN."""
+        super().__init__(url, token, timeout, retries)
+        self._http = httpx.Client(base_url=self.url, headers=self._headers(), transport=transport)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def _send(self, call: Call[T]) -> T:
+        attempt = 0
+        while True:
+            r: httpx.Response | None = None
+            exc: Exception | None = None
+            try:
+                r = self._http.request(call.route.method, call.path, json=call.json, params=call.params,
+                                       content=call.content, headers=call.headers,
+                                       timeout=self._timeout(call))
+            except httpx.TransportError as e:
+                exc = e
+            if not self._should_retry(call, attempt, r, exc):
+                if exc is not None:
+                    raise self._unreachable(self.url, exc) from exc
+                assert r is not None
+                return self._finish(call, r)
+            time.sleep(self._backoff(attempt))
+            attempt += 1
+
+    # -- sessions ----------------------------------------------------------------------------------
+    def create_session(self, session_id: str | None = None, *, ttl_seconds: int | None = None,
+                       limits: dict[str, int] | None = None, tools: list[str] | None = None) -> Session:
+        """A new session; use it as a context manager to delete it at the end of the block."""
+        return Session(self, self._send(routes.create_session(session_id, ttl_seconds, limits, tools)))
+
+    def session(self, session_id: str) -> Session:
+        """A handle on an existing session (SessionNotFound if there is none)."""
+        return Session(self, self.get_session(session_id))
+
+    def get_session(self, session_id: str) -> SessionInfo:
+        """The session's current SessionInfo."""
+        return self._send(routes.session_call(routes.GET_SESSION, session_id))
+
+    def list_sessions(self) -> list[SessionInfo]:
+        """Every session this token may see."""
+        return self._send(routes.LIST_SESSIONS.call()).sessions
+
+    def delete_session(self, session_id: str) -> None:
+        """Delete a session and its kernel (SessionNotFound if there is none)."""
+        self._send(routes.session_call(routes.DELETE_SESSION, session_id))
+
+    # -- runs --------------------------------------------------------------------------------------
+    def execute(self, session_id: str, code: str, *, timeout_seconds: float | None = None,
+                wait_seconds: float | None = None, on_event: OnEvent | None = None) -> RunResult:
+        """Run code in a session. ``wait_seconds``: return ``running`` after that long.
+        ``on_event``: stream output (stream chunks, displays) as it comes, then return the end."""
+        if on_event is None:
+            return self._send(routes.execute(session_id, code, timeout_seconds, wait_seconds))
+        first = self._send(routes.execute(session_id, code, timeout_seconds, 0))
+        return self.follow(first.run_id, on_event=on_event)
+
+    def run_once(self, code: str, *, files: dict[str, bytes] | None = None,
+                 timeout_seconds: float | None = None, tools: list[str] | None = None) -> RunResult:
+        """One-shot: run code in a fresh kernel that is discarded afterwards (POST /v1/execute).
+        ``files``: {path in /mnt/data: bytes} put in place before the run."""
+        return self._send(routes.run_once(code, files, timeout_seconds, tools))
+
+    def run(self, code: str, *, files: dict[str, bytes] | None = None,
+            timeout_seconds: float | None = None, tools: list[str] | None = None) -> RunResult:
+        """Deprecated name of ``run_once`` (``Session.run`` runs in the session; this did not)."""
+        warn_run_renamed("Client")
+        return self.run_once(code, files=files, timeout_seconds=timeout_seconds, tools=tools)
+
+    def get_run(self, run_id: str, *, offset: int = 0, wait_seconds: float = 0) -> RunProgress:
+        """A run's output events from ``offset`` on, waiting up to ``wait_seconds`` for news."""
+        return self._send(routes.get_run(run_id, offset, wait_seconds))
+
+    def stream(self, run_id: str, *, offset: int = 0, poll_seconds: float = 30) -> Iterator[dict[str, Any]]:
+        """Yield a run's output events as they arrive (long-polling) until it ends."""
+        while True:
+            p = self.get_run(run_id, offset=offset, wait_seconds=poll_seconds)
+            yield from p.events
+            offset = p.next_offset
+            if p.done:
+                return
+
+    def follow(self, run_id: str, *, on_event: OnEvent | None = None,
+               poll_seconds: float = 30) -> RunResult:
+        """Wait for a run to end (long-polling), passing each output event to ``on_event``."""
+        offset = 0
+        while True:
+            p = self.get_run(run_id, offset=offset, wait_seconds=poll_seconds)
+            for event in p.events:
+                if on_event is not None:
+                    on_event(event)
+            offset = p.next_offset
+            if p.done:
+                return final(p)
+
+    def interrupt(self, session_id: str) -> SessionInfo:
+        """Interrupt the session's running code (it ends as ``interrupted``)."""
+        return self._send(routes.session_call(routes.INTERRUPT, session_id))
+
+    def restart(self, session_id: str) -> SessionInfo:
+        """Restart the session's kernel: variables are gone, files stay."""
+        return self._send(routes.session_call(routes.RESTART, session_id, routes.RESTART_TIMEOUT))
+
+    # -- files -------------------------------------------------------------------------------------
+    def upload(self, session_id: str, path: str, data: UploadData, *,
+               overwrite: bool = False) -> UploadResult:
+        """Put bytes (or a local file, by path or open file) at /mnt/data/<path>."""
+        return self._send(routes.upload(session_id, path, routes.upload_body(data), overwrite))
+
+    def download(self, session_id: str, path: str) -> bytes:
+        """A workspace file's bytes (``path`` relative to /mnt/data, or absolute under it)."""
+        return self._send(routes.download(session_id, path))
+
+    def list_files(self, session_id: str) -> list[WorkspaceFile]:
+        """The files of the session's workspace."""
+        return self._send(routes.session_call(routes.LIST_FILES, session_id)).files
+
+    def artifacts(self, session_id: str) -> list[Artifact]:
+        """The artifacts the session's runs kept."""
+        return self._send(routes.session_call(routes.ARTIFACTS, session_id)).artifacts
+
+    def notebook(self, session_id: str) -> bytes:
+        """The session's runs as an .ipynb (``nbformat.reads(data, as_version=4)``)."""
+        return self._send(routes.session_call(routes.NOTEBOOK, session_id))
+
+    def download_artifact(self, artifact: Artifact | str) -> bytes:
+        """An artifact's bytes from its signed link (no token is sent with it)."""
+        url = artifact.download_url if isinstance(artifact, Artifact) else artifact
+        try:
+            r = httpx.get(url, timeout=self.timeout)
+        except httpx.TransportError as e:
+            raise self._unreachable(url, e) from e
+        return self._artifact_bytes(r)
+
+    # -- server ------------------------------------------------------------------------------------
+    def tools(self) -> list[ToolInfo]:
+        """The host tools kernels may call."""
+        return self._send(routes.TOOLS.call()).tools
+
+    def health(self) -> Health:
+        """Liveness (``/healthz``)."""
+        return self._send(routes.HEALTH.call())
+
+    def ready(self) -> Health:
+        """Readiness (``/readyz``): a 503 is an answer (``status == "unavailable"``), not an error."""
+        return self._send(routes.READY.call())
+
+
+class Session(BaseSession):
+    """A session of a ``Client``: a context manager that deletes the session on exit."""
+
+    def __init__(self, client: Client, info: SessionInfo) -> None:
+        super().__init__(info)
+        self.client = client
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, code: str, *, timeout_seconds: float | None = None, wait_seconds: float | None = None,
+            on_event: OnEvent | None = None) -> RunResult:
+        """Run code in this session (``Client.execute``)."""
+        return self.client.execute(self.id, code, timeout_seconds=timeout_seconds,
+                                   wait_seconds=wait_seconds, on_event=on_event)
+
+    execute = run
+
+    def refresh(self) -> SessionInfo:
+        """Fetch the session's SessionInfo again (``self.info``)."""
+        self.info = self.client.get_session(self.id)
+        return self.info
+
+    def upload(self, path: str, data: UploadData, *, overwrite: bool = False) -> UploadResult:
+        """Put bytes (or a local file, by path or open file) at /mnt/data/<path>."""
+        return self.client.upload(self.id, path, data, overwrite=overwrite)
+
+    def download(self, path: str) -> bytes:
+        """A workspace file's bytes."""
+        return self.client.download(self.id, path)
+
+    def files(self) -> list[WorkspaceFile]:
+        """The files of the workspace."""
+        return self.client.list_files(self.id)
+
+    def artifacts(self) -> list[Artifact]:
+        """The artifacts this session's runs kept."""
+        return self.client.artifacts(self.id)
+
+    def interrupt(self) -> SessionInfo:
+        """Interrupt the running code."""
+        return self.client.interrupt(self.id)
+
+    def restart(self) -> SessionInfo:
+        """Restart the kernel: variables are gone, files stay."""
+        return self.client.restart(self.id)
+
+    def close(self) -> None:
+        """Delete the session (a session already gone is fine)."""
+        try:
+            self.client.delete_session(self.id)
+        except errors.SessionNotFound:
+            pass

@@ -22,12 +22,12 @@ from ..artifacts.local import LocalStore
 from ..errors import (
     BadJSON,
     Forbidden,
+    InvalidRequest,
     KernelmodeError,
     NotFound,
     PayloadTooLarge,
     SessionNotFound,
     Unauthorized,
-    ValidationError,
 )
 from ..models import (
     SESSION_ID_PATTERN,
@@ -136,7 +136,7 @@ class BaseHandler(web.RequestHandler):
         except RecursionError as e:
             raise BadJSON("the request body is nested too deeply") from e
         if not isinstance(data, dict):
-            raise ValidationError("the request body must be a JSON object")
+            raise InvalidRequest("the request body must be a JSON object")
         try:
             return model.model_validate(data)
         except PydanticValidationError as e:
@@ -145,7 +145,7 @@ class BaseHandler(web.RequestHandler):
                 for err in e.errors(include_url=False, include_input=False)
             ]
             summary = "; ".join(f"{x['field'] or 'body'}: {x['message']}" for x in errors)
-            raise ValidationError(f"invalid request: {summary}", details=errors) from e
+            raise InvalidRequest(f"invalid request: {summary}", details=errors) from e
 
     def send(self, payload: BaseModel | dict[str, Any], status: int = 200) -> None:
         self.set_status(status)
@@ -246,9 +246,9 @@ class RunHandler(BaseHandler):
             offset = int(self.get_query_argument("offset", "0"))
             wait = float(self.get_query_argument("wait_seconds", "0"))
         except ValueError as e:
-            raise ValidationError("offset must be an integer and wait_seconds a number") from e
+            raise InvalidRequest("offset must be an integer and wait_seconds a number") from e
         if offset < 0 or not 0 <= wait <= 60:
-            raise ValidationError("offset must be >= 0 and wait_seconds between 0 and 60")
+            raise InvalidRequest("offset must be >= 0 and wait_seconds between 0 and 60")
         if wait:
             await run.wait_changed(offset, wait)
         self.send(run.progress(offset))
@@ -264,7 +264,7 @@ class OneShotHandler(BaseHandler):
             try:
                 files.append((f.path, base64.b64decode(f.content_base64, validate=True)))
             except (binascii.Error, ValueError) as e:
-                raise ValidationError(f"files[{i}].content_base64 is not valid base64: {e}") from e
+                raise InvalidRequest(f"files[{i}].content_base64 is not valid base64: {e}") from e
         self.app.tenants.count_run(self.principal)
         self.send(await self.app.sessions.one_shot(req.code, files, req.timeout_seconds, req.tools,
                                                    self.principal))

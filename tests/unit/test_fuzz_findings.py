@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pydantic import InvalidRequest as PydanticValidationError
+from pydantic import ValidationError as PydanticValidationError
 
 from kernelmode.artifacts.workspace import NAME_MAX, clean_path
 from kernelmode.errors import InvalidRequest

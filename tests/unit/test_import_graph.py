@@ -25,33 +25,33 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+def _imports(body: list[ast.stmt], type_checking: bool = False) -> list[ast.Import | ast.ImportFrom]:
     """The import statements of ``body``, nested ones too (in functions, if/try blocks), but not
-    those of ``if TYPE_CHECKING:`` blocks."""
+    those of ``if TYPE_CHECKING:`` blocks unless ``type_checking``."""
     found: list[ast.Import | ast.ImportFrom] = []
     for node in body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
             continue
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test) and not type_checking:
             found += _imports(node.orelse)
             continue
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.stmt):
-                found += _imports([child])
+                found += _imports([child], type_checking)
             elif isinstance(child, ast.ExceptHandler):
-                found += _imports(child.body)
+                found += _imports(child.body, type_checking)
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the kernelmode modules it imports (TYPE_CHECKING blocks aside)."""
+def import_graph(type_checking: bool = False) -> dict[str, set[str]]:
+    """module -> the kernelmode modules it imports (TYPE_CHECKING blocks aside unless asked)."""
     files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges: set[str] = set()
-        for node in _imports(ast.parse(path.read_text(), str(path)).body):
+        for node in _imports(ast.parse(path.read_text(), str(path)).body, type_checking):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -113,3 +113,16 @@ def test_the_kernel_side_imports_nothing_of_kernelmode() -> None:
     for name, edges in graph.items():
         if name.startswith("kernelmode.kernel"):
             assert not edges, f"{name} imports {sorted(edges)}"
+
+
+def test_front_doors_never_name_the_app() -> None:
+    """REST, MCP and the console get ``Services`` passed in: none imports server.py, not even
+    for the type checker (that import made the cycle server -> mcp -> server)."""
+    graph = import_graph(type_checking=True)
+    doors = [m for m in graph if m.startswith(("kernelmode.api", "kernelmode.mcp", "kernelmode.console"))]
+    assert "kernelmode.mcp.tools" in doors
+    for door in doors:
+        # stdio.py starts the embedded service: it is a caller of server.running, not a door of it.
+        if door != "kernelmode.mcp.stdio":
+            assert "kernelmode.server" not in graph[door], door
+    assert "kernelmode.server" not in graph["kernelmode.services"]

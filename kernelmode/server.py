@@ -225,7 +225,7 @@ class KernelmodeApp:
             settings=s, tenants=self.tenants, tools=self.tools, sessions=self.sessions,
             gateway=self.gateway, artifact_store=self.artifact_store, metrics=self.sessions.metrics,
             readiness=self.readiness)
-        routes: list[Any] = route_table(services)
+        routes = route_table(services)
         if s.mcp.enabled:
             from .mcp.http import McpHandler, McpHttp
 

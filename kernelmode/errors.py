@@ -1,33 +1,54 @@
-"""The exceptions of kernelmode, each with a stable machine-readable ``code``.
+"""The exceptions of kernelmode: one tree, each with a stable ``code`` and ``http_status``.
 
 ::
 
     KernelmodeError                  (500 internal)
-    ├── ConfigError                  (500 config_invalid)    a bad kernelmode.yaml / env var
-    ├── SetupFailed                  (500 setup_failed)      `kernelmode setup` could not build
-    ├── ValidationError              (422 invalid_request)   a request that fails validation
+    ├── ConfigError                  (500 config_invalid)     a bad kernelmode.yaml / env var
+    ├── SetupFailed                  (500 setup_failed)       `kernelmode setup` could not build
+    ├── InvalidRequest               (422 invalid_request)    a request that fails validation
     │   ├── BadJSON                  (400 bad_json)
     │   └── LimitExceeded            (422 limit_exceeded)     a limit asked above its ceiling
     ├── Unauthorized                 (401 unauthorized)
     ├── Forbidden                    (403 forbidden)          a bad or expired download link
     ├── NotFound                     (404 not_found)
     │   ├── SessionNotFound          (404 session_not_found)
-    │   └── RunNotFound              (404 run_not_found)
+    │   ├── RunNotFound              (404 run_not_found)
+    │   └── FileNotFound             (404 file_not_found)     artifacts/workspace.py
     ├── Conflict                     (409 conflict)
-    │   └── SessionExists            (409 session_exists)
+    │   ├── SessionExists            (409 session_exists)
+    │   ├── FileExists               (409 file_exists)        artifacts/workspace.py
+    │   └── WorkspaceChanged         (409 workspace_changed)  artifacts/workspace.py: kernel code moved the folder
     ├── PayloadTooLarge              (413 payload_too_large)
+    │   ├── WorkspaceFull            (413 workspace_full)     artifacts/workspace.py
+    │   └── ImageTooLarge            (413 image_too_large)    mcp/images.py: cannot be shown inline
     ├── TooManySessions              (429 too_many_sessions)  REST adds a Retry-After header
     ├── QuotaExceeded                (429 quota_exceeded)     a tenant's sessions or runs per minute (Retry-After too)
     ├── SandboxUnavailable           (503 sandbox_unavailable)
     ├── GatewayError                 (502 gateway_error)      the Kernel Gateway failed us
     │   └── GatewayUnavailable       (503 gateway_unavailable)
-    └── KernelUnavailable            (503 kernel_unavailable) the session's kernel cannot run code
+    ├── KernelUnavailable            (503 kernel_unavailable) the session's kernel cannot run code
+    ├── StoreError                   (502 store_error)        artifacts/base.py: the artifact store failed
+    ├── ToolFailed                   (502 tool_failed)        tools/base.py: a host tool gave no result
+    ├── MessageTooLarge              (500 message_too_large)  mcp/budget.py: an MCP answer over the cap
+    ├── FrameError                   (400 bad_frame)          gateway/frames.py: a refused websocket frame
+    ├── BridgeError                  (502 bridge_error)       console/bridge.py: the console's websocket
+    └── ServerUnreachable            (0 unreachable)          client.py: the client got no answer
+
+Each class lives next to the code that raises it (the module named); this module holds the
+ones every room shares. Nothing else is raised on purpose, with one exception by design: the
+kernel side (``kernel/preamble.py``, stdlib only, runs where kernelmode is not installed) raises
+its own ``tools.ToolError`` inside kernels, the in-kernel face of ``ToolFailed``.
 
 A failure of user code is never an exception: it is a RunResult with ``status="error"``.
-Front doors map these to their own wire format (REST: HTTP status + JSON body).
+Front doors map these to their own wire format at one point each: REST in
+``api/handlers.py`` (``BaseHandler.write_error``: HTTP status + ``{"error": {"code",
+"message"}}``), MCP in ``mcp/tools.py`` (``tool_errors``: an ``isError`` result with the same
+``{"error": ...}`` as structured content).
 """
 
 from __future__ import annotations
+
+import warnings
 
 
 class KernelmodeError(Exception):
@@ -56,17 +77,19 @@ class SetupFailed(KernelmodeError):
     code = "setup_failed"
 
 
-class ValidationError(KernelmodeError):
+class InvalidRequest(KernelmodeError):
+    """A request that fails validation (named apart from pydantic's ``ValidationError``)."""
+
     code = "invalid_request"
     http_status = 422
 
 
-class BadJSON(ValidationError):
+class BadJSON(InvalidRequest):
     code = "bad_json"
     http_status = 400
 
 
-class LimitExceeded(ValidationError):
+class LimitExceeded(InvalidRequest):
     code = "limit_exceeded"
 
 
@@ -139,3 +162,12 @@ class GatewayUnavailable(GatewayError):
 class KernelUnavailable(KernelmodeError):
     code = "kernel_unavailable"
     http_status = 503
+
+
+def __getattr__(name: str) -> type[InvalidRequest]:
+    """``ValidationError``: the old name of ``InvalidRequest``, kept while callers move over."""
+    if name == "ValidationError":
+        warnings.warn("kernelmode.errors.ValidationError is now InvalidRequest", DeprecationWarning,
+                      stacklevel=2)
+        return InvalidRequest
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

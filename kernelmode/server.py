@@ -1,4 +1,8 @@
-"""Wire the pieces together: sandbox check, kernelspec, gateway child, SessionManager, REST API."""
+"""Wire the pieces together: sandbox check, kernelspec, gateway child, SessionManager, REST API.
+
+``KernelmodeApp`` builds the service and hands its front doors a ``Services`` (services.py);
+``running`` is the one place that starts and stops it, for `serve` and the embedded `kernelmode mcp`.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +15,14 @@ import logging
 import os
 import secrets
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tornado import httpserver, web
 from tornado.netutil import bind_sockets
 
-from .api.handlers import NotFoundHandler, all_routes
+from .api.handlers import NotFoundHandler, route_table
 from .artifacts.base import ArtifactStore, StoreError
 from .artifacts.harvester import Harvester
 from .artifacts.local import LocalStore
@@ -30,11 +35,16 @@ from .gateway.process import GatewayProcess, raise_open_files_limit
 from .sandbox import cgroups
 from .sandbox.docker_backend import server_id
 from .sandbox.kernelspec import check_bwrap, install_kernelspec
+from .services import Services
 from .sessions import SessionManager
 from .sessions.store import SessionStore
 from .tenants import Tenants
 from .tools.broker import ToolBroker
 from .tools.registry import ToolRegistry
+
+if TYPE_CHECKING:
+    from .mcp.http import McpHttp
+    from .mcp.server import KernelmodeMCP
 
 log = logging.getLogger("kernelmode")
 
@@ -58,8 +68,9 @@ class KernelmodeApp:
         self.store: SessionStore | None = None
         self.http: httpserver.HTTPServer | None = None
         self.port = settings.server.port
-        self.mcp: Any = None  # KernelmodeMCP, when the MCP front door is on
-        self.mcp_http: Any = None
+        self.services: Services | None = None  # what the front doors get, once started
+        self.mcp: KernelmodeMCP | None = None  # the MCP tools (mcp_server()), for /mcp and stdio
+        self.mcp_http: McpHttp | None = None
         self._gateway_watch: asyncio.Task[None] | None = None
         self._lease: asyncio.Task[None] | None = None
         self._stopping = False
@@ -144,6 +155,22 @@ class KernelmodeApp:
         await self.tools.start()
         self._tools_started = True
 
+    def mcp_server(self) -> KernelmodeMCP:
+        """The MCP server of this service (one for /mcp and stdio), made on first use; its tool
+        list and instructions need only the tools (``start_tools``), its tools wait for ``start``."""
+        if self.mcp is None:
+            from .mcp.server import KernelmodeMCP
+
+            self.mcp = KernelmodeMCP(self.settings, self.tools, self.started)
+        return self.mcp
+
+    async def started(self) -> Services:
+        """The front doors' services, once ``start`` is done (raises what stopped it)."""
+        await self.ready()
+        if self.services is None:
+            raise KernelmodeError("kernelmode is not started")
+        return self.services
+
     def start_in_background(self) -> None:
         """``start`` in a task of its own; whatever needs the sessions awaits ``ready()``."""
         self._starting = asyncio.create_task(self.start(), name="start")
@@ -194,17 +221,19 @@ class KernelmodeApp:
                                        self.harvester)
         await self.sessions.start(set(adopted or ()))
         self._gateway_watch = asyncio.create_task(self._watch_gateway(), name="gateway-watch")
-        route_table: list[Any] = all_routes()
+        self.services = services = Services(
+            settings=s, tenants=self.tenants, tools=self.tools, sessions=self.sessions,
+            gateway=self.gateway, artifact_store=self.artifact_store, metrics=self.sessions.metrics,
+            readiness=self.readiness)
+        routes = route_table(services)
         if s.mcp.enabled:
             from .mcp.http import McpHandler, McpHttp
-            from .mcp.server import KernelmodeMCP
 
-            if self.mcp is None:  # the embedded stdio server makes its own before start
-                self.mcp = KernelmodeMCP(self)
-            self.mcp_http = McpHttp(self.mcp, s.mcp.max_request_bytes)
+            self.mcp_http = McpHttp(self.mcp_server(), s.mcp.max_request_bytes)
             await self.mcp_http.start()
-            route_table.append((r"/mcp/?", McpHandler))
-        app = web.Application(route_table, kernelmode=self, default_handler_class=NotFoundHandler)
+            routes.append((r"/mcp/?", McpHandler, {"services": services, "mcp_http": self.mcp_http}))
+        app = web.Application(routes, default_handler_class=NotFoundHandler,
+                              default_handler_args={"services": services})
         self.http = httpserver.HTTPServer(app, max_body_size=s.server.max_body_bytes, xheaders=False)
         socks = bind_sockets(s.server.port, s.server.host)
         self.port = socks[0].getsockname()[1]
@@ -344,31 +373,47 @@ class KernelmodeApp:
             self._lock_fd = None
 
 
+@contextlib.asynccontextmanager
+async def running(settings: Settings, tools: ToolRegistry | None = None, *,
+                  background: bool = False) -> AsyncIterator[KernelmodeApp]:
+    """The one place that builds, starts and stops the service (`serve`, the embedded
+    `kernelmode mcp`): everything started is stopped on the way out, start errors included.
+
+    ``background``: only the tools start before this yields (enough for the MCP tool list);
+    the rest starts in a task, and whatever needs it awaits ``app.started()``."""
+    raise_open_files_limit()  # one websocket per session
+    app = KernelmodeApp(settings, tools)
+    try:
+        if background:
+            await app.start_tools()
+            app.start_in_background()
+        else:
+            await app.start()
+        yield app
+    finally:
+        with contextlib.suppress(Exception):
+            await app.stop()
+
+
 async def serve(settings: Settings, tools: ToolRegistry | None = None,
                 token_source: TokenSource | None = None) -> int:
     """Run until SIGINT/SIGTERM; everything started is stopped before returning.
     ``token_source``: where a given token came from (for the start-up block), default config."""
-    raise_open_files_limit()  # one websocket per session
-    app = KernelmodeApp(settings, tools)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        try:
-            await app.start()
-        except SandboxUnavailable as e:
-            log.error("cannot start: %s", e.message)
-            return 2
-        except KernelmodeError as e:
-            log.error("cannot start: %s", e.message)
-            return 1
-        source: TokenSource = "generated" if app.token_generated else token_source or "config"
-        print(startup_block(app.url, app.token, source, settings.sandbox.backend, settings.mcp.enabled),
-              flush=True)
-        await stop.wait()
-        log.info("shutting down")
+        async with running(settings, tools) as app:
+            source: TokenSource = "generated" if app.token_generated else token_source or "config"
+            print(startup_block(app.url, app.token, source, settings.sandbox.backend, settings.mcp.enabled),
+                  flush=True)
+            await stop.wait()
+            log.info("shutting down")
         return 0
-    finally:
-        with contextlib.suppress(Exception):
-            await app.stop()
+    except SandboxUnavailable as e:
+        log.error("cannot start: %s", e.message)
+        return 2
+    except KernelmodeError as e:
+        log.error("cannot start: %s", e.message)
+        return 1

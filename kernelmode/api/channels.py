@@ -20,6 +20,7 @@ from websockets.asyncio.client import ClientConnection
 from ..errors import KernelmodeError
 from ..gateway.client import FRAME_SLACK, WS_PROTOCOL
 from ..gateway.frames import Bounds, FrameError, decode_frame, encode_frame
+from ..services import Services
 from ..sessions.console_tap import ConsoleTap
 
 log = logging.getLogger("kernelmode.api")
@@ -31,14 +32,15 @@ class ChannelsHandler(websocket.WebSocketHandler):
     _tap: ConsoleTap | None = None
     _refused = False
 
-    @property
-    def app(self) -> Any:
-        return self.settings["kernelmode"]
+    services: Services
+
+    def initialize(self, services: Services) -> None:
+        self.services = services
 
     @property
     def _bounds(self) -> Bounds:
         """A console's message: a cell of code (up to 6 bytes a character as escaped JSON)."""
-        return Bounds(max_part_bytes=6 * self.app.settings.sessions.max_code_bytes + FRAME_SLACK)
+        return Bounds(max_part_bytes=6 * self.services.settings.sessions.max_code_bytes + FRAME_SLACK)
 
     @property
     def max_message_size(self) -> int:
@@ -59,19 +61,19 @@ class ChannelsHandler(websocket.WebSocketHandler):
         self._refuse(status_code, code, getattr(exc, "log_message", None) or self._reason)
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
-        principal = self.app.tenants.from_authorization(self.request.headers.get("Authorization", ""))
+        principal = self.services.tenants.from_authorization(self.request.headers.get("Authorization", ""))
         if principal is None:
             return self._refuse(401, "unauthorized", "missing or wrong bearer token")
         try:
-            self.app.sessions.authorize(principal, args[0])
-            s = self.app.sessions.live_session(args[0])
+            self.services.sessions.authorize(principal, args[0])
+            s = self.services.sessions.live_session(args[0])
             if not self._is_upgrade():  # before the upstream is opened: a plain GET would leak it
                 return self._refuse(400, "websocket_required", "this route is a websocket: send "
                                     f"`Upgrade: websocket` with the {WS_PROTOCOL} subprotocol")
-            self._upstream = await self.app.gateway.open_channels(s.kernel_id)
+            self._upstream = await self.services.gateway.open_channels(s.kernel_id)
         except KernelmodeError as e:
             return self._refuse(e.http_status, e.code, e.message)
-        self._tap = ConsoleTap(self.app.sessions, s, self._send_upstream)
+        self._tap = ConsoleTap(self.services.sessions, s, self._send_upstream)
         try:
             await super().get(*args, **kwargs)  # returns when the websocket ends, or at once if refused
         finally:
@@ -114,7 +116,7 @@ class ChannelsHandler(websocket.WebSocketHandler):
 
     async def _from_kernel(self) -> None:
         assert self._upstream is not None and self._tap is not None
-        bounds = self.app.gateway.bounds
+        bounds = self.services.gateway.bounds
         try:
             async for raw in self._upstream:
                 try:

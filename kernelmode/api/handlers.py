@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import tempfile
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar, cast
 from urllib.parse import quote, unquote
 
 from pydantic import BaseModel
@@ -22,12 +22,12 @@ from ..artifacts.local import LocalStore
 from ..errors import (
     BadJSON,
     Forbidden,
+    InvalidRequest,
     KernelmodeError,
     NotFound,
     PayloadTooLarge,
     SessionNotFound,
     Unauthorized,
-    ValidationError,
 )
 from ..models import (
     SESSION_ID_PATTERN,
@@ -39,6 +39,7 @@ from ..models import (
     SessionList,
     ToolList,
 )
+from ..services import Services
 from ..tenants import ADMIN, Principal
 from .openapi import openapi_document
 
@@ -69,9 +70,11 @@ class BaseHandler(web.RequestHandler):
     rejected = False  # refused before its body was read: the body is dropped
     _body_chunks: list[bytes]
 
-    @property
-    def app(self) -> Any:
-        return self.settings["kernelmode"]
+    services: Services
+
+    def initialize(self, services: Services) -> None:
+        """``services``: from the route table's third element (``route_table``)."""
+        self.services = services
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json")
@@ -90,7 +93,7 @@ class BaseHandler(web.RequestHandler):
     def authenticate(self) -> None:
         if self.public:
             return
-        principal = self.app.tenants.from_authorization(self.request.headers.get("Authorization", ""))
+        principal = self.services.tenants.from_authorization(self.request.headers.get("Authorization", ""))
         if principal is None:
             raise Unauthorized("missing or wrong bearer token (send `Authorization: Bearer <token>`)")
         self.principal = principal
@@ -124,7 +127,7 @@ class BaseHandler(web.RequestHandler):
 
     def own(self, session_id: str) -> str:
         """The id, if the caller may use that session (another tenant's is a 404 like an unknown id)."""
-        self.app.sessions.authorize(self.principal, session_id)
+        self.services.sessions.authorize(self.principal, session_id)
         return session_id
 
     def body_model(self, model: type[M]) -> M:
@@ -136,7 +139,7 @@ class BaseHandler(web.RequestHandler):
         except RecursionError as e:
             raise BadJSON("the request body is nested too deeply") from e
         if not isinstance(data, dict):
-            raise ValidationError("the request body must be a JSON object")
+            raise InvalidRequest("the request body must be a JSON object")
         try:
             return model.model_validate(data)
         except PydanticValidationError as e:
@@ -145,7 +148,7 @@ class BaseHandler(web.RequestHandler):
                 for err in e.errors(include_url=False, include_input=False)
             ]
             summary = "; ".join(f"{x['field'] or 'body'}: {x['message']}" for x in errors)
-            raise ValidationError(f"invalid request: {summary}", details=errors) from e
+            raise InvalidRequest(f"invalid request: {summary}", details=errors) from e
 
     def send(self, payload: BaseModel | dict[str, Any], status: int = 200) -> None:
         self.set_status(status)
@@ -193,7 +196,7 @@ class ReadyHandler(BaseHandler):
     public = True
 
     async def get(self) -> None:
-        checks = await self.app.readiness()
+        checks = await self.services.readiness()
         ok = all(v is True or (isinstance(v, dict) and v.get("ok")) for v in checks.values())
         self.send(Health(status="ok" if ok else "unavailable", checks=checks), 200 if ok else 503)
 
@@ -205,30 +208,30 @@ class OpenAPIHandler(BaseHandler):
 
 class SessionsHandler(BaseHandler):
     async def get(self) -> None:
-        self.send(SessionList(sessions=self.app.sessions.all(self.principal)))
+        self.send(SessionList(sessions=self.services.sessions.all(self.principal)))
 
     async def post(self) -> None:
         req = self.body_model(SessionCreate)
-        info = await self.app.sessions.create(req, self.principal)
+        info = await self.services.sessions.create(req, self.principal)
         self.send(info, 201)
 
 
 class SessionHandler(BaseHandler):
     async def get(self, session_id: str) -> None:
-        self.send(self.app.sessions.get(self.own(session_id)))
+        self.send(self.services.sessions.get(self.own(session_id)))
 
     async def delete(self, session_id: str) -> None:
-        await self.app.sessions.delete(self.own(session_id))
+        await self.services.sessions.delete(self.own(session_id))
         self.set_status(204)
         self.finish()
 
 
 class ExecuteHandler(BaseHandler):
     async def post(self, session_id: str) -> None:
-        self.app.sessions.get(self.own(session_id))  # 404 before validating the body
+        self.services.sessions.get(self.own(session_id))  # 404 before validating the body
         req = self.body_model(ExecuteRequest)
-        self.app.tenants.count_run(self.principal)
-        result = await self.app.sessions.execute(session_id, req.code, req.timeout_seconds, req.wait_seconds)
+        self.services.tenants.count_run(self.principal)
+        result = await self.services.sessions.execute(session_id, req.code, req.timeout_seconds, req.wait_seconds)
         if result.status == "running":
             self.set_header("Location", f"/v1/runs/{result.run_id}")
             self.send(result, 202)
@@ -241,14 +244,14 @@ class RunHandler(BaseHandler):
     there is something new (or the run ends)."""
 
     async def get(self, run_id: str) -> None:
-        run = self.app.sessions.get_run(run_id, self.principal)
+        run = self.services.sessions.get_run(run_id, self.principal)
         try:
             offset = int(self.get_query_argument("offset", "0"))
             wait = float(self.get_query_argument("wait_seconds", "0"))
         except ValueError as e:
-            raise ValidationError("offset must be an integer and wait_seconds a number") from e
+            raise InvalidRequest("offset must be an integer and wait_seconds a number") from e
         if offset < 0 or not 0 <= wait <= 60:
-            raise ValidationError("offset must be >= 0 and wait_seconds between 0 and 60")
+            raise InvalidRequest("offset must be >= 0 and wait_seconds between 0 and 60")
         if wait:
             await run.wait_changed(offset, wait)
         self.send(run.progress(offset))
@@ -264,20 +267,20 @@ class OneShotHandler(BaseHandler):
             try:
                 files.append((f.path, base64.b64decode(f.content_base64, validate=True)))
             except (binascii.Error, ValueError) as e:
-                raise ValidationError(f"files[{i}].content_base64 is not valid base64: {e}") from e
-        self.app.tenants.count_run(self.principal)
-        self.send(await self.app.sessions.one_shot(req.code, files, req.timeout_seconds, req.tools,
+                raise InvalidRequest(f"files[{i}].content_base64 is not valid base64: {e}") from e
+        self.services.tenants.count_run(self.principal)
+        self.send(await self.services.sessions.one_shot(req.code, files, req.timeout_seconds, req.tools,
                                                    self.principal))
 
 
 class InterruptHandler(BaseHandler):
     async def post(self, session_id: str) -> None:
-        self.send(await self.app.sessions.interrupt(self.own(session_id)))
+        self.send(await self.services.sessions.interrupt(self.own(session_id)))
 
 
 class RestartHandler(BaseHandler):
     async def post(self, session_id: str) -> None:
-        self.send(await self.app.sessions.restart(self.own(session_id)))
+        self.send(await self.services.sessions.restart(self.own(session_id)))
 
 
 class MetricsHandler(BaseHandler):
@@ -290,12 +293,12 @@ class MetricsHandler(BaseHandler):
             raise Forbidden("metrics cover every tenant: scrape them with the admin token")
 
         self.set_header("Content-Type", CONTENT_TYPE)
-        self.finish(self.app.sessions.metrics.render())
+        self.finish(self.services.metrics.render())
 
 
 class ToolsHandler(BaseHandler):
     async def get(self) -> None:
-        self.send(ToolList(tools=self.app.tools.infos()))
+        self.send(ToolList(tools=self.services.tools.infos()))
 
 
 # Types a browser would render (and run scripts in): always downloaded, never sniffed.
@@ -304,7 +307,7 @@ _ACTIVE_TYPES = {"text/html", "image/svg+xml", "application/xhtml+xml", "text/xm
 
 class FilesHandler(BaseHandler):
     async def get(self, session_id: str) -> None:
-        self.send(await self.app.sessions.list_files(self.own(session_id)))
+        self.send(await self.services.sessions.list_files(self.own(session_id)))
 
 
 class FileHandler(BaseHandler):
@@ -316,7 +319,7 @@ class FileHandler(BaseHandler):
     def prepare_body(self) -> None:
         if self.request.method != "PUT":
             return
-        cap = self.app.settings.artifacts.max_upload_bytes
+        cap = self.services.settings.artifacts.max_upload_bytes
         length = int(self.request.headers.get("Content-Length", "0") or 0)
         if length > cap:
             raise PayloadTooLarge(f"the upload is {length} bytes, over this server's limit of {cap}")
@@ -328,7 +331,7 @@ class FileHandler(BaseHandler):
     def data_received(self, chunk: bytes) -> None:
         self._received += len(chunk)
         if self._spool is not None and not self.rejected \
-                and self._received <= self.app.settings.artifacts.max_upload_bytes:
+                and self._received <= self.services.settings.artifacts.max_upload_bytes:
             self._spool.write(chunk)
 
     def on_finish(self) -> None:
@@ -336,17 +339,17 @@ class FileHandler(BaseHandler):
             self._spool.close()
 
     async def put(self, session_id: str, path: str) -> None:
-        cap = self.app.settings.artifacts.max_upload_bytes
+        cap = self.services.settings.artifacts.max_upload_bytes
         if self._received > cap:
             raise PayloadTooLarge(f"the upload is over this server's limit of {cap} bytes")
         overwrite = self.get_query_argument("overwrite", "false").lower() in ("1", "true", "yes")
         self._spool.seek(0)
-        result = await self.app.sessions.upload(self.own(session_id), path, self._spool, self._received,
+        result = await self.services.sessions.upload(self.own(session_id), path, self._spool, self._received,
                                                 overwrite)
         self.send(result, 201)
 
     async def get(self, session_id: str, path: str) -> None:
-        fd, size, mime = await asyncio.to_thread(self.app.sessions.open_file, self.own(session_id), path)
+        fd, size, mime = await asyncio.to_thread(self.services.sessions.open_file, self.own(session_id), path)
         with os.fdopen(fd, "rb") as f:
             # Kernel code may be writing or truncating the file: never send more than the length
             # announced, and read its first MiB before announcing, so a small file's is exact.
@@ -370,7 +373,7 @@ class FileHandler(BaseHandler):
 
 class ArtifactsHandler(BaseHandler):
     async def get(self, session_id: str) -> None:
-        self.send(ArtifactList(artifacts=await self.app.sessions.artifacts(self.own(session_id))))
+        self.send(ArtifactList(artifacts=await self.services.sessions.artifacts(self.own(session_id))))
 
 
 class NotebookHandler(BaseHandler):
@@ -380,7 +383,7 @@ class NotebookHandler(BaseHandler):
         # Written run by run to a spool (on disk past 1 MiB), then sent in chunks: a long history
         # with big outputs never sits in memory whole.
         with tempfile.SpooledTemporaryFile(max_size=1 << 20) as spool:
-            await asyncio.to_thread(self.app.sessions.notebook, self.own(session_id), spool)
+            await asyncio.to_thread(self.services.sessions.notebook, self.own(session_id), cast(BinaryIO, spool))
             self.set_header("Content-Type", "application/x-ipynb+json")
             self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(session_id)}.ipynb")
             self.set_header("X-Content-Type-Options", "nosniff")
@@ -398,7 +401,7 @@ class PublicArtifactHandler(BaseHandler):
     public = True
 
     async def get(self, key: str) -> None:
-        store = self.app.artifact_store
+        store = self.services.artifact_store
         if not isinstance(store, LocalStore):
             raise web.HTTPError(404, "artifacts are served by the S3 store's own links")
         key = unquote(key)
@@ -426,7 +429,7 @@ class NotFoundHandler(BaseHandler):
         raise web.HTTPError(404, f"no route {path}")
 
 
-routes = [
+routes: list[tuple[str, type[web.RequestHandler]]] = [
     (r"/healthz", HealthHandler),
     (r"/readyz", ReadyHandler),
     (r"/openapi.json", OpenAPIHandler),
@@ -447,7 +450,13 @@ routes = [
 ]
 
 
-def all_routes() -> list[Any]:
+def all_routes() -> list[tuple[str, type[web.RequestHandler]]]:
+    """(URL pattern, handler) of every REST route, the console websocket included."""
     from .channels import ChannelsHandler
 
     return [*routes, (rf"/v1/sessions/({SID})/channels", ChannelsHandler)]
+
+
+def route_table(services: Services) -> list[tuple[str, type[web.RequestHandler], dict[str, Any]]]:
+    """The routes as tornado takes them: each handler gets ``services`` through ``initialize``."""
+    return [(pattern, handler, {"services": services}) for pattern, handler in all_routes()]

@@ -5,9 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from ..errors import KernelmodeError
 
-class StoreError(Exception):
+
+class StoreError(KernelmodeError):
     """The store could not keep or find an object (outage, refused, missing)."""
+
+    code = "store_error"
+    http_status = 502
 
 
 class ArtifactStore(Protocol):

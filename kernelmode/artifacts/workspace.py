@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
-from ..errors import Conflict, NotFound, PayloadTooLarge, ValidationError
+from ..errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge
 from ..sandbox.spec import WORKSPACE_MOUNT
 
 MAX_PATH_LENGTH = 1024
@@ -62,20 +62,20 @@ def clean_path(rel: str) -> PurePosixPath:
     if rel.startswith(WORKSPACE_MOUNT + "/"):
         rel = rel[len(WORKSPACE_MOUNT) + 1 :]
     if not rel or len(rel) > MAX_PATH_LENGTH:
-        raise ValidationError("the file path is empty or too long")
+        raise InvalidRequest("the file path is empty or too long")
     if "\x00" in rel or "\\" in rel:
-        raise ValidationError("the file path may not contain NUL or backslashes")
+        raise InvalidRequest("the file path may not contain NUL or backslashes")
     if rel.startswith("/"):
-        raise ValidationError("the file path must be relative to /mnt/data")
+        raise InvalidRequest("the file path must be relative to /mnt/data")
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts):
-        raise ValidationError("the file path may not contain '..', '.' or empty parts")
+        raise InvalidRequest("the file path may not contain '..', '.' or empty parts")
     try:
         too_long = any(len(p.encode()) > NAME_MAX for p in parts)
     except UnicodeEncodeError as e:  # a lone surrogate (JSON "\ud800"): no file system name
-        raise ValidationError("the file path is not valid Unicode") from e
+        raise InvalidRequest("the file path is not valid Unicode") from e
     if too_long:  # the file system would refuse it (ENAMETOOLONG)
-        raise ValidationError(f"a file or folder name in the path is longer than {NAME_MAX} bytes")
+        raise InvalidRequest(f"a file or folder name in the path is longer than {NAME_MAX} bytes")
     return PurePosixPath(*parts)
 
 

@@ -29,6 +29,8 @@ from jupyter_server.services.kernels.connection.base import (
 )
 from websockets.asyncio.client import ClientConnection
 
+from ..errors import KernelmodeError
+
 WS_PROTOCOL = "v1.kernel.websocket.jupyter.org"
 _ROUTED = ("shell", "control", "stdin")
 
@@ -37,8 +39,11 @@ def _pack(obj: Any) -> bytes:
     return json.dumps(obj, default=json_default).encode()
 
 
-class BridgeError(Exception):
-    pass
+class BridgeError(KernelmodeError):
+    """The console's websocket to the server could not be opened or was refused."""
+
+    code = "bridge_error"
+    http_status = 502
 
 
 class ChannelBridge:

@@ -30,6 +30,8 @@ from typing import Any
 
 from jupyter_client.jsonutil import json_default
 
+from ..errors import KernelmodeError
+
 CHANNELS = frozenset({"shell", "iopub", "stdin", "control", "hb"})
 MIN_PARTS = 4  # header, parent_header, metadata, content
 MAX_PARTS = 64  # ... and up to 60 binary buffers (widgets send a few)
@@ -47,8 +49,11 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class FrameError(ValueError):
+class FrameError(KernelmodeError, ValueError):
     """A frame refused: malformed, or over one of its bounds (the message says which)."""
+
+    code = "bad_frame"
+    http_status = 400
 
 
 def split_frame(frame: bytes | bytearray | memoryview, max_parts: int = MAX_PARTS) -> tuple[str, list[memoryview]]:

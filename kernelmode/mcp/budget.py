@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import Field
 
+from ..errors import KernelmodeError
 from ..models import RunResult
 from .images import ImageTooLarge, fit_image
 from .render import Page, clip, where_whole
@@ -124,8 +125,10 @@ def wire_bytes(result: dict[str, Any]) -> int:
     return len(text.encode("utf-8", errors="replace")) + _ENVELOPE_BYTES
 
 
-class MessageTooLarge(Exception):
+class MessageTooLarge(KernelmodeError):
     """An answer that is not a tool result is over the cap (nothing of ours sends one)."""
+
+    code = "message_too_large"
 
 
 def fit_text(result: dict[str, Any], budget: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import MutableMapping
 from typing import Any
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext
@@ -25,7 +26,9 @@ from tornado.iostream import StreamClosedError
 
 from ..api.handlers import BaseHandler
 from ..errors import PayloadTooLarge
-from .server import TENANT_HEADER, KernelmodeMCP
+from ..services import Services
+from .connections import TENANT_HEADER
+from .server import KernelmodeMCP
 
 
 def tenant_user(tenant: str) -> AuthenticatedUser:
@@ -101,6 +104,12 @@ class McpHandler(BaseHandler):
     event stream), DELETE (end the MCP session)."""
 
     _closed: asyncio.Event
+    mcp_http: McpHttp
+
+    def initialize(self, services: Services, mcp_http: McpHttp | None = None) -> None:
+        super().initialize(services)
+        assert mcp_http is not None, "the /mcp route is given its McpHttp"
+        self.mcp_http = mcp_http
 
     def set_default_headers(self) -> None:
         self.set_header("Cache-Control", "no-store")
@@ -110,7 +119,7 @@ class McpHandler(BaseHandler):
         super().prepare()  # the bearer token, then prepare_body
 
     def prepare_body(self) -> None:
-        cap = self.app.mcp_http.max_body_bytes
+        cap = self.mcp_http.max_body_bytes
         length = int(self.request.headers.get("Content-Length", "0") or 0)
         if length > cap:
             raise PayloadTooLarge(f"the MCP request is {length} bytes, over this server's limit of {cap}")
@@ -131,9 +140,9 @@ class McpHandler(BaseHandler):
 
     async def _asgi(self) -> None:
         body = self.body  # at most max_body_bytes + 1 (the connection's cap)
-        if len(body) > self.app.mcp_http.max_body_bytes:
+        if len(body) > self.mcp_http.max_body_bytes:
             raise PayloadTooLarge(f"the MCP request is over this server's limit of "
-                                  f"{self.app.mcp_http.max_body_bytes} bytes")
+                                  f"{self.mcp_http.max_body_bytes} bytes")
         req = self.request
         host, _, port = (req.host or "").rpartition(":")
         scope: dict[str, Any] = {
@@ -158,7 +167,7 @@ class McpHandler(BaseHandler):
             await self._closed.wait()
             return {"type": "http.disconnect"}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 self.set_status(message["status"])
                 self.clear_header("Content-Type")
@@ -173,6 +182,6 @@ class McpHandler(BaseHandler):
                     except StreamClosedError:
                         self._closed.set()
 
-        await self.app.mcp_http.manager.handle_request(scope, receive, send)
+        await self.mcp_http.manager.handle_request(scope, receive, send)
         if not self._finished and not self._closed.is_set():
             self.finish()

@@ -10,13 +10,11 @@ and stop when the client goes (stdin closes). Either way, stdout carries only th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +22,6 @@ import anyio
 import httpx2
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.stdio import stdio_server
-from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR
 
 from ..config import Settings
 from ..errors import KernelmodeError
@@ -110,33 +106,11 @@ def _sweep_stale_data_dirs() -> None:
         log.info("removed %s, left by an embedded service that was killed", d)
 
 
-# Tool calls that need no session: answered while the service starts.
-_NO_SESSION_TOOLS = frozenset({"list_tools"})
-
-
-def _wait_for_start(app: KernelmodeApp) -> Any:
-    """Middleware: a tool call that needs the sessions waits until the background start is done;
-    a failed start answers every such call with its reason (an error, never a hang)."""
-
-    async def middleware(ctx: Any, call_next: Any) -> Any:
-        params = ctx.params if isinstance(ctx.params, Mapping) else {}
-        if ctx.method == "tools/call" and params.get("name") not in _NO_SESSION_TOOLS:
-            try:
-                await app.ready()
-            except KernelmodeError as e:
-                raise MCPError(INTERNAL_ERROR, f"kernelmode could not start: {e.message}") from e
-            except Exception as e:  # anything else that stopped the start: say so, do not hang
-                raise MCPError(INTERNAL_ERROR, f"kernelmode could not start: {e!r}") from e
-        return await call_next(ctx)
-
-    return middleware
-
-
 async def _log_start(app: KernelmodeApp) -> None:
     """Say when the background start is done (or why it failed: the process goes on serving,
     and each tool call that needs a kernel answers with the reason)."""
     try:
-        await app.ready()
+        await app.started()
     except Exception as e:
         log.error("cannot start: %s", getattr(e, "message", None) or repr(e))
         return
@@ -148,11 +122,8 @@ async def embedded(settings: Settings) -> int:
 
     ``initialize`` and the tool list are answered at once; the gateway, the sandbox check and the
     first kernel start in the background, and a tool call that needs them waits for them."""
-    from ..gateway.process import raise_open_files_limit
-    from ..server import KernelmodeApp
-    from .server import KernelmodeMCP
+    from ..server import running
 
-    raise_open_files_limit()
     temp_dir: Path | None = None
     if settings.server.data_dir == Settings().server.data_dir:
         # Each client gets its own service: a shared data dir would let one instance clean up
@@ -163,7 +134,6 @@ async def embedded(settings: Settings) -> int:
         settings.server.data_dir = temp_dir
         # Nobody will adopt this private gateway after a crash: it should not wait long.
         settings.gateway.orphan_timeout_seconds = 5.0
-    app = KernelmodeApp(settings)
     # MCP clients stop their servers by closing stdin, then SIGTERM to the process group: either
     # way, clean up (kernels, volumes, the data dir) before exiting.
     main = asyncio.current_task()
@@ -179,24 +149,22 @@ async def embedded(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     try:
-        try:
-            await app.start_tools()  # the instructions list them
-        except KernelmodeError as e:
-            log.error("cannot start: %s", e.message)
-            return 2
-        app.mcp = KernelmodeMCP(app)
-        app.mcp.server.middleware.append(_wait_for_start(app))
-        app.start_in_background()
-        started = asyncio.create_task(_log_start(app), name="start-log")
-        await app.mcp.server.run_stdio_async()
-        started.cancel()
+        # Only the tools start before the body (the instructions list them); the rest in the
+        # background, awaited by each tool call that needs it (KernelmodeMCP).
+        async with running(settings, background=True) as app:
+            try:
+                started = asyncio.create_task(_log_start(app), name="start-log")
+                await app.mcp_server().server.run_stdio_async()
+                started.cancel()
+            finally:
+                stopping = True  # running() stops the service next
+                log.info("kernelmode MCP (stdio) stopping")
         return 0
     except asyncio.CancelledError:
         return 0
+    except KernelmodeError as e:  # the tools could not start (nothing else is raised before the body)
+        log.error("cannot start: %s", e.message)
+        return 2
     finally:
-        stopping = True
-        log.info("kernelmode MCP (stdio) stopping")
-        with contextlib.suppress(Exception):
-            await app.stop()
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)

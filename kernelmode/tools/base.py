@@ -6,6 +6,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
+from ..errors import KernelmodeError
+
 
 class ToolInfo(BaseModel):
     """A tool as listed by ``GET /v1/tools`` and sent to kernels (``tools.help()``)."""
@@ -20,8 +22,11 @@ class ToolInfo(BaseModel):
     signature: str = Field("", description="Python signature, e.g. 'add(a: int, b: int = 0)'.")
 
 
-class ToolFailed(Exception):
+class ToolFailed(KernelmodeError):
     """A tool could not give a result; the message is shown to kernel code as ToolError."""
+
+    code = "tool_failed"
+    http_status = 502
 
 
 class Tool(Protocol):

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, ValidationError
+from ..errors import ConfigError, InvalidRequest
 from .base import Tool, ToolInfo
 from .python_tool import PythonTool, load_callable
 
@@ -97,7 +97,7 @@ class ToolRegistry:
         known = {t.info.name for t in self.all()} | self.namespaces
         unknown = [a for a in allow if a not in known]
         if unknown:
-            raise ValidationError(
+            raise InvalidRequest(
                 f"tools: unknown tool or namespace {', '.join(map(repr, unknown))}; "
                 f"known: {', '.join(sorted(known)) or 'none'}"
             )

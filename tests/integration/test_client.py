@@ -11,13 +11,13 @@ import pytest
 from kernelmode import AsyncClient, Client
 from kernelmode.client import ServerUnreachable
 from kernelmode.errors import (
+    InvalidRequest,
     KernelmodeError,
     PayloadTooLarge,
     RunNotFound,
     SessionExists,
     SessionNotFound,
     Unauthorized,
-    ValidationError,
 )
 from kernelmode.models import Artifact, RunResult, SessionInfo, WorkspaceFile
 from tests.conftest import Server
@@ -55,7 +55,7 @@ def test_errors_are_the_projects_exceptions_with_the_servers_code(km: Client, se
         with pytest.raises(SessionExists) as e:
             km.create_session(s.id)
         assert e.value.code == "session_exists"
-        with pytest.raises(ValidationError) as v:
+        with pytest.raises(InvalidRequest) as v:
             s.run("1", timeout_seconds=10**6)
         assert v.value.code == "invalid_request" and v.value.details
     with pytest.raises(ValueError):  # refused client-side: the same model as the server's

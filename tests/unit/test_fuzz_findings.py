@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError as PydanticValidationError
 
 from kernelmode.artifacts.workspace import NAME_MAX, clean_path
-from kernelmode.errors import ValidationError
+from kernelmode.errors import InvalidRequest
 from kernelmode.models import Limits, LimitsPatch
 
 LAUNCHER = Path(__file__).resolve().parents[2] / "kernelmode" / "sandbox" / "launcher.py"
@@ -27,7 +27,7 @@ def test_workspace_paths_within_name_max(path: str) -> None:
 @pytest.mark.parametrize("path", ["a" * (NAME_MAX + 1), "d/" + "é" * (NAME_MAX // 2 + 1) + "/f",
                                   "bad-\ud800-surrogate"])
 def test_workspace_paths_the_file_system_refuses_are_422(path: str) -> None:
-    with pytest.raises(ValidationError):  # (was an OSError: a 500)
+    with pytest.raises(InvalidRequest):  # (was an OSError: a 500)
         clean_path(path)
 
 

@@ -1,0 +1,119 @@
+"""Answers about runs: a page of a run's output since the reader's previous look, as text within
+the text budget, a lean structured record, and the run's images inline (budget.py, render.py
+and images.py do the measuring)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+from typing import Any
+
+from mcp.server.mcpserver import Context
+from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
+
+from ..config import McpFrontSettings
+from ..models import RunResult
+from ..sessions.runs import LiveRun
+from .budget import lean_record, take_page, wire_bytes
+from .images import ImageTooLarge, fit_image
+from .render import clip, run_text, size_text
+
+_MAX_FOLLOWED = 10_000  # runs whose shown output is remembered for get_run (per connection)
+
+
+class RunAnswers:
+    """What each reader was shown of each run, and the answers that show it the rest."""
+
+    def __init__(self, cfg: McpFrontSettings) -> None:
+        self.cfg = cfg
+        self._seen: dict[tuple[str, str], tuple[int, int, int]] = {}  # (conn, run) -> chars/outputs shown
+
+    def backlog(self, key: str | None, run: LiveRun) -> bool:
+        """More than a page waits for this reader (the next get_run answers at once)."""
+        return take_page(run.snapshot(), self._seen.get((key or "", run.run_id), (0, 0, 0)),
+                         self.cfg.max_structured_chars).more
+
+    @staticmethod
+    def _image_mime(out: dict[str, Any]) -> str | None:
+        return next((m for m in ("image/png", "image/jpeg", "image/gif", "image/webp") if m in out.get("data", {})), None)
+
+    async def _images(self, outputs: list[dict[str, Any]], room: int) -> tuple[list[ContentBlock], list[str]]:
+        """Inline images of ``outputs``: at most ``max_images``, each within its share of ``room``
+        bytes of the message (base64 makes 4 characters of 3 bytes)."""
+        shown = [(out, mime) for out in outputs if (mime := self._image_mime(out)) is not None]
+        notes = [f"{len(shown) - self.cfg.max_images} more image(s) were left out (see the files of this run)"
+                 ] if len(shown) > self.cfg.max_images else []
+        shown = shown[:self.cfg.max_images]
+        blocks: list[ContentBlock] = []
+        if not shown:
+            return blocks, notes
+        share = min(self.cfg.max_image_bytes, room // len(shown) * 3 // 4 - 1_024)
+        for out, mime in shown:
+            try:
+                if share < 10_000:
+                    raise ImageTooLarge("no room left in this answer")
+                raw = base64.b64decode(out["data"][mime])
+                # Decoding and resizing a big image takes a while: not on the event loop.
+                small, kind = await asyncio.to_thread(fit_image, raw, mime, share)
+            except (ValueError, binascii.Error, ImageTooLarge) as e:
+                notes.append(f"an image could not be shown: {e}")
+                continue
+            if len(small) < len(raw):
+                notes.append(f"an image is shown downscaled ({size_text(len(raw))} -> {size_text(len(small))}); "
+                             "the original is among the files of this run")
+            blocks.append(ImageContent(data=base64.b64encode(small).decode(), mime_type=kind))
+        return blocks, notes
+
+    def room(self, blocks: list[ContentBlock], structured: dict[str, Any]) -> int:
+        """Bytes of the message cap left after these blocks and this structured content."""
+        dumped = CallToolResult(content=blocks, structured_content=structured).model_dump(
+            by_alias=True, mode="json", exclude_none=True)
+        return self.cfg.max_message_bytes - wire_bytes(dumped)
+
+    async def result(self, key: str | None, run: LiveRun, result: RunResult, note: str | None) -> CallToolResult:
+        """One answer about a run: the page of output since this reader's previous look (the rest
+        stays for the next get_run), as text within the text budget, a lean record, and images."""
+        follow = (key or "", run.run_id)
+        page = take_page(result, self._seen.pop(follow, (0, 0, 0)), self.cfg.max_structured_chars)
+        # Kept after the end too: a later look gets only what came since (nothing, once all was given).
+        while len(self._seen) >= _MAX_FOLLOWED:  # the least recently looked at go first
+            self._seen.pop(next(iter(self._seen)))
+        self._seen[follow] = (page.stdout_end, page.stderr_end, page.outputs_end)
+        structured = lean_record(result, page, self.cfg.max_structured_chars).model_dump(mode="json")
+        budget = self.cfg.max_text_chars
+        # Notes (the session's, the images') come first; the run's text gets the rest of the budget.
+        image_room = self.room([TextContent(text="x" * budget)], structured)
+        images, image_notes = await self._images(page.outputs, image_room)
+        extra = "\n\n".join(n for n in [note, *image_notes] if n)
+        text = run_text(result, page, max(budget - len(extra) - 2, 200) if extra else budget,
+                        self.cfg.max_structured_chars)
+        if extra:
+            text = clip(f"{extra}\n\n{text}", budget, "answer")
+        return CallToolResult(
+            content=[TextContent(text=text), *images],
+            structured_content=structured,
+            is_error=result.status in ("error", "timeout", "kernel_died"),
+        )
+
+    @staticmethod
+    async def follow(ctx: Context[Any], run: LiveRun, wait: float) -> RunResult:
+        """Wait up to ``wait`` seconds for the run to end, sending its output as progress."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        offset = len(run.collector.events)
+        while not run.done:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            await run.wait_changed(offset, remaining)
+            new = run.collector.events[offset:]
+            offset += len(new)
+            text = "".join(e["text"] for e in new if e["type"] == "stream")
+            if text:
+                with contextlib.suppress(Exception):  # a client that asked for no progress, or left
+                    await ctx.report_progress(float(offset), None, clip(text, 2000, "progress"))
+        if run.failure is not None:
+            raise run.failure  # a KernelmodeError: answered by the tools' one translation point
+        return run.result if run.result is not None else run.snapshot()

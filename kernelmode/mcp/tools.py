@@ -1,0 +1,332 @@
+"""The MCP tools: what each does and says, on the running service's ``Services``.
+
+Errors come out in one way, at one point (``tool_errors``, wrapped around every tool): a
+``KernelmodeError`` from anywhere below becomes an ``isError`` result whose text is the SDK's own
+(``Error executing tool NAME: message``) and whose structured content is the error as REST
+gives it (``{"error": {"code", "message"}}``), so a program need not parse the text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import functools
+import io
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import (
+    CallToolResult,
+    ContentBlock,
+    ImageContent,
+    ResourceLink,
+    TextContent,
+    ToolAnnotations,
+)
+from pydantic import Field
+
+from ..artifacts.base import StoreError
+from ..artifacts.workspace import FileNotFound, clean_path
+from ..config import Settings
+from ..errors import InvalidRequest, KernelmodeError, PayloadTooLarge, SessionNotFound
+from ..models import SESSION_ID_PATTERN
+from ..services import Services
+from ..tools.registry import ToolRegistry
+from .answers import RunAnswers
+from .budget import McpRunResult
+from .connections import Connections
+from .images import INLINE_TYPES, ImageTooLarge, fit_image
+from .render import clip, size_text
+
+log = logging.getLogger("kernelmode.mcp")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+_TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-yaml",
+               "image/svg+xml", "application/x-ipynb+json", "application/sql")
+
+SessionArg = Annotated[str | None, Field(
+    None, pattern=SESSION_ID_PATTERN,
+    description="A session to use instead of this connection's own (from list_sessions or an "
+    "earlier result). Omit it: each connection gets its own session, created on first use.")]
+
+
+def error_result(tool: str, error: KernelmodeError) -> CallToolResult:
+    """A KernelmodeError as an MCP tool result: the text the SDK gives a ToolError, and the
+    code and message as REST gives them."""
+    return CallToolResult(content=[TextContent(text=f"Error executing tool {tool}: {error.message}")],
+                          structured_content={"error": error.to_dict()}, is_error=True)
+
+
+def tool_errors(tool: str, fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T | CallToolResult]]:
+    """``fn``, with any KernelmodeError it raises answered as ``error_result`` (the one point
+    where MCP translates errors). The signature is ``fn``'s, for the SDK's schema."""
+
+    @functools.wraps(fn)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T | CallToolResult:
+        try:
+            return await fn(*args, **kwargs)
+        except KernelmodeError as e:
+            log.log(logging.WARNING if e.http_status >= 500 else logging.INFO,
+                    "tool %s: %s (%s)", tool, e.message, e.code)
+            return error_result(tool, e)
+
+    return call
+
+
+def instructions(tools: ToolRegistry) -> str:
+    """The server's instructions to the model (the host tools are listed, so: after they started)."""
+    infos = tools.infos()
+    listed = "\n".join(f"- tools.{t.signature or t.name}: {t.description.splitlines()[0] if t.description else ''}"
+                       for t in infos[:40])
+    more = f"\n(and {len(infos) - 40} more: call list_tools)" if len(infos) > 40 else ""
+    host = (f"Code can call these host tools (they run outside the sandbox, with the network):\n{listed}{more}"
+            if infos else "No host tools are configured.")
+    return (
+        "kernelmode runs Python in a sandboxed, stateful Jupyter kernel. Variables, imports and "
+        "loaded data persist between run_python calls of the same session, so build an analysis "
+        "step by step instead of repeating work. The kernel has no network. Files live in "
+        "/mnt/data: upload_file puts data there, and files your code writes there are kept and "
+        "listed with download links; read_artifact shows you an image or text file. numpy, pandas "
+        "and matplotlib are installed (plots appear as images). A long run keeps going in the "
+        "background: run_python then returns status RUNNING with a run_id for get_run.\n" + host
+    )
+
+
+class McpTools:
+    """The tools. ``tools`` (host tools) and ``settings`` are there from the start; the rest of
+    ``services`` once the service runs (a tool call that needs it waits for that: server.py)."""
+
+    def __init__(self, settings: Settings, tools: ToolRegistry, services: Callable[[], Services]) -> None:
+        self.settings = settings
+        self.cfg = settings.mcp
+        self.host_tools = tools
+        self._services = services
+        self.connections = Connections(services)
+        self.answers = RunAnswers(self.cfg)
+
+    def add_to(self, srv: MCPServer[Any]) -> None:
+        """Register every tool on ``srv``, each behind ``tool_errors``."""
+        tools: list[tuple[Callable[..., Awaitable[Any]], ToolAnnotations]] = [
+            (self.run_python, ToolAnnotations(title="Run Python", read_only_hint=False,
+                                              destructive_hint=False, open_world_hint=False)),
+            (self.get_run, ToolAnnotations(title="Follow a long run", read_only_hint=True)),
+            (self.upload_file, ToolAnnotations(title="Upload a file", destructive_hint=False)),
+            (self.list_files, ToolAnnotations(title="List workspace files", read_only_hint=True)),
+            (self.read_artifact, ToolAnnotations(title="Read a file or output", read_only_hint=True)),
+            (self.list_tools, ToolAnnotations(title="Host tools callable from code", read_only_hint=True)),
+            (self.interrupt, ToolAnnotations(title="Interrupt the running code", destructive_hint=False)),
+            (self.close_session, ToolAnnotations(title="Close a session", destructive_hint=True)),
+            (self.list_sessions, ToolAnnotations(title="List sessions", read_only_hint=True)),
+            (self.export_notebook, ToolAnnotations(title="Export the session as a notebook",
+                                                   read_only_hint=True)),
+        ]
+        for fn, hints in tools:
+            name = fn.__name__
+            srv.add_tool(tool_errors(name, fn), name=name, annotations=hints)
+
+    def _wait(self, wait_seconds: float | None) -> float:
+        return self.cfg.wait_seconds if wait_seconds is None else wait_seconds
+
+    async def run_python(
+        self,
+        ctx: Context[Any],
+        code: Annotated[str, Field(min_length=1, description="Python source. The value of the last "
+                                   "expression is returned, like in a notebook cell.")],
+        session_id: SessionArg = None,
+        timeout_seconds: Annotated[float | None, Field(
+            None, gt=0, le=86_400, description="Stop the code after this long (default 60 s). "
+            "A timeout interrupts it; if that fails the kernel restarts and variables are lost.")] = None,
+        wait_seconds: Annotated[float | None, Field(
+            None, ge=0, le=300, description="Return after this long even if the code is still "
+            "running (status RUNNING; follow with get_run). Default 20 s.")] = None,
+    ) -> Annotated[CallToolResult, McpRunResult]:
+        """Run Python code in a stateful, sandboxed Jupyter kernel and return its output.
+
+        Variables, imports and loaded data persist between calls in the same session, so work
+        step by step. Files are in /mnt/data (upload_file puts them there; files your code saves
+        there are returned with download links). Plots and displayed images come back as images.
+        Host tools are callable from the code as tools.NAME(...) (see list_tools). The kernel
+        has no network access. A run that outlasts wait_seconds keeps going: the result then has
+        status RUNNING and a run_id for get_run.
+        """
+        svc = self._services()
+        key = self.connections.key(ctx)
+        sid, note = await self.connections.session(ctx, session_id)
+        svc.tenants.count_run(self.connections.principal(ctx))
+        run = svc.sessions.submit(sid, code, timeout_seconds)
+        result = await self.answers.follow(ctx, run, self._wait(wait_seconds))
+        return await self.answers.result(key, run, result, note)
+
+    async def get_run(
+        self,
+        ctx: Context[Any],
+        run_id: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", description="The run_id of a RUNNING result.")],
+        wait_seconds: Annotated[float | None, Field(
+            None, ge=0, le=300, description="Wait up to this long for the run to end. Default 20 s.")] = None,
+    ) -> Annotated[CallToolResult, McpRunResult]:
+        """Follow a run that was still RUNNING: returns the output that came since you last looked
+        and, once the run has ended, its final result (status, value, error, files)."""
+        run = self._services().sessions.get_run(run_id, self.connections.principal(ctx))
+        key = self.connections.key(ctx)
+        # More than a page waits for this reader (paging): answer with the next one at once.
+        wait = 0 if self.answers.backlog(key, run) else self._wait(wait_seconds)
+        result = await self.answers.follow(ctx, run, wait)
+        return await self.answers.result(key, run, result, None)
+
+    async def upload_file(
+        self,
+        ctx: Context[Any],
+        filename: Annotated[str, Field(min_length=1, max_length=1024, description="Path inside "
+                                       "/mnt/data, e.g. 'sales.csv' or 'raw/2024.json'.")],
+        content_base64: Annotated[str, Field(description="The file's bytes, base64-encoded.")],
+        session_id: SessionArg = None,
+        overwrite: Annotated[bool, Field(description="Replace an existing file.")] = False,
+    ) -> str:
+        """Put a file into the session's workspace (/mnt/data) so that code can read it."""
+        try:
+            data = base64.b64decode(content_base64, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise InvalidRequest(f"content_base64 is not valid base64: {e}") from e
+        cap = self.settings.artifacts.max_upload_bytes
+        if len(data) > cap:
+            raise PayloadTooLarge(f"the file is {size_text(len(data))}, over this server's upload "
+                                  f"limit of {size_text(cap)}")
+        sid, note = await self.connections.session(ctx, session_id)
+        up = await self._services().sessions.upload(sid, filename, io.BytesIO(data), len(data), overwrite)
+        return "\n\n".join(x for x in [note, (
+            f"Saved {up.path} ({size_text(up.size_bytes)}) in session {sid}. Read it from code, "
+            f"e.g. open({up.path!r}) or pandas.read_csv({up.path!r}).")] if x)
+
+    async def list_files(self, ctx: Context[Any], session_id: SessionArg = None) -> str:
+        """List the files in the session's workspace (/mnt/data): name, size, type."""
+        sid, note = await self.connections.session(ctx, session_id)
+        listing = await self._services().sessions.list_files(sid)
+        lines = [f"- {f.path} ({f.mime_type}, {size_text(f.size_bytes)})" for f in listing.files]
+        body = "\n".join(lines) if lines else "(no files)"
+        more = f"(not complete: the walk {listing.note})" if listing.note else None
+        return "\n\n".join(x for x in [note, f"Files of session {sid} in /mnt/data:\n{body}", more] if x)
+
+    async def read_artifact(
+        self,
+        ctx: Context[Any],
+        path_or_artifact: Annotated[str, Field(min_length=1, max_length=2048, description=
+                                               "A workspace path ('/mnt/data/chart.png' or "
+                                               "'chart.png') or an output's path from a result "
+                                               "('outputs/output-1.png').")],
+        session_id: SessionArg = None,
+    ) -> CallToolResult:
+        """Look at a file: images come back as images you can see, text files as text (cut to a
+        budget), other files as a download link with their size and type."""
+        sid, note = await self.connections.session(ctx, session_id)
+        data, mime, name, size, link = await self._fetch(sid, path_or_artifact)
+        head = f"{name} ({mime}, {size_text(size)})" + (f"\ndownload: {link}" if link else "")
+        blocks: list[ContentBlock] = []
+        if mime in INLINE_TYPES:
+            try:
+                share = min(self.cfg.max_image_bytes,
+                            self.answers.room([TextContent(text=head)], {}) * 3 // 4 - 1_024)
+                small, kind = await asyncio.to_thread(fit_image, data, mime, share)
+                blocks = [TextContent(text=head), ImageContent(data=base64.b64encode(small).decode(), mime_type=kind)]
+            except ImageTooLarge as e:
+                blocks = [TextContent(text=f"{head}\nThe image cannot be shown inline: {e}")]
+        elif mime.startswith("text/") or mime in _TEXT_TYPES:
+            text = data.decode("utf-8", errors="replace")
+            if size > len(data):
+                text += f"\n[... only the first {len(data)} of {size} bytes were read ...]"
+            blocks = [TextContent(text=f"{head}\n\n{clip(text, self.cfg.max_text_chars, 'file')}")]
+        else:
+            blocks = [TextContent(text=f"{head}\nThis is a binary file: read it from code, or download it.")]
+            if link:
+                blocks.append(ResourceLink(uri=link, name=name, mime_type=mime, size=size))
+        if note:
+            blocks.insert(0, TextContent(text=note))
+        return CallToolResult(content=blocks)
+
+    async def _fetch(self, sid: str, ref: str) -> tuple[bytes, str, str, int, str | None]:
+        """(bytes, mime, name, size, download link) of a workspace file or a stored artifact."""
+        sessions = self._services().sessions
+        rel = ref.removeprefix("/mnt/data/").lstrip("/")
+        found = None
+        with contextlib.suppress(KernelmodeError):  # not an artifact (or the store is down)
+            found = await sessions.find_artifact(sid, ref)
+        link = found[1].download_url if found else None
+        try:
+            fd, size, mime = await asyncio.to_thread(sessions.open_file, sid, str(clean_path(rel)))
+        except KernelmodeError:
+            fd = -1
+        if fd >= 0:  # a file in the live workspace
+            with os.fdopen(fd, "rb") as f:
+                whole = mime in INLINE_TYPES
+                if whole and size > 64 * 1024 * 1024:
+                    raise PayloadTooLarge(f"{rel} is {size_text(size)}, too large to show; download it instead")
+                cap = size if whole else max(self.cfg.max_text_chars * 4, 64 * 1024)
+                data = await asyncio.to_thread(f.read, cap)
+            return data, mime, rel.rsplit("/", 1)[-1], size, link
+        if found is None:
+            raise FileNotFound(f"no file or output {ref!r} in session {sid}: see list_files, or the "
+                               "files listed in a run's result")
+        run_id, artifact = found
+        try:
+            data = await sessions.artifact_bytes(sid, run_id, artifact)
+        except StoreError as e:
+            raise StoreError(f"could not read {ref!r} from the artifact store: {e.message}") from e
+        return data, artifact.mime_type, artifact.name, artifact.size_bytes, link
+
+    async def list_tools(self) -> str:
+        """List the host tools that code can call as tools.NAME(...) inside the kernel, with their
+        signatures and descriptions."""
+        infos = self.host_tools.infos()
+        if not infos:
+            return "No host tools are configured on this server."
+        lines = [f"tools.{t.signature or t.name + '(...)'}\n    {t.description}".rstrip() for t in infos]
+        return ("Call these from run_python code, e.g. `r = tools.NAME(arg=...)`; a failure raises "
+                "tools.ToolError.\n\n" + "\n".join(lines))
+
+    async def interrupt(self, ctx: Context[Any], session_id: SessionArg = None) -> str:
+        """Interrupt the code running in the session (like Ctrl-C). Variables are kept."""
+        sid, _ = await self.connections.session(ctx, session_id)
+        await self._services().sessions.interrupt(sid)
+        return f"Interrupt sent to session {sid}; the running code stops with KeyboardInterrupt."
+
+    async def close_session(self, ctx: Context[Any], session_id: SessionArg = None) -> str:
+        """Close a session: its kernel stops and its variables and workspace files are gone
+        (files saved by runs stay downloadable). The next call without session_id starts fresh."""
+        sessions = self._services().sessions
+        sid = session_id or self.connections.own_session(ctx)
+        if sid is None:
+            return "This connection has no session open."
+        try:
+            sessions.authorize(self.connections.principal(ctx), sid)
+            await sessions.delete(sid)
+        except SessionNotFound as e:
+            raise SessionNotFound(f"unknown session {sid!r}") from e
+        self.connections.closed(ctx, sid)
+        return f"Session {sid} is closed."
+
+    async def export_notebook(self, ctx: Context[Any], session_id: SessionArg = None) -> CallToolResult:
+        """Save the session's runs so far as a Jupyter notebook (.ipynb: each run a cell with its
+        outputs) and return its download link, e.g. to hand the analysis to a person."""
+        sid, note = await self.connections.session(ctx, session_id)
+        artifact = await self._services().sessions.export_notebook(sid)
+        text = (f"Notebook of session {sid}: {artifact.name} ({size_text(artifact.size_bytes)})\n"
+                f"download: {artifact.download_url}")
+        return CallToolResult(content=[
+            *([TextContent(text=note)] if note else []), TextContent(text=text),
+            ResourceLink(uri=artifact.download_url, name=artifact.name, mime_type=artifact.mime_type,
+                         size=artifact.size_bytes)])
+
+    async def list_sessions(self, ctx: Context[Any]) -> str:
+        """List the sessions on this server: id, status, runs so far, idle expiry."""
+        own = self.connections.own_session(ctx)
+        rows = []
+        for s in self._services().sessions.all(self.connections.principal(ctx)):
+            mark = "  <- this connection's session" if s.session_id == own else ""
+            rows.append(f"- {s.session_id}: {s.status}, {s.execution_count} runs, "
+                        f"last active {s.last_activity:%Y-%m-%d %H:%M:%S} UTC{mark}")
+        return "\n".join(rows) if rows else "No sessions."

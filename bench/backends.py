@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -44,26 +43,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-for _p in (str(REPO), str(HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from harness import (
+    BENCH,
+    BareKernels,
+    DirectKernel,
+    KmServer,
+    Stats,
+    loadavg,
+    machine_info,
+    ms_since,
+    require_kernel_venv,
+    run_stoppable,
+    version,
+)
+from procfs import CLK_TCK, mem_kb, ptable, stat, tree_mem
 
-from roundtrip import KERNEL_PYTHON, DirectKernel, Stats, _version, run_stoppable  # noqa: E402
-from scale import CLK_TCK, BareKernels, KmServer, _stat, mem_kb, ptable, tree_mem  # noqa: E402
-
-from kernelmode.config import SandboxSettings  # noqa: E402
-from kernelmode.sandbox.docker_backend import container_name, engine_status, server_id  # noqa: E402
-from tests.conftest import start_server  # noqa: E402
+from kernelmode.config import SandboxSettings
+from kernelmode.sandbox.docker_backend import container_name, engine_status, server_id
 
 BACKENDS = ("bwrap", "docker")
 CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")  # cgroup v1; v2 handled below
 SETTLE = 0.3  # s of quiet after a delete or a pool refill, before the next sample
-
-
-def ms_since(t0: int) -> float:
-    return (time.perf_counter_ns() - t0) / 1e6
 
 
 def docker_image() -> str:
@@ -73,7 +73,7 @@ def docker_image() -> str:
 
 def boot_seconds_of(pid: int) -> float | None:
     """A process's start time in CLOCK_BOOTTIME seconds (10 ms resolution), None when gone."""
-    st = _stat(pid)
+    st = stat(pid)
     return None if st is None else st[1] / CLK_TCK
 
 
@@ -92,19 +92,19 @@ class Backend(KmServer):
         super().__init__(f"{backend} pool={pool_size}", {
             "KERNELMODE_SANDBOX__BACKEND": backend,
             "KERNELMODE_SESSIONS__POOL_SIZE": str(pool_size),
-        })
-        self.backend = backend
+        }, backend=backend)
         self._server_id: str | None = None
         self.docker: Any = None  # the benchmark's own Docker SDK client (inspect only)
 
-    def start(self) -> None:
-        self.srv = start_server(env_extra=self.env, args=["--sandbox", self.backend])
-        self.ctl = self.http()
+    def start(self) -> float:
+        took = super().start()
+        assert self.srv is not None
         self._server_id = server_id(self.srv.data_dir)
         if self.backend == "docker":
             import docker
 
             self.docker = docker.from_env(timeout=60)
+        return took
 
     async def stop(self) -> None:
         try:
@@ -325,7 +325,7 @@ async def step_memory(servers: dict[str, Backend], args: argparse.Namespace) -> 
                     helpers.append(launcher)
                     rows["launcher_pss"].samples.append(mem_kb(launcher)[1] / 1024)
                 init = (await asyncio.to_thread(b.container, kid)).attrs["State"]["Pid"]
-                st = _stat(int(init))
+                st = stat(int(init))
                 if st is not None:
                     helpers.append(st[0])  # containerd-shim-runc-v2, one per container
                     rows["shim_pss"].samples.append(mem_kb(st[0])[1] / 1024)
@@ -380,41 +380,25 @@ async def step_pool(servers: dict[str, Backend], args: argparse.Namespace) -> di
 # -- reporting -------------------------------------------------------------------------------------------
 
 
-def machine_info(ready: dict[str, dict[str, Any]], docker_info: dict[str, Any], load_start: str) -> dict[str, str]:
-    mem = cpu = "?"
-    with contextlib.suppress(OSError, StopIteration):
-        kb = next(int(x.split()[1]) for x in Path("/proc/meminfo").read_text().splitlines()
-                  if x.startswith("MemTotal:"))
-        mem = f"{kb / 1024 / 1024:.1f} GiB"
-    with contextlib.suppress(OSError, StopIteration):
-        cpu = next(x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
-                   if x.startswith("model name"))
-    kpy = subprocess.run([str(KERNEL_PYTHON), "-c",
-                          "import sys, ipykernel; print(sys.version.split()[0], ipykernel.__version__)"],
-                         capture_output=True, text=True, timeout=30).stdout.split()
+def backends_machine_info(ready: dict[str, dict[str, Any]], docker_info: dict[str, Any],
+                          load_start: str) -> dict[str, str]:
     bwrap = "?"
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         bwrap = subprocess.run(["bwrap", "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
     out = {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "nproc": str(os.cpu_count()),
-        "memory": mem,
-        "cpu": cpu,
-        "kernel": f"{platform.system()} {platform.release()}",
-        "python (manager, gateway, benchmark client)": platform.python_version(),
-        "python / ipykernel (kernel-venv: bwrap and bare kernels)": " / ".join(kpy) or "?",
-        "jupyter_client / jupyter_kernel_gateway": (f"{_version('jupyter_client')} / "
-                                                   f"{_version('jupyter_kernel_gateway')}"),
+        **machine_info("bwrap and bare kernels"),
+        "jupyter_client / jupyter_kernel_gateway": (f"{version('jupyter_client')} / "
+                                                   f"{version('jupyter_kernel_gateway')}"),
         "bubblewrap": bwrap,
         "docker engine": docker_info.get("engine", "?"),
         "kernel image": docker_info.get("image", "?"),
-        "docker SDK (launcher, benchmark)": _version("docker"),
+        "docker SDK (launcher, benchmark)": version("docker"),
     }
     for name in BACKENDS:
         sb = ready.get(name, {}).get("sandbox", {})
         out[f"sandbox {name} (/readyz)"] = f"{sb.get('detail', '?')}; limits: {sb.get('limits', '?')}"
     out["load average (1, 5, 15 min) at the start"] = load_start
-    out["load average (1, 5, 15 min) at the end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    out["load average (1, 5, 15 min) at the end"] = loadavg()
     return out
 
 
@@ -654,7 +638,7 @@ read-only rootfs, tmpfs /tmp and /sys, an init, limits and its own uid
 
 async def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load_start = loadavg()
     tmp = Path(tempfile.mkdtemp(prefix="kmbackends-", dir="/tmp"))
     res: dict[str, Any] = {}
     steps: dict[str, float] = {}
@@ -711,12 +695,12 @@ async def run(args: argparse.Namespace) -> int:
             for srv in (*cold.values(), *pool.values()):
                 srv.keep_logs = True
             raise
-        res["machine"] = machine_info(ready, docker_info, load_start)
+        res["machine"] = backends_machine_info(ready, docker_info, load_start)
         res["wall"] = time.monotonic() - started
     print()
     print(report_text(res, args, markdown=False))
     if not args.no_write:
-        (HERE / "BACKENDS.md").write_text(report_text(res, args, markdown=True))
+        (BENCH / "BACKENDS.md").write_text(report_text(res, args, markdown=True))
         print("\nwrote bench/BACKENDS.md")
     print(f"wall time {res['wall']:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in steps.items()) + ")")
     print(summary_line(res), flush=True)
@@ -734,8 +718,7 @@ def main() -> int:
     args.warmup = 10 if args.quick else 30
     args.batch = 10
     args.mem_k = 2 if args.quick else 5
-    if not KERNEL_PYTHON.is_file():
-        p.error(f"{KERNEL_PYTHON} not found (run `make setup`)")
+    require_kernel_venv(p)
     image = docker_image()
     ok, why = engine_status(image)
     if not ok:

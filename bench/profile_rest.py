@@ -1,6 +1,6 @@
 """Where does the REST round trip's overhead over a direct ipykernel go?
 
-Run:  .venv/bin/python bench/profile_rest.py [--samples N] [--cprofile]
+Run:  .venv/bin/python bench/profile_rest.py [--samples N] [--quick] [--cprofile] [--no-write]
 
 Measures the warm `1+1` round trip along successively longer paths, interleaved round-robin
 like bench/roundtrip.py, and the CPU time each process spends per request (from
@@ -44,63 +44,31 @@ import socket
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import websockets
-from jupyter_client.session import Session as JupyterSession
-from websockets.typing import Subprotocol
-
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-for p in (str(REPO), str(HERE)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-from roundtrip import (  # noqa: E402
+from harness import (
     CODE,
     EXPECTED,
+    REPO,
     DirectKernel,
     RestSession,
     Stats,
     WsKernel,
-    now_ms,
+    ms_since,
+    require_kernel_venv,
+    run_stoppable,
 )
+from procfs import cmdline, cpu_ns, descendants
 
-from kernelmode.config import GATEWAY_CONFIG_DIR, Settings  # noqa: E402
-from kernelmode.logs import JsonFormatter  # noqa: E402
-from kernelmode.models import SessionCreate  # noqa: E402
-from kernelmode.sandbox.spec import KernelParams  # noqa: E402
-from kernelmode.server import KernelmodeApp  # noqa: E402
+from kernelmode.config import GATEWAY_CONFIG_DIR, Settings
+from kernelmode.logs import JsonFormatter
+from kernelmode.models import SessionCreate
+from kernelmode.sandbox.spec import KernelParams
+from kernelmode.server import KernelmodeApp
 
 # -- CPU accounting --------------------------------------------------------------------------------
-
-
-def children(pid: int) -> list[int]:
-    out: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                out += [int(x) for x in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    todo, seen = [pid], []
-    while todo:
-        p = todo.pop()
-        for c in children(p):
-            seen.append(c)
-            todo.append(c)
-    return seen
-
-
-def cmdline(pid: int) -> list[str]:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    return []
 
 
 def kernel_pid(gateway_pid: int, kernel_id: str) -> int:
@@ -113,55 +81,21 @@ def kernel_pid(gateway_pid: int, kernel_id: str) -> int:
     raise RuntimeError(f"no kernel process for {kernel_id} under pid {gateway_pid}")
 
 
-def cpu_ns(pid: int) -> int:
-    """On-CPU time of every thread of ``pid`` (ns)."""
-    total = 0
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
-    return total
-
-
 # -- the v1 kernel websocket protocol (binary frames, no JSON re-serialization in the gateway) ----
 
 V1 = "v1.kernel.websocket.jupyter.org"
 
 
-class WsKernelV1:
-    """Like roundtrip.WsKernel, with the "v1.kernel.websocket.jupyter.org" subprotocol.
+class WsKernelV1(WsKernel):
+    """WsKernel with the "v1.kernel.websocket.jupyter.org" subprotocol.
 
     With it the gateway forwards the kernel's message parts as they are (framed with offsets)
     instead of deserializing, date-parsing and re-encoding every message as JSON.
     """
 
-    def __init__(self, ws: Any) -> None:
-        self.ws = ws
-        self._session = JupyterSession(key=b"", username="kmbench")
+    SUBPROTOCOL = V1
 
-    @classmethod
-    async def open(cls, http_url: str, token: str, kernel_id: str) -> WsKernelV1:
-        url = (f"ws{http_url[len('http'):]}/api/kernels/{kernel_id}/channels"
-               f"?session_id={uuid.uuid4().hex}")
-        ws = await websockets.connect(url, additional_headers={"Authorization": f"token {token}"},
-                                      subprotocols=[Subprotocol(V1)], compression=None,
-                                      ping_interval=None, open_timeout=30, max_size=None)
-        self = cls(ws)
-        if ws.subprotocol != V1:
-            await self.close()
-            raise RuntimeError(f"the gateway did not accept {V1} (got {ws.subprotocol!r})")
-        try:
-            msg_id = await self._send("kernel_info_request", {})
-            while True:
-                channel, header, parent, content = self._parse(await asyncio.wait_for(self.ws.recv(), 60))
-                if header["msg_type"] == "kernel_info_reply" and parent.get("msg_id") == msg_id:
-                    return self
-        except BaseException:
-            await self.close()
-            raise
-
-    async def _send(self, msg_type: str, content: dict[str, Any]) -> str:
-        msg = self._session.msg(msg_type, content)
+    def _frame(self, msg: dict[str, Any]) -> bytes:
         pack = self._session.pack
         parts = [pack(msg["header"]), pack(msg["parent_header"]), pack(msg["metadata"]),
                  pack(msg["content"])]
@@ -170,51 +104,19 @@ class WsKernelV1:
         offsets.append(offsets[-1] + len(channel))
         for part in parts:
             offsets.append(offsets[-1] + len(part))
-        frame = b"".join([len(offsets).to_bytes(8, "little"),
-                          *(o.to_bytes(8, "little") for o in offsets), channel, *parts])
-        await self.ws.send(frame)
-        return str(msg["header"]["msg_id"])
+        return b"".join([len(offsets).to_bytes(8, "little"),
+                         *(o.to_bytes(8, "little") for o in offsets), channel, *parts])
 
-    @staticmethod
-    def _parse(frame: bytes) -> tuple[str, dict[str, Any], dict[str, Any], bytes]:
+    def _unframe(self, frame: str | bytes) -> tuple[str, str | None, Any]:
+        assert isinstance(frame, bytes)
         n = int.from_bytes(frame[:8], "little")
         offs = [int.from_bytes(frame[8 * (i + 1):8 * (i + 2)], "little") for i in range(n)]
+        # parts after the channel: header, parent_header, metadata, content, buffers...
         parts = [frame[offs[i]:offs[i + 1]] for i in range(1, n - 1)]
-        # parts: header, parent_header, metadata, content, buffers...
-        return (frame[offs[0]:offs[1]].decode(), json.loads(parts[0]), json.loads(parts[1]),
-                parts[3])
+        return json.loads(parts[0])["msg_type"], json.loads(parts[1]).get("msg_id"), parts[3]
 
-    async def roundtrip(self) -> float:
-        t0 = time.perf_counter_ns()
-        msg_id = await self._send("execute_request", {
-            "code": CODE, "silent": False, "store_history": True, "user_expressions": {},
-            "allow_stdin": False, "stop_on_error": True,
-        })
-        result = await asyncio.wait_for(self._collect(msg_id), 30)
-        elapsed = now_ms(t0)
-        if result != EXPECTED:
-            raise RuntimeError(f"v1 websocket kernel answered {result!r}")
-        return elapsed
-
-    async def _collect(self, msg_id: str) -> str | None:
-        got_reply = got_idle = False
-        result = None
-        while not (got_reply and got_idle):
-            _, header, parent, content = self._parse(await self.ws.recv())
-            if parent.get("msg_id") != msg_id:
-                continue
-            kind = header["msg_type"]
-            if kind == "execute_reply":
-                got_reply = True
-            elif kind == "execute_result":
-                result = json.loads(content)["data"].get("text/plain")
-            elif kind == "status" and json.loads(content)["execution_state"] == "idle":
-                got_idle = True
-        return result
-
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.ws.close(), 5)
+    def _content(self, raw: Any) -> dict[str, Any]:
+        return json.loads(raw)  # type: ignore[no-any-return]
 
 
 # -- the in-process kernelmode app -------------------------------------------------------------------
@@ -234,7 +136,7 @@ class InProcessApp:
         self.bare_kernel_id = ""
         self.v1_kernel_id = ""
         self.ws: WsKernel | None = None
-        self.ws_v1: WsKernelV1 | None = None
+        self.ws_v1: WsKernel | None = None
 
     async def start(self) -> None:
         settings = Settings()
@@ -278,7 +180,9 @@ class InProcessApp:
 
     def session_kernel_id(self) -> str:
         assert self.app is not None
-        return self.app.sessions._live[self.sid].kernel_id
+        kernel_id = self.app.sessions.get(self.sid).kernel_id
+        assert kernel_id is not None
+        return kernel_id
 
     async def ws_roundtrip(self) -> float:
         assert self.ws is not None
@@ -292,7 +196,7 @@ class InProcessApp:
         assert self.app is not None
         t0 = time.perf_counter_ns()
         r = await self.app.sessions.execute(self.sid, CODE)
-        elapsed = now_ms(t0)
+        elapsed = ms_since(t0)
         if r.status != "ok" or r.result != EXPECTED:
             raise RuntimeError(f"manager answered {r!r}")
         return elapsed
@@ -316,7 +220,7 @@ def rest_get(rest: RestSession) -> Callable[[], Awaitable[float]]:
         assert rest.client is not None
         t0 = time.perf_counter_ns()
         r = rest.client.get(f"/v1/sessions/{rest.sid}")
-        elapsed = now_ms(t0)
+        elapsed = ms_since(t0)
         if r.status_code != 200:
             raise RuntimeError(f"GET session: {r.status_code} {r.text}")
         return elapsed
@@ -344,7 +248,7 @@ class RawHttp:
         self.conn.request("POST", self.path, body=self.body, headers=self.headers)
         resp = self.conn.getresponse()
         data = resp.read()
-        elapsed = now_ms(t0)
+        elapsed = ms_since(t0)
         if resp.status != 200 or json.loads(data).get("result") != EXPECTED:
             raise RuntimeError(f"http.client POST: {resp.status} {data[:300]!r}")
         return elapsed
@@ -433,7 +337,7 @@ def setup_tmp() -> Path:
     return tmp
 
 
-async def run(args: argparse.Namespace) -> None:
+async def run(args: argparse.Namespace) -> int:
     tmp = setup_tmp()
     direct = DirectKernel(tmp / "direct", "ipc")
     app_none = InProcessApp("none", tmp / "app-none")
@@ -457,8 +361,9 @@ async def run(args: argparse.Namespace) -> None:
         me = os.getpid()
         direct_kernel = direct.km.provisioner.pid  # type: ignore[attr-defined]
         assert rest.server is not None
+        assert rest.km is not None
         srv = rest.server.proc.pid
-        srv_gw = children(srv)[0]
+        srv_gw = rest.km.gateway_pid
         srv_kernel = [p for p in descendants(srv_gw) if "ipykernel_launcher" in cmdline(p)
                       and "bwrap" not in Path(cmdline(p)[0]).name][0]
         roles: dict[str, dict[str, int]] = {
@@ -604,22 +509,25 @@ async def run(args: argparse.Namespace) -> None:
             *md,
         ]))
         print(f"\nwrote {out.relative_to(REPO)}")
+    return 0
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--samples", type=int, default=300)
+    p.add_argument("--samples", type=int, default=None, help="samples per path (default 300)")
+    p.add_argument("--quick", action="store_true", help="60 samples per path, 10 warm-ups")
     p.add_argument("--batch", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=None, help="warm-up runs per path (default 30)")
     p.add_argument("--cprofile", action="store_true",
                    help="then profile the manager (in-process) and a gateway (under cProfile)")
     p.add_argument("--no-write", action="store_true", help="do not write bench/PROFILE.md")
     args = p.parse_args()
-    try:
-        asyncio.run(run(args))
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    if args.samples is None:
+        args.samples = 60 if args.quick else 300
+    if args.warmup is None:
+        args.warmup = 10 if args.quick else 30
+    require_kernel_venv(p)
+    return run_stoppable(run, args)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,6 @@ from procfs import (
     uid_of,
 )
 
-HERE = BENCH
 GOAL_POOL = 3.0  # pool create + first execute <= 3x the warm execute round trip
 GOAL_MEM = 1.15  # memory per idle session <= 1.15x a bare ipykernel
 GOAL_GROWTH = 1.5  # execute latency with the most sessions <= 1.5x with 1
@@ -387,7 +386,8 @@ async def measure_level(b: KmServer, sids: list[str], args: argparse.Namespace) 
     mem = proc_mem(b)
     avail = mem_available_mb()
     table = ptable()
-    gateway_kernels = sum(1 for ppid in table.values() if ppid == b.gateway_pid)
+    gw = b.gateway_pid
+    gateway_kernels = sum(1 for ppid in table.values() if ppid == gw)
     pool_ready = int(b.ready.get("pool", {}).get("ready", 0))
     # every live session answers an execute
     todo = iter(sids)
@@ -748,7 +748,7 @@ def write_chart(res: dict[str, Any], tmp: Path, out: Path) -> bool:
     mpl.mkdir(exist_ok=True)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "MPLCONFIGDIR": str(mpl),
            "HOME": str(mpl), "MPLBACKEND": "Agg"}
-    p = subprocess.run([str(KERNEL_PYTHON), str(HERE / "plot_growth.py"), str(src), str(out)],
+    p = subprocess.run([str(KERNEL_PYTHON), str(BENCH / "plot_growth.py"), str(src), str(out)],
                        env=env, capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
         print(f"chart failed: {p.stderr[-2000:]}", file=sys.stderr)
@@ -814,11 +814,11 @@ async def run(args: argparse.Namespace) -> int:
         res["machine"] = server_machine_info(ready, load_start)
         res["wall"] = time.monotonic() - started
         if not args.no_write:
-            chart_ok = write_chart(res, tmp, HERE / "growth.png")
+            chart_ok = write_chart(res, tmp, BENCH / "growth.png")
     print()
     print(report_text(res, args, markdown=False))
     if not args.no_write:
-        (HERE / "SCALE.md").write_text(report_text(res, args, markdown=True))
+        (BENCH / "SCALE.md").write_text(report_text(res, args, markdown=True))
         print(f"\nwrote bench/SCALE.md{' and bench/growth.png' if chart_ok else ''}")
     print(f"wall time {res['wall']:.0f} s ("
           + ", ".join(f"{k} {v:.0f} s" for k, v in steps.items()) + ")")

@@ -13,7 +13,7 @@ round) so that noise on the machine hits both alike:
              first execute (the unsandboxed floor); where the time goes, from process start
              times and the engine's container timestamps;
     exec     the warm execute round trip of `1+1` in one session per backend, beside the direct
-             jupyter_client -> ipykernel round trip (bench/roundtrip.py's floor);
+             jupyter_client -> ipykernel round trip (bench/harness.py's DirectKernel, the floor);
     memory   k idle sessions per backend alive at the same time: the memory cgroup of each
              sandbox (anon rss, page cache) and the PSS/RSS of its processes, with the host-side
              helpers of a Docker kernel (its launcher and containerd-shim) and the engine
@@ -588,7 +588,7 @@ stage shows where the slow samples lose their time.
 
 Four `kernelmode serve` processes, each started with `tests.conftest.start_server` and
 `KERNELMODE_SANDBOX__BACKEND=<backend>` + `--sandbox <backend>`, two at a time (one per backend);
-the REST client is the lean keep-alive HTTP/1.1 client of `bench/scale.py` (asyncio streams).
+the REST client is the lean keep-alive HTTP/1.1 client of `bench/harness.py` (asyncio streams).
 The two backends are sampled alternately, round-robin with the order rotated every round, so that
 the machine's noise (other work, CPU frequency) falls on both alike.
 
@@ -600,7 +600,7 @@ the machine's noise (other work, CPU frequency) falls on both alike.
    execute.
 2. **warm execute** — one session per backend on the same pair, {args.warmup} warm-up runs, then
    {args.samples} round trips of `1+1` each in batches of {args.batch}, beside the direct
-   jupyter_client -> ipykernel round trip (`bench/roundtrip.py`'s `direct`).
+   jupyter_client -> ipykernel round trip (`bench/roundtrip.py`'s `direct`, `bench/harness.py`'s `DirectKernel`).
 3. **memory** — {m['k']} sessions per backend created (each with one execute) on the same pair and
    left idle for 2 s; per session, the sandbox's memory cgroup (bwrap: the project's per-kernel
    cgroup `memory/kernelmode/<kernel_id>`; docker: the engine's `memory/docker/<container id>`;

@@ -3,11 +3,11 @@
 Run:  .venv/bin/python bench/load.py [--quick] [--no-write] [--sessions N] [--runs N]
 
 One `kernelmode serve` (Kernel Gateway + bubblewrap-sandboxed ipykernels; started with
-tests.conftest.start_server through bench/scale.py's KmServer), driven with kernelmode's own
+tests.conftest.start_server through bench/harness.py's KmServer), driven with kernelmode's own
 ``AsyncClient`` (httpx, one keep-alive connection per concurrent caller):
 
   0. floor  the warm round trip of the same small cell without load: an unsandboxed ipykernel
-            driven with jupyter_client (bench/roundtrip.py's DirectKernel) against one session
+            driven with jupyter_client (bench/harness.py's DirectKernel) against one session
             over REST, interleaved in batches.
   1. load   S sessions (default 50) x R executions (default 200): all sessions at once, each
             session's runs one after the other. Every run returns a unique value built in the
@@ -26,7 +26,7 @@ tests.conftest.start_server through bench/scale.py's KmServer), driven with kern
 
 Results are printed and written (unless --no-write) as one marked section of bench/RESULTS.md:
 a rerun replaces that section and leaves the rest of the file as it is (bench/roundtrip.py keeps
-the section when it rewrites the file). The very last line printed is a one-line SUMMARY.
+the section when it rewrites the file: bench/harness.py's write_page). The very last line printed is a one-line SUMMARY.
 Everything started is stopped at the end, also on failure or Ctrl-C/SIGTERM.
 """
 

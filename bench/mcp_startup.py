@@ -10,7 +10,7 @@ Measured in one run, interleaved round by round so that machine noise hits all a
   first     from then until the first `run_python {"code": "1+1"}` answers "2" (the client
             sends it at once; the gateway and the first kernel start in the background);
   bare      reference: a cold jupyter_client start of an unsandboxed ipykernel (the kernel-venv
-            python) until its first execute has answered (bench/scale.py BareKernels);
+            python) until its first execute has answered (bench/harness.py BareKernels);
   sandboxed reference: a cold sandboxed kernel through a running `kernelmode serve --sandbox S`
             with no warm pool: POST /v1/sessions + the first execute of `1+1`.
 

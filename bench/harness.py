@@ -9,8 +9,8 @@
   marked section of a results file, without clobbering the others), ``run_stoppable``.
 
 Benchmarks are run as scripts (``python bench/X.py``), so this module is imported as ``harness``;
-importing it puts the repository root on sys.path (for ``kernelmode`` and ``tests``), so it is
-imported before them.
+importing it puts the repository root on sys.path, so a script imports it before ``kernelmode``
+and ``tests`` (isort's order does that: ``harness`` sorts with the third-party imports).
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def ms_since(t0: int) -> float:
 
 @dataclass
 class Stats:
+    """Samples of one measurement (ms, MB, ...) and their summary figures."""
+
     name: str
     samples: list[float] = field(default_factory=list)
 

@@ -44,6 +44,7 @@ import socket
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -153,24 +154,26 @@ class InProcessApp:
         if not self.bare_kernels:
             return
         # A bare kernel with a session's parameters, for the raw websocket path.
-        workspace = self.app.sessions.workspaces / "kmbench-raw"
-        workspace.mkdir(mode=0o700)
-        params = KernelParams(workspace=workspace, limits=settings.sandbox.limits,
-                              session_id="kmbench-raw")
-        assert self.app.gateway is not None and self.app.gateway_process is not None
-        self.bare_kernel_id = await self.app.gateway.start_kernel(params.to_env(), 60)
+        assert self.app.gateway_process is not None
+        self.bare_kernel_id = await self._bare_kernel(settings, "kmbench-raw")
         gw = self.app.gateway_process
         self.ws = await WsKernel.open(gw.url, gw.token, self.bare_kernel_id)
         if self.backend != "bwrap":
             return
         # A second bare kernel for the v1 protocol (one connection per kernel: a kernel's
         # iopub messages go to every websocket connected to it).
-        workspace = self.app.sessions.workspaces / "kmbench-v1"
-        workspace.mkdir(mode=0o700)
-        params = KernelParams(workspace=workspace, limits=settings.sandbox.limits,
-                              session_id="kmbench-v1")
-        self.v1_kernel_id = await self.app.gateway.start_kernel(params.to_env(), 60)
+        self.v1_kernel_id = await self._bare_kernel(settings, "kmbench-v1")
         self.ws_v1 = await WsKernelV1.open(gw.url, gw.token, self.v1_kernel_id)
+
+    async def _bare_kernel(self, settings: Settings, session_id: str) -> str:
+        """A kernel started through the gateway with a session's parameters, outside any session."""
+        assert self.app is not None and self.app.gateway is not None
+        kernel_id = str(uuid.uuid4())
+        workspace = self.app.sessions.workspaces / kernel_id  # the gateway names it by kernel id
+        workspace.mkdir(mode=0o700)
+        params = KernelParams(workspace=workspace, limits=settings.sandbox.limits, session_id=session_id)
+        await self.app.gateway.start_kernel(kernel_id, params.to_env(), 60)
+        return kernel_id
 
     @property
     def gateway_pid(self) -> int:

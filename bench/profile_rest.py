@@ -63,7 +63,7 @@ from harness import (
 )
 from procfs import cmdline, cpu_ns, descendants
 
-from kernelmode.config import GATEWAY_CONFIG_DIR, Settings
+from kernelmode.config import GATEWAY_CONFIG_DIR, Settings, load_settings
 from kernelmode.logs import JsonFormatter
 from kernelmode.models import SessionCreate
 from kernelmode.sandbox.spec import KernelParams
@@ -140,7 +140,7 @@ class InProcessApp:
         self.ws_v1: WsKernel | None = None
 
     async def start(self) -> None:
-        settings = Settings()
+        settings = load_settings()  # the environment applies, as to the `serve` of the rest paths
         settings.server.port = 0
         settings.server.token = secrets.token_urlsafe(16)
         settings.server.data_dir = self.tmp
@@ -367,8 +367,9 @@ async def run(args: argparse.Namespace) -> int:
         assert rest.km is not None
         srv = rest.server.proc.pid
         srv_gw = rest.km.gateway_pid
-        srv_kernel = [p for p in descendants(srv_gw) if "ipykernel_launcher" in cmdline(p)
-                      and "bwrap" not in Path(cmdline(p)[0]).name][0]
+        # The session's own kernel (not a pool kernel beside it), found by its id.
+        assert rest.client is not None
+        srv_kernel = kernel_pid(srv_gw, rest.client.get(f"/v1/sessions/{rest.sid}").json()["kernel_id"])
         roles: dict[str, dict[str, int]] = {
             "direct": {"client": me, "kernel": direct_kernel},
             "ws_none": {"client": me, "gateway": app_none.gateway_pid,

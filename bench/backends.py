@@ -49,6 +49,7 @@ from harness import (
     DirectKernel,
     KmServer,
     Stats,
+    interleave,
     loadavg,
     machine_info,
     ms_since,
@@ -272,20 +273,14 @@ async def step_exec(servers: dict[str, Backend], tmp: Path, args: argparse.Names
             conn = b.http()
             fns[name] = lambda c=conn, s=sid: c.execute(s)
         paths = (*BACKENDS, "direct")
-        for _ in range(args.warmup):
-            for p in paths:
-                await fns[p]()
         st = {p: Stats(p) for p in paths}
-        rounds = -(-args.samples // args.batch)
-        for rnd in range(rounds):
-            k = rnd % len(paths)
-            n = min(args.batch, args.samples - rnd * args.batch)
-            for p in paths[k:] + paths[:k]:
-                for _ in range(n):
-                    st[p].samples.append(await fns[p]())
-            if (rnd + 1) % max(1, rounds // 5) == 0:
-                print(f"  round {rnd + 1}/{rounds}: medians "
-                      + ", ".join(f"{p}={st[p].median:.2f}" for p in paths) + " ms", flush=True)
+
+        def progress(rnd: int, rounds: int) -> None:
+            print(f"  round {rnd}/{rounds}: medians "
+                  + ", ".join(f"{p}={st[p].median:.2f}" for p in paths) + " ms", flush=True)
+
+        await interleave({p: fns[p] for p in paths}, st, args.samples, args.batch, args.warmup,
+                         progress=progress)
         return st
     finally:
         await direct.stop()

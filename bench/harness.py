@@ -99,6 +99,32 @@ class Stats:
         return statistics.fmean(self.samples)
 
 
+async def interleave(fns: dict[str, Callable[[], Awaitable[float]]], stats: dict[str, Stats],
+                     samples: int, batch: int, warmup: int = 0,
+                     around: Callable[[str], contextlib.AbstractContextManager[object]] | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> None:
+    """Time each path ``samples`` times (each call returns its own latency) after ``warmup`` calls.
+
+    Round-robin in batches of ``batch``, the order of the paths rotated every round, so that
+    load and frequency changes on the machine fall on all paths alike. ``around(name)`` wraps
+    each batch (to account CPU, say); ``progress(round, rounds)`` is called five times."""
+    names = tuple(fns)
+    for _ in range(warmup):
+        for name in names:
+            await fns[name]()
+    rounds = -(-samples // batch)
+    for rnd in range(rounds):
+        k = rnd % len(names)
+        n = min(batch, samples - rnd * batch)
+        for name in names[k:] + names[:k]:
+            fn, out = fns[name], stats[name].samples
+            with around(name) if around is not None else contextlib.nullcontext():
+                for _ in range(n):
+                    out.append(await fn())
+        if progress is not None and (rnd + 1) % max(1, rounds // 5) == 0:
+            progress(rnd + 1, rounds)
+
+
 def verdict(ok: bool, yes: str = "met", no: str = "not met") -> str:
     """The bold verdict word of a goal in a report."""
     return f"**{yes if ok else no}**"
@@ -231,6 +257,24 @@ def run_stoppable(run: Callable[[argparse.Namespace], Awaitable[int]], args: arg
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted; everything started was stopped", file=sys.stderr)
         return 130
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """--samples, --quick, --batch, --warmup of a benchmark that ``interleave``s paths
+    (``sampling_args`` fills in the defaults after parsing)."""
+    p.add_argument("--samples", type=int, default=None, help="samples per path (default 300)")
+    p.add_argument("--quick", action="store_true", help="60 samples per path, 10 warm-ups")
+    p.add_argument("--batch", type=int, default=10, help="samples per path per round (default 10)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up runs per path (default 30)")
+
+
+def sampling_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.samples is None:
+        args.samples = 60 if args.quick else 300
+    if args.warmup is None:
+        args.warmup = 10 if args.quick else 30
+    if args.samples < 1 or args.batch < 1 or args.warmup < 0:
+        p.error("--samples and --batch must be >= 1, --warmup >= 0")
 
 
 def require_kernel_venv(p: argparse.ArgumentParser) -> None:

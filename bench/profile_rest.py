@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +57,12 @@ from harness import (
     RestSession,
     Stats,
     WsKernel,
+    add_sampling_args,
+    interleave,
     ms_since,
     require_kernel_venv,
     run_stoppable,
+    sampling_args,
 )
 from procfs import cmdline, cpu_ns, descendants
 
@@ -392,24 +395,20 @@ async def run(args: argparse.Namespace) -> int:
             "manager": app_bwrap.manager_roundtrip, "rest": rest.roundtrip,
             "rest_stdlib": raw_http.roundtrip, "rest_get": rest_get(rest),
         }
-        print(f"warming up ({args.warmup} each) ...", flush=True)
-        for _ in range(args.warmup):
-            for name in PATHS:
-                await paths[name]()
         stats = {name: Stats(name) for name in PATHS}
         cpu = {name: dict.fromkeys(roles[name], 0) for name in PATHS}
-        rounds = -(-args.samples // args.batch)
-        print(f"measuring: {args.samples} samples each, {rounds} rounds ...", flush=True)
-        for rnd in range(rounds):
-            k = rnd % len(PATHS)
-            order = PATHS[k:] + PATHS[:k]
-            n = min(args.batch, args.samples - rnd * args.batch)
-            for name in order:
-                before = {r: cpu_ns(pid) for r, pid in roles[name].items()}
-                for _ in range(n):
-                    stats[name].samples.append(await paths[name]())
-                for r, pid in roles[name].items():
-                    cpu[name][r] += cpu_ns(pid) - before[r]
+
+        @contextlib.contextmanager
+        def cpu_of(name: str) -> Iterator[None]:
+            """The CPU time each process of the path spends during one batch."""
+            before = {r: cpu_ns(pid) for r, pid in roles[name].items()}
+            yield
+            for r, pid in roles[name].items():
+                cpu[name][r] += cpu_ns(pid) - before[r]
+
+        print(f"warming up ({args.warmup} each), then measuring: {args.samples} samples each ...", flush=True)
+        await interleave({p: paths[p] for p in PATHS}, stats, args.samples, args.batch, args.warmup,
+                         around=cpu_of)
 
         head = ["path", "N", "median", "p95", "min", "+median", *(f"CPU {r}" for r in ROLES),
                 "CPU total"]
@@ -518,18 +517,12 @@ async def run(args: argparse.Namespace) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--samples", type=int, default=None, help="samples per path (default 300)")
-    p.add_argument("--quick", action="store_true", help="60 samples per path, 10 warm-ups")
-    p.add_argument("--batch", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=None, help="warm-up runs per path (default 30)")
+    add_sampling_args(p)
     p.add_argument("--cprofile", action="store_true",
                    help="then profile the manager (in-process) and a gateway (under cProfile)")
     p.add_argument("--no-write", action="store_true", help="do not write bench/PROFILE.md")
     args = p.parse_args()
-    if args.samples is None:
-        args.samples = 60 if args.quick else 300
-    if args.warmup is None:
-        args.warmup = 10 if args.quick else 30
+    sampling_args(p, args)
     require_kernel_venv(p)
     return run_stoppable(run, args)
 

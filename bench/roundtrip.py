@@ -58,11 +58,14 @@ from harness import (
     RestSession,
     Stats,
     WsKernel,
+    add_sampling_args,
+    interleave,
     loadavg,
     machine_info,
     ms_since,
     require_kernel_venv,
     run_stoppable,
+    sampling_args,
     verdict,
     version,
     write_page,
@@ -458,25 +461,16 @@ async def run(args: argparse.Namespace) -> int:
             "direct": direct.roundtrip, "rest": rest.roundtrip, "rest_httpx": rest.roundtrip_httpx,
             "mcp": mcp.roundtrip, "stock_kg": stock.roundtrip,
         }
-        print(f"warming up ({args.warmup} runs each) ...", flush=True)
-        for _ in range(args.warmup):
-            for name in PATHS:
-                await paths[name]()
-
         stats = {name: Stats(name) for name in PATHS}
-        rounds = -(-args.samples // args.batch)
-        print(f"measuring: {args.samples} samples each, {rounds} rounds of {args.batch} ...", flush=True)
-        for rnd in range(rounds):
-            k = rnd % len(PATHS)
-            order = PATHS[k:] + PATHS[:k]
-            n = min(args.batch, args.samples - rnd * args.batch)
-            for name in order:
-                fn, out = paths[name], stats[name].samples
-                for _ in range(n):
-                    out.append(await fn())
-            if (rnd + 1) % max(1, rounds // 5) == 0:
-                print(f"  round {rnd + 1}/{rounds}: medians so far "
-                      + ", ".join(f"{p}={stats[p].median:.3f}" for p in PATHS), flush=True)
+
+        def progress(rnd: int, rounds: int) -> None:
+            print(f"  round {rnd}/{rounds}: medians so far "
+                  + ", ".join(f"{p}={stats[p].median:.3f}" for p in PATHS), flush=True)
+
+        print(f"warming up ({args.warmup} runs each), then measuring: {args.samples} samples each "
+              f"in rounds of {args.batch} ...", flush=True)
+        await interleave({p: paths[p] for p in PATHS}, stats, args.samples, args.batch, args.warmup,
+                         progress=progress)
 
         print("tool calls from kernel code ...", flush=True)
         tool = Stats("tool_call")
@@ -510,20 +504,12 @@ async def run(args: argparse.Namespace) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--samples", type=int, default=None, help="samples per path (default 300)")
-    p.add_argument("--quick", action="store_true", help="60 samples per path, fewer warm-ups")
-    p.add_argument("--batch", type=int, default=10, help="samples per path per round (default 10)")
-    p.add_argument("--warmup", type=int, default=None, help="warm-up runs per path (default 30)")
+    add_sampling_args(p)
     p.add_argument("--direct-transport", choices=["ipc", "tcp"], default="ipc",
                    help="ZMQ transport of the direct kernel (default ipc, as kernelmode's gateway uses)")
     p.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
     args = p.parse_args()
-    if args.samples is None:
-        args.samples = 60 if args.quick else 300
-    if args.warmup is None:
-        args.warmup = 10 if args.quick else 30
-    if args.samples < 1 or args.batch < 1 or args.warmup < 0:
-        p.error("--samples and --batch must be >= 1, --warmup >= 0")
+    sampling_args(p, args)
     require_kernel_venv(p)
 
     return run_stoppable(run, args)

@@ -107,9 +107,9 @@ class Backend(KmServer):
             self.docker = docker.from_env(timeout=60)
         return took
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 180) -> None:
         try:
-            await super().stop()
+            await super().stop(timeout)
         finally:
             # Containers of this server the server itself did not remove (it was killed, say).
             if self.docker is not None and self._server_id is not None:

@@ -341,6 +341,7 @@ async def step_manager(m: Managed, args: argparse.Namespace) -> dict[str, Any]:
         st["import"].samples.append(ms_since(t_imp))
         await m.wait_pool_full()
         gw = m.gateway_pid
+        assert m.data_dir is not None
         gw_log = m.data_dir / "gateway" / "gateway.log"
         gw_log_at = gw_log.stat().st_size
         await m.drop_connections()

@@ -13,7 +13,7 @@ round) so that noise on the machine hits both alike:
              first execute (the unsandboxed floor); where the time goes, from process start
              times and the engine's container timestamps;
     exec     the warm execute round trip of `1+1` in one session per backend, beside the direct
-             jupyter_client -> ipykernel round trip (bench/roundtrip.py's floor);
+             jupyter_client -> ipykernel round trip (bench/harness.py's DirectKernel, the floor);
     memory   k idle sessions per backend alive at the same time: the memory cgroup of each
              sandbox (anon rss, page cache) and the PSS/RSS of its processes, with the host-side
              helpers of a Docker kernel (its launcher and containerd-shim) and the engine
@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -44,26 +43,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-for _p in (str(REPO), str(HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from harness import (
+    BENCH,
+    BareKernels,
+    DirectKernel,
+    KmServer,
+    Stats,
+    interleave,
+    loadavg,
+    machine_info,
+    ms_since,
+    require_kernel_venv,
+    run_stoppable,
+    version,
+)
+from procfs import CLK_TCK, mem_kb, ptable, stat, tree_mem
 
-from roundtrip import KERNEL_PYTHON, DirectKernel, Stats, _version, run_stoppable  # noqa: E402
-from scale import CLK_TCK, BareKernels, KmServer, _stat, mem_kb, ptable, tree_mem  # noqa: E402
-
-from kernelmode.config import SandboxSettings  # noqa: E402
-from kernelmode.sandbox.docker_backend import container_name, engine_status, server_id  # noqa: E402
-from tests.conftest import start_server  # noqa: E402
+from kernelmode.config import SandboxSettings
+from kernelmode.sandbox.docker_backend import container_name, engine_status, server_id
 
 BACKENDS = ("bwrap", "docker")
 CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")  # cgroup v1; v2 handled below
 SETTLE = 0.3  # s of quiet after a delete or a pool refill, before the next sample
-
-
-def ms_since(t0: int) -> float:
-    return (time.perf_counter_ns() - t0) / 1e6
 
 
 def docker_image() -> str:
@@ -73,7 +74,7 @@ def docker_image() -> str:
 
 def boot_seconds_of(pid: int) -> float | None:
     """A process's start time in CLOCK_BOOTTIME seconds (10 ms resolution), None when gone."""
-    st = _stat(pid)
+    st = stat(pid)
     return None if st is None else st[1] / CLK_TCK
 
 
@@ -92,23 +93,23 @@ class Backend(KmServer):
         super().__init__(f"{backend} pool={pool_size}", {
             "KERNELMODE_SANDBOX__BACKEND": backend,
             "KERNELMODE_SESSIONS__POOL_SIZE": str(pool_size),
-        })
-        self.backend = backend
+        }, backend=backend)
         self._server_id: str | None = None
         self.docker: Any = None  # the benchmark's own Docker SDK client (inspect only)
 
-    def start(self) -> None:
-        self.srv = start_server(env_extra=self.env, args=["--sandbox", self.backend])
-        self.ctl = self.http()
+    def start(self) -> float:
+        took = super().start()
+        assert self.srv is not None
         self._server_id = server_id(self.srv.data_dir)
         if self.backend == "docker":
             import docker
 
             self.docker = docker.from_env(timeout=60)
+        return took
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 180) -> None:
         try:
-            await super().stop()
+            await super().stop(timeout)
         finally:
             # Containers of this server the server itself did not remove (it was killed, say).
             if self.docker is not None and self._server_id is not None:
@@ -272,20 +273,14 @@ async def step_exec(servers: dict[str, Backend], tmp: Path, args: argparse.Names
             conn = b.http()
             fns[name] = lambda c=conn, s=sid: c.execute(s)
         paths = (*BACKENDS, "direct")
-        for _ in range(args.warmup):
-            for p in paths:
-                await fns[p]()
         st = {p: Stats(p) for p in paths}
-        rounds = -(-args.samples // args.batch)
-        for rnd in range(rounds):
-            k = rnd % len(paths)
-            n = min(args.batch, args.samples - rnd * args.batch)
-            for p in paths[k:] + paths[:k]:
-                for _ in range(n):
-                    st[p].samples.append(await fns[p]())
-            if (rnd + 1) % max(1, rounds // 5) == 0:
-                print(f"  round {rnd + 1}/{rounds}: medians "
-                      + ", ".join(f"{p}={st[p].median:.2f}" for p in paths) + " ms", flush=True)
+
+        def progress(rnd: int, rounds: int) -> None:
+            print(f"  round {rnd}/{rounds}: medians "
+                  + ", ".join(f"{p}={st[p].median:.2f}" for p in paths) + " ms", flush=True)
+
+        await interleave({p: fns[p] for p in paths}, st, args.samples, args.batch, args.warmup,
+                         progress=progress)
         return st
     finally:
         await direct.stop()
@@ -325,7 +320,7 @@ async def step_memory(servers: dict[str, Backend], args: argparse.Namespace) -> 
                     helpers.append(launcher)
                     rows["launcher_pss"].samples.append(mem_kb(launcher)[1] / 1024)
                 init = (await asyncio.to_thread(b.container, kid)).attrs["State"]["Pid"]
-                st = _stat(int(init))
+                st = stat(int(init))
                 if st is not None:
                     helpers.append(st[0])  # containerd-shim-runc-v2, one per container
                     rows["shim_pss"].samples.append(mem_kb(st[0])[1] / 1024)
@@ -380,41 +375,25 @@ async def step_pool(servers: dict[str, Backend], args: argparse.Namespace) -> di
 # -- reporting -------------------------------------------------------------------------------------------
 
 
-def machine_info(ready: dict[str, dict[str, Any]], docker_info: dict[str, Any], load_start: str) -> dict[str, str]:
-    mem = cpu = "?"
-    with contextlib.suppress(OSError, StopIteration):
-        kb = next(int(x.split()[1]) for x in Path("/proc/meminfo").read_text().splitlines()
-                  if x.startswith("MemTotal:"))
-        mem = f"{kb / 1024 / 1024:.1f} GiB"
-    with contextlib.suppress(OSError, StopIteration):
-        cpu = next(x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
-                   if x.startswith("model name"))
-    kpy = subprocess.run([str(KERNEL_PYTHON), "-c",
-                          "import sys, ipykernel; print(sys.version.split()[0], ipykernel.__version__)"],
-                         capture_output=True, text=True, timeout=30).stdout.split()
+def backends_machine_info(ready: dict[str, dict[str, Any]], docker_info: dict[str, Any],
+                          load_start: str) -> dict[str, str]:
     bwrap = "?"
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         bwrap = subprocess.run(["bwrap", "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
     out = {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "nproc": str(os.cpu_count()),
-        "memory": mem,
-        "cpu": cpu,
-        "kernel": f"{platform.system()} {platform.release()}",
-        "python (manager, gateway, benchmark client)": platform.python_version(),
-        "python / ipykernel (kernel-venv: bwrap and bare kernels)": " / ".join(kpy) or "?",
-        "jupyter_client / jupyter_kernel_gateway": (f"{_version('jupyter_client')} / "
-                                                   f"{_version('jupyter_kernel_gateway')}"),
+        **machine_info("bwrap and bare kernels"),
+        "jupyter_client / jupyter_kernel_gateway": (f"{version('jupyter_client')} / "
+                                                   f"{version('jupyter_kernel_gateway')}"),
         "bubblewrap": bwrap,
         "docker engine": docker_info.get("engine", "?"),
         "kernel image": docker_info.get("image", "?"),
-        "docker SDK (launcher, benchmark)": _version("docker"),
+        "docker SDK (launcher, benchmark)": version("docker"),
     }
     for name in BACKENDS:
         sb = ready.get(name, {}).get("sandbox", {})
         out[f"sandbox {name} (/readyz)"] = f"{sb.get('detail', '?')}; limits: {sb.get('limits', '?')}"
     out["load average (1, 5, 15 min) at the start"] = load_start
-    out["load average (1, 5, 15 min) at the end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    out["load average (1, 5, 15 min) at the end"] = loadavg()
     return out
 
 
@@ -604,7 +583,7 @@ stage shows where the slow samples lose their time.
 
 Four `kernelmode serve` processes, each started with `tests.conftest.start_server` and
 `KERNELMODE_SANDBOX__BACKEND=<backend>` + `--sandbox <backend>`, two at a time (one per backend);
-the REST client is the lean keep-alive HTTP/1.1 client of `bench/scale.py` (asyncio streams).
+the REST client is the lean keep-alive HTTP/1.1 client of `bench/harness.py` (asyncio streams).
 The two backends are sampled alternately, round-robin with the order rotated every round, so that
 the machine's noise (other work, CPU frequency) falls on both alike.
 
@@ -616,7 +595,7 @@ the machine's noise (other work, CPU frequency) falls on both alike.
    execute.
 2. **warm execute** — one session per backend on the same pair, {args.warmup} warm-up runs, then
    {args.samples} round trips of `1+1` each in batches of {args.batch}, beside the direct
-   jupyter_client -> ipykernel round trip (`bench/roundtrip.py`'s `direct`).
+   jupyter_client -> ipykernel round trip (`bench/roundtrip.py`'s `direct`, `bench/harness.py`'s `DirectKernel`).
 3. **memory** — {m['k']} sessions per backend created (each with one execute) on the same pair and
    left idle for 2 s; per session, the sandbox's memory cgroup (bwrap: the project's per-kernel
    cgroup `memory/kernelmode/<kernel_id>`; docker: the engine's `memory/docker/<container id>`;
@@ -654,7 +633,7 @@ read-only rootfs, tmpfs /tmp and /sys, an init, limits and its own uid
 
 async def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load_start = loadavg()
     tmp = Path(tempfile.mkdtemp(prefix="kmbackends-", dir="/tmp"))
     res: dict[str, Any] = {}
     steps: dict[str, float] = {}
@@ -711,12 +690,12 @@ async def run(args: argparse.Namespace) -> int:
             for srv in (*cold.values(), *pool.values()):
                 srv.keep_logs = True
             raise
-        res["machine"] = machine_info(ready, docker_info, load_start)
+        res["machine"] = backends_machine_info(ready, docker_info, load_start)
         res["wall"] = time.monotonic() - started
     print()
     print(report_text(res, args, markdown=False))
     if not args.no_write:
-        (HERE / "BACKENDS.md").write_text(report_text(res, args, markdown=True))
+        (BENCH / "BACKENDS.md").write_text(report_text(res, args, markdown=True))
         print("\nwrote bench/BACKENDS.md")
     print(f"wall time {res['wall']:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in steps.items()) + ")")
     print(summary_line(res), flush=True)
@@ -734,8 +713,7 @@ def main() -> int:
     args.warmup = 10 if args.quick else 30
     args.batch = 10
     args.mem_k = 2 if args.quick else 5
-    if not KERNEL_PYTHON.is_file():
-        p.error(f"{KERNEL_PYTHON} not found (run `make setup`)")
+    require_kernel_venv(p)
     image = docker_image()
     ok, why = engine_status(image)
     if not ok:

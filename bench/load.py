@@ -3,11 +3,11 @@
 Run:  .venv/bin/python bench/load.py [--quick] [--no-write] [--sessions N] [--runs N]
 
 One `kernelmode serve` (Kernel Gateway + bubblewrap-sandboxed ipykernels; started with
-tests.conftest.start_server through bench/scale.py's KmServer), driven with kernelmode's own
+tests.conftest.start_server through bench/harness.py's KmServer), driven with kernelmode's own
 ``AsyncClient`` (httpx, one keep-alive connection per concurrent caller):
 
   0. floor  the warm round trip of the same small cell without load: an unsandboxed ipykernel
-            driven with jupyter_client (bench/roundtrip.py's DirectKernel) against one session
+            driven with jupyter_client (bench/harness.py's DirectKernel) against one session
             over REST, interleaved in batches.
   1. load   S sessions (default 50) x R executions (default 200): all sessions at once, each
             session's runs one after the other. Every run returns a unique value built in the
@@ -26,7 +26,7 @@ tests.conftest.start_server through bench/scale.py's KmServer), driven with kern
 
 Results are printed and written (unless --no-write) as one marked section of bench/RESULTS.md:
 a rerun replaces that section and leaves the rest of the file as it is (bench/roundtrip.py keeps
-the section when it rewrites the file). The very last line printed is a one-line SUMMARY.
+the section when it rewrites the file: bench/harness.py's write_page). The very last line printed is a one-line SUMMARY.
 Everything started is stopped at the end, also on failure or Ctrl-C/SIGTERM.
 """
 
@@ -51,28 +51,25 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-for _p in (str(REPO), str(HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
-from procfs import hwm_kb, reset_hwm, rss_kb  # noqa: E402
-from roundtrip import (  # noqa: E402
-    KERNEL_PYTHON,
+from harness import (
+    BENCH,
+    CONCURRENCY,
     DirectKernel,
+    KmServer,
     Stats,
-    now_ms,
+    loadavg,
+    ms_since,
+    require_kernel_venv,
     run_stoppable,
+    server_machine_info,
+    verdict,
     write_section,
 )
-from scale import CLK_TCK, KmServer, cpu_ticks, descendants, machine_info  # noqa: E402
+from procfs import CLK_TCK, cpu_ticks, descendants, hwm_kb, reset_hwm, rss_kb
 
-from kernelmode.client import AsyncClient, AsyncSession  # noqa: E402
+from kernelmode.client import AsyncClient, AsyncSession
 
 SECTION = "bench/load.py"
-CONCURRENCY = 4  # sessions created at a time
 MAX_OUTPUT_BYTES = 1024 * 1024  # the default cap per stream, set explicitly so the checks know it
 LINE = "x" * 1023  # + "\n": 1 KiB per printed line
 
@@ -193,7 +190,7 @@ async def step_floor(srv: KmServer, km: AsyncClient, tmp: Path,
             else:
                 t0 = time.perf_counter_ns()
                 r = await session.run(code)  # type: ignore[union-attr]
-                ms, result, out = now_ms(t0), r.result, r.stdout
+                ms, result, out = ms_since(t0), r.result, r.stdout
             if result != want or out != nonce + "\n":
                 raise RuntimeError(f"floor ({path}): {result!r} / {out!r}, expected {want!r}")
             if record:
@@ -396,7 +393,7 @@ async def step_load(srv: KmServer, km: AsyncClient, http: httpx.AsyncClient,
                 tally.errors[kind] = tally.errors.get(kind, 0) + 1
                 tally.flag("lost", f"{where}: {kind}")
                 continue
-            ms = now_ms(t)
+            ms = ms_since(t)
             if r.status != "ok":
                 kind = f"status {r.status}" + (f" ({r.error.ename}: {r.error.evalue})" if r.error else "")
                 tally.errors[kind[:160]] = tally.errors.get(kind[:160], 0) + 1
@@ -621,10 +618,6 @@ def lat_row(label: str, s: Stats) -> str:
             f"| {s.mean:.2f} |")
 
 
-def verdict(ok: bool) -> str:
-    return "**yes**" if ok else "**NO**"
-
-
 def summary_line(res: dict[str, Any]) -> str:
     ld, fl = res["load"], res["flood"]
     t: Tally = ld["tally"]
@@ -698,7 +691,7 @@ Machine: {machine}.
 |---|---|---|---|---|---|---|---|
 | {S} x {R} = {S * R} | **{t.ok}** | {counts} |
 
-- none lost, duplicated or delivered to the wrong session: {verdict(clean)}{errors}{examples}
+- none lost, duplicated or delivered to the wrong session: {verdict(clean, 'yes', 'NO')}{errors}{examples}
 - each kernel's own counter after the load (`_load_n`, incremented once per run): {ld['counters_ok']} of
   {S} sessions read exactly {R}.
 - the session store (SQLite) holds {st['recorded']} of the {S * R} runs, {st['missing']} missing,
@@ -805,7 +798,7 @@ phase; "settled": 1 s after its last reply; baseline: median over 2 s with the
 
 async def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load_start = loadavg()
     tmp = Path(tempfile.mkdtemp(prefix="kmload-", dir="/tmp"))
     srv = KmServer("load", {
         "KERNELMODE_SESSIONS__MAX_SESSIONS": str(args.sessions + args.flood_sessions + 10),
@@ -830,7 +823,7 @@ async def run(args: argparse.Namespace) -> int:
             res["floor"] = await step_floor(srv, km, tmp, args)
             res["load"] = await step_load(srv, km, http, args)
             res["flood"] = await step_flood(srv, km, args)
-            res["machine"] = machine_info(srv.ready, load_start)
+            res["machine"] = server_machine_info(srv.ready, load_start)
         except Exception:
             srv.keep_logs = True
             raise
@@ -839,7 +832,7 @@ async def run(args: argparse.Namespace) -> int:
     print()
     print(text)
     if not args.no_write:
-        write_section(HERE / "RESULTS.md", SECTION, text)
+        write_section(BENCH / "RESULTS.md", SECTION, text)
         print("wrote the Load section of bench/RESULTS.md")
     print(summary_line(res), flush=True)
     t: Tally = res["load"]["tally"]
@@ -870,8 +863,7 @@ def main() -> int:
     args.sample_interval = 0.1
     args.run_timeout = 300
     args.pool_note = ""
-    if not KERNEL_PYTHON.is_file():
-        p.error(f"{KERNEL_PYTHON} not found (run `make setup`)")
+    require_kernel_venv(p)
     return run_stoppable(run, args)
 
 

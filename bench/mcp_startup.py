@@ -10,7 +10,7 @@ Measured in one run, interleaved round by round so that machine noise hits all a
   first     from then until the first `run_python {"code": "1+1"}` answers "2" (the client
             sends it at once; the gateway and the first kernel start in the background);
   bare      reference: a cold jupyter_client start of an unsandboxed ipykernel (the kernel-venv
-            python) until its first execute has answered (bench/scale.py BareKernels);
+            python) until its first execute has answered (bench/harness.py BareKernels);
   sandboxed reference: a cold sandboxed kernel through a running `kernelmode serve --sandbox S`
             with no warm pool: POST /v1/sessions + the first execute of `1+1`.
 
@@ -31,25 +31,21 @@ import time
 from pathlib import Path
 
 import httpx
+from harness import (
+    BENCH,
+    REPO,
+    BareKernels,
+    KmServer,
+    Stats,
+    ms_since,
+    require_kernel_venv,
+    run_stoppable,
+    write_section,
+)
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-for _p in (str(REPO), str(HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
-from roundtrip import Stats, run_stoppable, write_section  # noqa: E402
-from scale import BareKernels  # noqa: E402
-
-from tests.conftest import Server, start_server  # noqa: E402
-
 SECTION = "mcp_startup"
-
-
-def ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000
 
 
 async def embedded_sample(sandbox: str) -> tuple[float, float]:
@@ -57,24 +53,24 @@ async def embedded_sample(sandbox: str) -> tuple[float, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELMODE_")}
     params = StdioServerParameters(command=sys.executable, args=["-m", "kernelmode.cli", "mcp", "--sandbox", sandbox],
                                    env=env, cwd=str(REPO))
-    t0 = time.perf_counter()
+    t0 = time.perf_counter_ns()
     async with Client(stdio_client(params)) as client:
-        t_init = ms(t0)
-        t1 = time.perf_counter()
+        t_init = ms_since(t0)
+        t1 = time.perf_counter_ns()
         result = await client.call_tool("run_python", {"code": "1+1"})
-        t_first = ms(t1)
+        t_first = ms_since(t1)
         if result.is_error or (result.structured_content or {}).get("result") != "2":
             raise RuntimeError(f"run_python failed: {result}")
     return t_init, t_first
 
 
-async def sandboxed_cold(server: Server, http: httpx.AsyncClient) -> float:
-    t0 = time.perf_counter()
+async def sandboxed_cold(http: httpx.AsyncClient) -> float:
+    t0 = time.perf_counter_ns()
     r = await http.post("/v1/sessions", json={})
     r.raise_for_status()
     sid = r.json()["session_id"]
     x = await http.post(f"/v1/sessions/{sid}/execute", json={"code": "1+1"})
-    took = ms(t0)
+    took = ms_since(t0)
     if x.json().get("result") != "2" or r.json().get("from_pool"):
         raise RuntimeError(f"cold session failed: {x.text}")
     await http.delete(f"/v1/sessions/{sid}")
@@ -85,27 +81,29 @@ async def run(args: argparse.Namespace) -> int:
     st = {k: Stats(k) for k in ("init", "first", "total", "bare", "sandboxed")}
     tmp = Path(tempfile.mkdtemp(prefix="km-mcpstart-", dir="/tmp"))
     os.environ["KERNELMODE_SANDBOX__BACKEND"] = args.sandbox
-    server = start_server(env_extra={"KERNELMODE_SESSIONS__POOL_SIZE": "0"}, args=["--sandbox", args.sandbox])
+    km = KmServer("mcp_startup", {"KERNELMODE_SESSIONS__POOL_SIZE": "0"}, backend=args.sandbox)
     bare = BareKernels(tmp)
     load = os.getloadavg()[0]
     try:
+        km.start()
+        server = km.srv
+        assert server is not None
         async with httpx.AsyncClient(base_url=server.url, timeout=120,
                                      headers={"Authorization": f"Bearer {server.token}"}) as http:
-            await sandboxed_cold(server, http)  # warm the page cache for all
+            await sandboxed_cold(http)  # warm the page cache for all
             for i in range(args.runs):
                 t_init, t_first = await embedded_sample(args.sandbox)
                 st["init"].samples.append(t_init)
                 st["first"].samples.append(t_first)
                 st["total"].samples.append(t_init + t_first)
                 st["bare"].samples.append((await bare.cold_start())[0])
-                st["sandboxed"].samples.append(await sandboxed_cold(server, http))
+                st["sandboxed"].samples.append(await sandboxed_cold(http))
                 print(f"  run {i + 1}/{args.runs}: init {t_init:.0f} ms, first run_python {t_first:.0f} ms; "
                       f"cold kernel: bare {st['bare'].samples[-1]:.0f} ms, sandboxed "
                       f"{st['sandboxed'].samples[-1]:.0f} ms", flush=True)
     finally:
-        server.stop()
-        shutil.rmtree(server.data_dir, ignore_errors=True)
-        server.log_path.unlink(missing_ok=True)
+        await km.stop()
+        await bare.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     ratio = st["first"].median / st["sandboxed"].median
     rows = "\n".join(f"| {name} | {s.median:.0f} | {min(s.samples):.0f} | {max(s.samples):.0f} |"
@@ -135,7 +133,7 @@ installed here; none was run.
 """
     print(body)
     if not args.no_write:
-        write_section(HERE / "RESULTS.md", SECTION, body)
+        write_section(BENCH / "RESULTS.md", SECTION, body)
     print(f"SUMMARY mcp_startup {args.sandbox}: initialize {st['init'].median:.0f} ms, first run_python "
           f"+{st['first'].median:.0f} ms = {ratio:.2f}x a cold sandboxed kernel ({st['sandboxed'].median:.0f} ms)")
     return 0
@@ -150,6 +148,7 @@ def main() -> int:
     args = p.parse_args()
     if args.quick:
         args.runs = 2
+    require_kernel_venv(p)
     return run_stoppable(run, args)
 
 

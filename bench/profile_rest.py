@@ -1,6 +1,6 @@
 """Where does the REST round trip's overhead over a direct ipykernel go?
 
-Run:  .venv/bin/python bench/profile_rest.py [--samples N] [--cprofile]
+Run:  .venv/bin/python bench/profile_rest.py [--samples N] [--quick] [--cprofile] [--no-write]
 
 Measures the warm `1+1` round trip along successively longer paths, interleaved round-robin
 like bench/roundtrip.py, and the CPU time each process spends per request (from
@@ -45,62 +45,34 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import websockets
-from jupyter_client.session import Session as JupyterSession
-from websockets.typing import Subprotocol
-
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-for p in (str(REPO), str(HERE)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-from roundtrip import (  # noqa: E402
+from harness import (
     CODE,
     EXPECTED,
+    REPO,
     DirectKernel,
     RestSession,
     Stats,
     WsKernel,
-    now_ms,
+    add_sampling_args,
+    interleave,
+    ms_since,
+    require_kernel_venv,
+    run_stoppable,
+    sampling_args,
 )
+from procfs import cmdline, cpu_ns, descendants
 
-from kernelmode.config import GATEWAY_CONFIG_DIR, Settings  # noqa: E402
-from kernelmode.logs import JsonFormatter  # noqa: E402
-from kernelmode.models import SessionCreate  # noqa: E402
-from kernelmode.sandbox.spec import KernelParams  # noqa: E402
-from kernelmode.server import KernelmodeApp  # noqa: E402
+from kernelmode.config import GATEWAY_CONFIG_DIR, Settings, load_settings
+from kernelmode.logs import JsonFormatter
+from kernelmode.models import SessionCreate
+from kernelmode.sandbox.spec import KernelParams
+from kernelmode.server import KernelmodeApp
 
 # -- CPU accounting --------------------------------------------------------------------------------
-
-
-def children(pid: int) -> list[int]:
-    out: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                out += [int(x) for x in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    todo, seen = [pid], []
-    while todo:
-        p = todo.pop()
-        for c in children(p):
-            seen.append(c)
-            todo.append(c)
-    return seen
-
-
-def cmdline(pid: int) -> list[str]:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    return []
 
 
 def kernel_pid(gateway_pid: int, kernel_id: str) -> int:
@@ -113,55 +85,21 @@ def kernel_pid(gateway_pid: int, kernel_id: str) -> int:
     raise RuntimeError(f"no kernel process for {kernel_id} under pid {gateway_pid}")
 
 
-def cpu_ns(pid: int) -> int:
-    """On-CPU time of every thread of ``pid`` (ns)."""
-    total = 0
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
-    return total
-
-
 # -- the v1 kernel websocket protocol (binary frames, no JSON re-serialization in the gateway) ----
 
 V1 = "v1.kernel.websocket.jupyter.org"
 
 
-class WsKernelV1:
-    """Like roundtrip.WsKernel, with the "v1.kernel.websocket.jupyter.org" subprotocol.
+class WsKernelV1(WsKernel):
+    """WsKernel with the "v1.kernel.websocket.jupyter.org" subprotocol.
 
     With it the gateway forwards the kernel's message parts as they are (framed with offsets)
     instead of deserializing, date-parsing and re-encoding every message as JSON.
     """
 
-    def __init__(self, ws: Any) -> None:
-        self.ws = ws
-        self._session = JupyterSession(key=b"", username="kmbench")
+    SUBPROTOCOL = V1
 
-    @classmethod
-    async def open(cls, http_url: str, token: str, kernel_id: str) -> WsKernelV1:
-        url = (f"ws{http_url[len('http'):]}/api/kernels/{kernel_id}/channels"
-               f"?session_id={uuid.uuid4().hex}")
-        ws = await websockets.connect(url, additional_headers={"Authorization": f"token {token}"},
-                                      subprotocols=[Subprotocol(V1)], compression=None,
-                                      ping_interval=None, open_timeout=30, max_size=None)
-        self = cls(ws)
-        if ws.subprotocol != V1:
-            await self.close()
-            raise RuntimeError(f"the gateway did not accept {V1} (got {ws.subprotocol!r})")
-        try:
-            msg_id = await self._send("kernel_info_request", {})
-            while True:
-                channel, header, parent, content = self._parse(await asyncio.wait_for(self.ws.recv(), 60))
-                if header["msg_type"] == "kernel_info_reply" and parent.get("msg_id") == msg_id:
-                    return self
-        except BaseException:
-            await self.close()
-            raise
-
-    async def _send(self, msg_type: str, content: dict[str, Any]) -> str:
-        msg = self._session.msg(msg_type, content)
+    def _frame(self, msg: dict[str, Any]) -> bytes:
         pack = self._session.pack
         parts = [pack(msg["header"]), pack(msg["parent_header"]), pack(msg["metadata"]),
                  pack(msg["content"])]
@@ -170,51 +108,19 @@ class WsKernelV1:
         offsets.append(offsets[-1] + len(channel))
         for part in parts:
             offsets.append(offsets[-1] + len(part))
-        frame = b"".join([len(offsets).to_bytes(8, "little"),
-                          *(o.to_bytes(8, "little") for o in offsets), channel, *parts])
-        await self.ws.send(frame)
-        return str(msg["header"]["msg_id"])
+        return b"".join([len(offsets).to_bytes(8, "little"),
+                         *(o.to_bytes(8, "little") for o in offsets), channel, *parts])
 
-    @staticmethod
-    def _parse(frame: bytes) -> tuple[str, dict[str, Any], dict[str, Any], bytes]:
+    def _unframe(self, frame: str | bytes) -> tuple[str, str | None, Any]:
+        assert isinstance(frame, bytes)
         n = int.from_bytes(frame[:8], "little")
         offs = [int.from_bytes(frame[8 * (i + 1):8 * (i + 2)], "little") for i in range(n)]
+        # parts after the channel: header, parent_header, metadata, content, buffers...
         parts = [frame[offs[i]:offs[i + 1]] for i in range(1, n - 1)]
-        # parts: header, parent_header, metadata, content, buffers...
-        return (frame[offs[0]:offs[1]].decode(), json.loads(parts[0]), json.loads(parts[1]),
-                parts[3])
+        return json.loads(parts[0])["msg_type"], json.loads(parts[1]).get("msg_id"), parts[3]
 
-    async def roundtrip(self) -> float:
-        t0 = time.perf_counter_ns()
-        msg_id = await self._send("execute_request", {
-            "code": CODE, "silent": False, "store_history": True, "user_expressions": {},
-            "allow_stdin": False, "stop_on_error": True,
-        })
-        result = await asyncio.wait_for(self._collect(msg_id), 30)
-        elapsed = now_ms(t0)
-        if result != EXPECTED:
-            raise RuntimeError(f"v1 websocket kernel answered {result!r}")
-        return elapsed
-
-    async def _collect(self, msg_id: str) -> str | None:
-        got_reply = got_idle = False
-        result = None
-        while not (got_reply and got_idle):
-            _, header, parent, content = self._parse(await self.ws.recv())
-            if parent.get("msg_id") != msg_id:
-                continue
-            kind = header["msg_type"]
-            if kind == "execute_reply":
-                got_reply = True
-            elif kind == "execute_result":
-                result = json.loads(content)["data"].get("text/plain")
-            elif kind == "status" and json.loads(content)["execution_state"] == "idle":
-                got_idle = True
-        return result
-
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.ws.close(), 5)
+    def _content(self, raw: Any) -> dict[str, Any]:
+        return json.loads(raw)  # type: ignore[no-any-return]
 
 
 # -- the in-process kernelmode app -------------------------------------------------------------------
@@ -234,10 +140,10 @@ class InProcessApp:
         self.bare_kernel_id = ""
         self.v1_kernel_id = ""
         self.ws: WsKernel | None = None
-        self.ws_v1: WsKernelV1 | None = None
+        self.ws_v1: WsKernel | None = None
 
     async def start(self) -> None:
-        settings = Settings()
+        settings = load_settings()  # the environment applies, as to the `serve` of the rest paths
         settings.server.port = 0
         settings.server.token = secrets.token_urlsafe(16)
         settings.server.data_dir = self.tmp
@@ -251,24 +157,26 @@ class InProcessApp:
         if not self.bare_kernels:
             return
         # A bare kernel with a session's parameters, for the raw websocket path.
-        workspace = self.app.sessions.workspaces / "kmbench-raw"
-        workspace.mkdir(mode=0o700)
-        params = KernelParams(workspace=workspace, limits=settings.sandbox.limits,
-                              session_id="kmbench-raw")
-        assert self.app.gateway is not None and self.app.gateway_process is not None
-        self.bare_kernel_id = await self.app.gateway.start_kernel(params.to_env(), 60)
+        assert self.app.gateway_process is not None
+        self.bare_kernel_id = await self._bare_kernel(settings, "kmbench-raw")
         gw = self.app.gateway_process
         self.ws = await WsKernel.open(gw.url, gw.token, self.bare_kernel_id)
         if self.backend != "bwrap":
             return
         # A second bare kernel for the v1 protocol (one connection per kernel: a kernel's
         # iopub messages go to every websocket connected to it).
-        workspace = self.app.sessions.workspaces / "kmbench-v1"
-        workspace.mkdir(mode=0o700)
-        params = KernelParams(workspace=workspace, limits=settings.sandbox.limits,
-                              session_id="kmbench-v1")
-        self.v1_kernel_id = await self.app.gateway.start_kernel(params.to_env(), 60)
+        self.v1_kernel_id = await self._bare_kernel(settings, "kmbench-v1")
         self.ws_v1 = await WsKernelV1.open(gw.url, gw.token, self.v1_kernel_id)
+
+    async def _bare_kernel(self, settings: Settings, session_id: str) -> str:
+        """A kernel started through the gateway with a session's parameters, outside any session."""
+        assert self.app is not None and self.app.gateway is not None
+        kernel_id = str(uuid.uuid4())
+        workspace = self.app.sessions.workspaces / kernel_id  # the gateway names it by kernel id
+        workspace.mkdir(mode=0o700)
+        params = KernelParams(workspace=workspace, limits=settings.sandbox.limits, session_id=session_id)
+        await self.app.gateway.start_kernel(kernel_id, params.to_env(), 60)
+        return kernel_id
 
     @property
     def gateway_pid(self) -> int:
@@ -278,7 +186,9 @@ class InProcessApp:
 
     def session_kernel_id(self) -> str:
         assert self.app is not None
-        return self.app.sessions._live[self.sid].kernel_id
+        kernel_id = self.app.sessions.get(self.sid).kernel_id
+        assert kernel_id is not None
+        return kernel_id
 
     async def ws_roundtrip(self) -> float:
         assert self.ws is not None
@@ -292,7 +202,7 @@ class InProcessApp:
         assert self.app is not None
         t0 = time.perf_counter_ns()
         r = await self.app.sessions.execute(self.sid, CODE)
-        elapsed = now_ms(t0)
+        elapsed = ms_since(t0)
         if r.status != "ok" or r.result != EXPECTED:
             raise RuntimeError(f"manager answered {r!r}")
         return elapsed
@@ -316,7 +226,7 @@ def rest_get(rest: RestSession) -> Callable[[], Awaitable[float]]:
         assert rest.client is not None
         t0 = time.perf_counter_ns()
         r = rest.client.get(f"/v1/sessions/{rest.sid}")
-        elapsed = now_ms(t0)
+        elapsed = ms_since(t0)
         if r.status_code != 200:
             raise RuntimeError(f"GET session: {r.status_code} {r.text}")
         return elapsed
@@ -344,7 +254,7 @@ class RawHttp:
         self.conn.request("POST", self.path, body=self.body, headers=self.headers)
         resp = self.conn.getresponse()
         data = resp.read()
-        elapsed = now_ms(t0)
+        elapsed = ms_since(t0)
         if resp.status != 200 or json.loads(data).get("result") != EXPECTED:
             raise RuntimeError(f"http.client POST: {resp.status} {data[:300]!r}")
         return elapsed
@@ -433,7 +343,7 @@ def setup_tmp() -> Path:
     return tmp
 
 
-async def run(args: argparse.Namespace) -> None:
+async def run(args: argparse.Namespace) -> int:
     tmp = setup_tmp()
     direct = DirectKernel(tmp / "direct", "ipc")
     app_none = InProcessApp("none", tmp / "app-none")
@@ -457,10 +367,12 @@ async def run(args: argparse.Namespace) -> None:
         me = os.getpid()
         direct_kernel = direct.km.provisioner.pid  # type: ignore[attr-defined]
         assert rest.server is not None
+        assert rest.km is not None
         srv = rest.server.proc.pid
-        srv_gw = children(srv)[0]
-        srv_kernel = [p for p in descendants(srv_gw) if "ipykernel_launcher" in cmdline(p)
-                      and "bwrap" not in Path(cmdline(p)[0]).name][0]
+        srv_gw = rest.km.gateway_pid
+        # The session's own kernel (not a pool kernel beside it), found by its id.
+        assert rest.client is not None
+        srv_kernel = kernel_pid(srv_gw, rest.client.get(f"/v1/sessions/{rest.sid}").json()["kernel_id"])
         roles: dict[str, dict[str, int]] = {
             "direct": {"client": me, "kernel": direct_kernel},
             "ws_none": {"client": me, "gateway": app_none.gateway_pid,
@@ -483,24 +395,20 @@ async def run(args: argparse.Namespace) -> None:
             "manager": app_bwrap.manager_roundtrip, "rest": rest.roundtrip,
             "rest_stdlib": raw_http.roundtrip, "rest_get": rest_get(rest),
         }
-        print(f"warming up ({args.warmup} each) ...", flush=True)
-        for _ in range(args.warmup):
-            for name in PATHS:
-                await paths[name]()
         stats = {name: Stats(name) for name in PATHS}
         cpu = {name: dict.fromkeys(roles[name], 0) for name in PATHS}
-        rounds = -(-args.samples // args.batch)
-        print(f"measuring: {args.samples} samples each, {rounds} rounds ...", flush=True)
-        for rnd in range(rounds):
-            k = rnd % len(PATHS)
-            order = PATHS[k:] + PATHS[:k]
-            n = min(args.batch, args.samples - rnd * args.batch)
-            for name in order:
-                before = {r: cpu_ns(pid) for r, pid in roles[name].items()}
-                for _ in range(n):
-                    stats[name].samples.append(await paths[name]())
-                for r, pid in roles[name].items():
-                    cpu[name][r] += cpu_ns(pid) - before[r]
+
+        @contextlib.contextmanager
+        def cpu_of(name: str) -> Iterator[None]:
+            """The CPU time each process of the path spends during one batch."""
+            before = {r: cpu_ns(pid) for r, pid in roles[name].items()}
+            yield
+            for r, pid in roles[name].items():
+                cpu[name][r] += cpu_ns(pid) - before[r]
+
+        print(f"warming up ({args.warmup} each), then measuring: {args.samples} samples each ...", flush=True)
+        await interleave({p: paths[p] for p in PATHS}, stats, args.samples, args.batch, args.warmup,
+                         around=cpu_of)
 
         head = ["path", "N", "median", "p95", "min", "+median", *(f"CPU {r}" for r in ROLES),
                 "CPU total"]
@@ -604,22 +512,19 @@ async def run(args: argparse.Namespace) -> None:
             *md,
         ]))
         print(f"\nwrote {out.relative_to(REPO)}")
+    return 0
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--samples", type=int, default=300)
-    p.add_argument("--batch", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=30)
+    add_sampling_args(p)
     p.add_argument("--cprofile", action="store_true",
                    help="then profile the manager (in-process) and a gateway (under cProfile)")
     p.add_argument("--no-write", action="store_true", help="do not write bench/PROFILE.md")
     args = p.parse_args()
-    try:
-        asyncio.run(run(args))
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    sampling_args(p, args)
+    require_kernel_venv(p)
+    return run_stoppable(run, args)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ measurement is repeated N times (10; --quick 3) and reported as median / p90 / m
               its last activity (the end of its last run) until GET /v1/sessions/{id} is 404,
               and until the reaper's "expired" log line appears.
 
-The REST client is scale.py's keep-alive HTTP/1.1 client. Everything started is stopped at the
+The REST client is bench/harness.py's keep-alive HTTP/1.1 client (Http). Everything started is stopped at the
 end, also on failure or Ctrl-C/SIGTERM: each `serve` with SIGTERM, then whatever is left that
 mentions its data dir (a gateway by process group), mounts under the data dir are detached
 (`umount -l`) and the data dir removed. Results go to bench/RECOVERY.md (unless --no-write); the
@@ -45,7 +45,6 @@ import os
 import random
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -56,18 +55,22 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-for _p in (str(REPO), str(HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from harness import (
+    BENCH,
+    REPO,
+    Http,
+    KmServer,
+    Stats,
+    loadavg,
+    ms_since,
+    require_kernel_venv,
+    run_stoppable,
+    server_machine_info,
+    verdict,
+)
+from procfs import machine_busy
 
-from roundtrip import KERNEL_PYTHON, Stats, run_stoppable  # noqa: E402
-from scale import Http, machine_busy, machine_info, ms_since, ptable  # noqa: E402
-
-from kernelmode.config import GatewaySettings, SessionSettings  # noqa: E402
-from tests.conftest import Server, start_server  # noqa: E402
-from tests.integration.test_lifecycle import _processes_mentioning, _unmount_under  # noqa: E402
+from kernelmode.config import GatewaySettings, SessionSettings
 
 KILLS = {
     "exit": "import os; os._exit(3)",
@@ -153,60 +156,17 @@ def iso_ts(s: str) -> float:
 # -- servers ---------------------------------------------------------------------------------------
 
 
-class Managed:
+class Managed(KmServer):
     """`kernelmode serve` on its own data dir; after a crash, a successor on the same data dir."""
 
     def __init__(self, name: str, env: dict[str, str]) -> None:
-        self.name = name
-        self.env = {"KERNELMODE_SESSIONS__TTL_SECONDS": "86400",
-                    "KERNELMODE_SESSIONS__REAP_INTERVAL_SECONDS": str(REAP_INTERVAL), **env}
-        self.data_dir = Path(tempfile.mkdtemp(prefix="kmrec-", dir="/tmp"))
-        self.srv: Server | None = None
-        self.old: list[Server] = []  # killed predecessors (their stdout pipes are closed at the end)
-        self.ctl: Http | None = None
-        self.conns: list[Http] = []
-        self.ready: dict[str, Any] = {}
-        self.keep_logs = False
+        super().__init__(name, {"KERNELMODE_SESSIONS__REAP_INTERVAL_SECONDS": str(REAP_INTERVAL), **env},
+                         data_dir=Path(tempfile.mkdtemp(prefix="kmrec-", dir="/tmp")))
 
-    def start(self) -> float:
-        """Start `serve` (blocking until its serving line, like scale.py); seconds it took."""
-        if self.srv is not None:
-            self.old.append(self.srv)
-        t0 = time.perf_counter()
-        self.srv = start_server(env_extra=self.env, data_dir=self.data_dir, args=["--sandbox", "bwrap"])
-        took = time.perf_counter() - t0
-        self.ctl = self.http()
-        return took
-
-    def http(self) -> Http:
-        assert self.srv is not None
-        conn = Http(self.srv.url, self.srv.token)
-        self.conns.append(conn)
-        return conn
-
-    async def drop_connections(self) -> None:
-        for conn in self.conns:
-            await conn.close()
-        self.conns.clear()
-        self.ctl = None
-
-    @property
-    def manager_pid(self) -> int:
-        assert self.srv is not None
-        return self.srv.proc.pid
-
-    def gateway_pid(self) -> int:
-        """The Kernel Gateway of this data dir (the manager's child, or an adopted orphan)."""
-        found = []
-        for pid in _processes_mentioning(str(self.data_dir)):
-            with contextlib.suppress(OSError):
-                if b"kernel_gateway" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    found.append(pid)
-        table = ptable()
-        top = [pid for pid in found if table.get(pid) not in found]
-        if len(top) != 1:
-            raise RuntimeError(f"{self.name}: expected one kernel gateway process, found {top}")
-        return top[0]
+    async def wait_pool_full(self, settle: float = SETTLE, timeout: float = 120, strict: bool = True,
+                             need_ok: bool = True) -> bool:
+        """Until /readyz is 200 and the warm pool full (nothing starting), then a short settle."""
+        return await super().wait_pool_full(settle, timeout, strict, need_ok)
 
     def log(self) -> str:
         assert self.srv is not None
@@ -234,31 +194,6 @@ class Managed:
                 return None
             await asyncio.sleep(0.05)
 
-    async def readyz(self, conn: Http | None = None) -> tuple[int, dict[str, Any]]:
-        status, body = await (conn or self.ctl).json("GET", "/readyz")  # type: ignore[union-attr]
-        if status == 200:
-            self.ready = body.get("checks", {})
-        return status, (body or {}).get("checks", {})
-
-    async def wait_pool_full(self, timeout: float = 120) -> None:
-        """Until /readyz is 200 and the warm pool full (nothing starting), then a short settle."""
-        deadline = time.monotonic() + timeout
-        while True:
-            status, checks = await self.readyz()
-            pool = checks.get("pool", {})
-            if status == 200 and int(pool.get("ready", -1)) >= int(pool.get("size", 0)):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name}: not ready with a full pool after {timeout:.0f} s: {checks}")
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(SETTLE)
-
-    async def create(self, body: dict[str, Any], conn: Http | None = None) -> dict[str, Any]:
-        status, info = await (conn or self.ctl).json("POST", "/v1/sessions", body)  # type: ignore[union-attr]
-        if status != 201:
-            raise RuntimeError(f"{self.name}: POST /v1/sessions: {status} {info}")
-        return info
-
     async def run(self, sid: str, code: str, conn: Http | None = None) -> dict[str, Any]:
         status, body = await (conn or self.ctl).json(  # type: ignore[union-attr]
             "POST", f"/v1/sessions/{sid}/execute", {"code": code, "timeout_seconds": 60})
@@ -272,55 +207,11 @@ class Managed:
             raise RuntimeError(f"{self.name}: {code!r} in {sid}: {body}"[:1000])
         return body
 
-    async def delete(self, sid: str) -> None:
-        status, body = await self.ctl.json("DELETE", f"/v1/sessions/{sid}")  # type: ignore[union-attr]
-        if status != 204:
-            raise RuntimeError(f"{self.name}: DELETE {sid}: {status} {body}")
-
     def kill_manager(self) -> None:
         """SIGKILL of `serve` (not its gateway, which lives on for adoption)."""
         assert self.srv is not None
         self.srv.proc.kill()
         self.srv.proc.wait(10)
-
-    def cleanup(self) -> None:
-        """Stop everything of this data dir and remove it (also after a crash or a failure)."""
-        srv = self.srv
-        if self.keep_logs and srv is not None:
-            keep = Path(tempfile.mkdtemp(prefix=f"kmrec-logs-{self.name.split()[0]}-", dir="/tmp"))
-            for src in (srv.log_path, self.data_dir / "gateway" / "gateway.log"):
-                with contextlib.suppress(OSError):
-                    shutil.copy(src, keep / src.name)
-            print(f"the run failed: logs of the {self.name} server kept in {keep}", file=sys.stderr)
-        if srv is not None and srv.proc.poll() is None:
-            try:
-                srv.stop(signal.SIGTERM, 120)
-            except subprocess.TimeoutExpired:
-                srv.proc.kill()
-                srv.proc.wait(10)
-        deadline = time.monotonic() + 15
-        while _processes_mentioning(str(self.data_dir)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = _processes_mentioning(str(self.data_dir))
-        if left:
-            print(f"{self.name}: {len(left)} process(es) left after the server stopped: killing them",
-                  file=sys.stderr)
-            for pid in left:  # a gateway (orphaned by a killed manager) with its kernels: by group
-                with contextlib.suppress(OSError):
-                    if b"kernel_gateway" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                        os.killpg(pid, signal.SIGKILL)
-            for pid in _processes_mentioning(str(self.data_dir)):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.5)
-        _unmount_under(self.data_dir)
-        for s in (*self.old, *([srv] if srv is not None else [])):
-            if s.proc.stdout is not None:
-                s.proc.stdout.close()
-        if srv is not None:
-            srv.log_path.unlink(missing_ok=True)
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-        self.srv = None
 
 
 async def poll_until(check: Callable[[], Awaitable[bool]], t0: int, timeout: float, what: str) -> float:
@@ -390,14 +281,14 @@ async def step_gateway(m: Managed, args: argparse.Namespace) -> dict[str, Any]:
         restarts = int(m.ready["gateway"]["restarts"])
         sid = (await m.create({}))["session_id"]
         await m.run_ok(sid, "x = 1")
-        gw = m.gateway_pid()
+        gw = m.gateway_pid
 
         async def is_dead(sid: str = sid) -> bool:
             status, info = await watch.json("GET", f"/v1/sessions/{sid}")
             return status == 200 and info.get("status") == "dead"
 
         async def is_back(restarts: int = restarts) -> bool:
-            status, checks_ = await m.readyz(probe)
+            status, checks_ = await m.ready_check(probe)
             return status == 200 and int(checks_["gateway"]["restarts"]) == restarts + 1
 
         t_wall = time.time()
@@ -413,7 +304,7 @@ async def step_gateway(m: Managed, args: argparse.Namespace) -> dict[str, Any]:
         st["ready"].samples.append(ready)
         checks["fresh kernel (x gone, state_lost true)"] += (
             body.get("result") == "False" and body.get("state_lost") is True)
-        new_gw = m.gateway_pid()
+        new_gw = m.gateway_pid
         checks["a new gateway process"] += new_gw != gw
         for key, event in (("audit_died", "gateway_died"), ("audit_restarted", "gateway_restarted")):
             ms = await m.audit_after(event, t_wall)
@@ -449,7 +340,8 @@ async def step_manager(m: Managed, args: argparse.Namespace) -> dict[str, Any]:
                                 check=True, cwd=str(REPO))
         st["import"].samples.append(ms_since(t_imp))
         await m.wait_pool_full()
-        gw = m.gateway_pid()
+        gw = m.gateway_pid
+        assert m.data_dir is not None
         gw_log = m.data_dir / "gateway" / "gateway.log"
         gw_log_at = gw_log.stat().st_size
         await m.drop_connections()
@@ -469,7 +361,7 @@ async def step_manager(m: Managed, args: argparse.Namespace) -> dict[str, Any]:
             return sid, ms_since(t), body
 
         async def is_ready(probe: Http = probe) -> bool:
-            return (await m.readyz(probe))[0] == 200
+            return (await m.ready_check(probe))[0] == 200
 
         ready_task = asyncio.create_task(poll_until(is_ready, t0, 60, "/readyz"))
         answers = await asyncio.gather(*(read_back(sid, c) for sid, c in zip(sids, conns, strict=True)))
@@ -486,7 +378,7 @@ async def step_manager(m: Managed, args: argparse.Namespace) -> dict[str, Any]:
             last_adopted = max(iso_ts(e["ts"]) - t0_wall for e in adopted_events) * 1000
             st["adopted_audit"].samples.append(last_adopted)
             st["adopted_to_serving"].samples.append(serving * 1000 - last_adopted)
-        same_gw = m.gateway_pid() == gw
+        same_gw = m.gateway_pid == gw
         _, listing = await m.ctl.json("GET", "/v1/sessions")  # type: ignore[union-attr]
         lost = sum(1 for s in listing["sessions"] if s["session_id"] in sids and s["status"] == "lost")
         # The gateway's access log: how long the new manager's DELETEs of the old pool's kernels took.
@@ -563,10 +455,6 @@ def row(label: str, s: Stats, unit_ms: bool = True, bound: str = "", verdict: st
     d = 0 if unit_ms else 2
     return (f"| {label} | {s.median:.{d}f} | {s.pct(90):.{d}f} | {max(s.samples):.{d}f} | {s.n} | "
             f"{bound} | {verdict} |")
-
-
-def verdict(ok: bool) -> str:
-    return "**met**" if ok else "**NOT met**"
 
 
 def cause_text(c: Counter[str]) -> str:
@@ -705,7 +593,7 @@ Generated by `{' '.join(['bench/recovery.py', *sys.argv[1:]])}` on {res['machine
 reported as median, p90 (linear interpolation between closest ranks) and max. Every sample is
 taken on a real `kernelmode serve` (bubblewrap sandbox, Kernel Gateway, default warm pool of 2)
 started by `tests.conftest.start_server`, each step on its own fresh data dir; the client is the
-lean keep-alive HTTP/1.1 client of [scale.py](scale.py), in the same process, polling every
+lean keep-alive HTTP/1.1 client of [harness.py](harness.py) (`Http`), in the same process, polling every
 {POLL * 1000:.0f} ms where it waits for a state.{busy}
 
 `{summary_line(res)}`
@@ -818,7 +706,7 @@ servers and kernels included), and the other test or benchmark runs (`pgrep -af 
 
 async def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load_start = loadavg()
     res: dict[str, Any] = {"busy_start": other_work(), "death": [], "fresh_starts": Stats("fresh"),
                            "waited": args.waited, "waited_out": args.waited_out}
     servers: list[Managed] = []
@@ -833,8 +721,7 @@ async def run(args: argparse.Namespace) -> int:
         return m
 
     async def done(m: Managed) -> None:
-        await m.drop_connections()
-        await asyncio.to_thread(m.cleanup)
+        await m.stop(timeout=120)
 
     async with contextlib.AsyncExitStack() as stack:
         async def done_all() -> None:
@@ -869,8 +756,7 @@ async def run(args: argparse.Namespace) -> int:
                 m.keep_logs = True
             raise
     res["busy_end"] = other_work()
-    res["machine"] = {("python / ipykernel (kernel-venv: the sandboxed kernels)" if key.startswith("python / ipykernel")
-                       else key): val for key, val in machine_info(res.get("ready", {}), load_start).items()}
+    res["machine"] = server_machine_info(res.get("ready", {}), load_start, kernels="the sandboxed kernels")
     res["machine"]["other test or benchmark runs (start / end)"] = (
         f"{len(res['busy_start'])} / {len(res['busy_end'])} processes")
     res["wall"] = time.monotonic() - started
@@ -878,7 +764,7 @@ async def run(args: argparse.Namespace) -> int:
     print()
     print(text)
     if not args.no_write:
-        (HERE / "RECOVERY.md").write_text(text)
+        (BENCH / "RECOVERY.md").write_text(text)
         print("wrote bench/RECOVERY.md")
     print(f"wall time {res['wall']:.0f} s")
     print(summary_line(res), flush=True)
@@ -899,8 +785,7 @@ def main() -> int:
     args.n = 3 if args.quick else 10
     args.k = 3 if args.quick else 10
     args.poll_intervals = args.poll_intervals or ([DEFAULT_POLL] if args.quick else [DEFAULT_POLL, 2.0])
-    if not KERNEL_PYTHON.is_file():
-        p.error(f"{KERNEL_PYTHON} not found (run `make setup`)")
+    require_kernel_venv(p)
     args.waited, args.waited_out = 0.0, False
     if args.wait_for_idle > 0:
         t0 = time.monotonic()

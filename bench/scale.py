@@ -28,17 +28,15 @@ server, stays small. Results go to bench/SCALE.md (unless --no-write); the very 
 is a one-line SUMMARY. Everything started is stopped at the end, also on failure or Ctrl-C.
 """
 
+
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import os
-import platform
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -48,462 +46,134 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-for _p in (str(REPO), str(HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from harness import (
+    BENCH,
+    CONCURRENCY,
+    KERNEL_PYTHON,
+    BareKernels,
+    KmServer,
+    Stats,
+    loadavg,
+    ms_since,
+    require_kernel_venv,
+    run_stoppable,
+    server_machine_info,
+    verdict,
+)
+from procfs import (
+    CLK_TCK,
+    cpu_ticks,
+    descendants,
+    machine_busy,
+    mem_available_mb,
+    mem_kb,
+    ptable,
+    tree_mem,
+    uid_of,
+)
 
-from procfs import status_field  # noqa: E402
-from roundtrip import KERNEL_PYTHON, DirectKernel, Stats, _version, run_stoppable  # noqa: E402
-
-from tests.conftest import Server, start_server  # noqa: E402
-
-CODE = "1+1"
-EXPECTED = "2"
-EXEC_BODY = json.dumps({"code": CODE}).encode()
 GOAL_POOL = 3.0  # pool create + first execute <= 3x the warm execute round trip
 GOAL_MEM = 1.15  # memory per idle session <= 1.15x a bare ipykernel
 GOAL_GROWTH = 1.5  # execute latency with the most sessions <= 1.5x with 1
-CONCURRENCY = 4  # sessions created (or bare kernels started) at a time
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def ms_since(t0: int) -> float:
-    return (time.perf_counter_ns() - t0) / 1e6
+# -- the server's sessions and processes --------------------------------------------------------------
 
 
-# -- a lean HTTP client -------------------------------------------------------------------------------
+async def create_many(srv: KmServer, n: int, body: dict[str, Any] | None = None,
+                      errors: list[str] | None = None) -> tuple[list[str], Stats]:
+    """n sessions, CONCURRENCY at a time, each with its first execute; their create+exec times.
 
+    With ``errors``, a failed create (or first execute) is recorded there instead of raised
+    (the session, if created, is deleted) and the others go on."""
+    sids: list[str] = []
+    lat = Stats("bulk create")
+    todo = iter(range(n))
 
-class Http:
-    """One keep-alive HTTP/1.1 connection on asyncio streams (TCP_NODELAY is asyncio's default)."""
-
-    def __init__(self, url: str, token: str) -> None:
-        u = urlsplit(url)
-        self.host, self.port = u.hostname or "127.0.0.1", int(u.port or 80)
-        self._head = f"Host: {self.host}:{self.port}\r\nAuthorization: Bearer {token}\r\n"
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
-        self.writer.write(f"{method} {path} HTTP/1.1\r\n{self._head}Content-Type: application/json\r\n"
-                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        await self.writer.drain()
-        line = await self.reader.readline()
-        if not line:
-            await self.close()
-            raise ConnectionError(f"{method} {path}: the server closed the connection")
-        status = int(line.split()[1])
-        length, chunked, close = 0, False, False
-        while True:
-            line = await self.reader.readline()
-            if line in (b"\r\n", b"\n", b""):
-                break
-            key, _, val = line.decode("latin-1").partition(":")
-            key, val = key.strip().lower(), val.strip().lower()
-            if key == "content-length":
-                length = int(val)
-            elif key == "transfer-encoding":
-                chunked = "chunked" in val
-            elif key == "connection":
-                close = val == "close"
-        if chunked:
-            parts = []
-            while True:
-                size = int((await self.reader.readline()).split(b";")[0], 16)
-                if size == 0:
-                    await self.reader.readline()
-                    break
-                parts.append(await self.reader.readexactly(size))
-                await self.reader.readline()
-            data = b"".join(parts)
-        else:
-            data = await self.reader.readexactly(length) if length else b""
-        if close:
-            await self.close()
-        return status, data
-
-    async def json(self, method: str, path: str, obj: Any = None) -> tuple[int, Any]:
-        status, data = await self.request(method, path, b"" if obj is None else json.dumps(obj).encode())
-        return status, (json.loads(data) if data else None)
-
-    async def execute(self, sid: str) -> float:
-        """One warm `1+1` round trip in session ``sid``, in ms (checks the answer)."""
-        path = f"/v1/sessions/{sid}/execute"
-        t0 = time.perf_counter_ns()
-        status, data = await self.request("POST", path, EXEC_BODY)
-        elapsed = ms_since(t0)
-        if status != 200:
-            raise RuntimeError(f"POST {path}: {status} {data[:500]!r}")
-        body = json.loads(data)
-        if body.get("status") != "ok" or body.get("result") != EXPECTED:
-            raise RuntimeError(f"session {sid} answered {body!r}"[:1000])
-        return elapsed
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.writer.wait_closed(), 2)
-        self.reader = self.writer = None
-
-
-# -- /proc ---------------------------------------------------------------------------------------------
-
-
-def _stat(pid: int) -> tuple[int, int, int] | None:
-    """(ppid, start time, utime+stime ticks) of a process, None when it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    f = raw[raw.rindex(")") + 2:].split()
-    return int(f[1]), int(f[19]), int(f[11]) + int(f[12])
-
-
-def ptable() -> dict[int, int]:
-    """pid -> ppid of every process."""
-    out: dict[int, int] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            st = _stat(int(d))
-            if st is not None:
-                out[int(d)] = st[0]
-    return out
-
-
-def descendants(root: int, table: dict[int, int] | None = None) -> list[int]:
-    table = ptable() if table is None else table
-    kids: dict[int, list[int]] = {}
-    for pid, ppid in table.items():
-        kids.setdefault(ppid, []).append(pid)
-    out, todo = [], [root]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.append(k)
-            todo.append(k)
-    return out
-
-
-def uid_of(pid: int) -> int | None:
-    uid = status_field(pid, "Uid")
-    return int(uid) if uid is not None else None
-
-
-def mem_kb(pid: int) -> tuple[int, int]:
-    """(RSS, PSS) in kB from /proc/<pid>/smaps_rollup; (0, 0) when the process is gone."""
-    rss = pss = 0
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Rss:"):
-                rss = int(line.split()[1])
-            elif line.startswith("Pss:"):
-                pss = int(line.split()[1])
-    return rss, pss
-
-
-def tree_mem(pids: list[int]) -> tuple[int, int]:
-    rss = pss = 0
-    for pid in pids:
-        r, p = mem_kb(pid)
-        rss, pss = rss + r, pss + p
-    return rss, pss
-
-
-def cpu_ticks(pids: list[int]) -> int:
-    return sum(st[2] for st in map(_stat, pids) if st is not None)
-
-
-def machine_busy() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs from /proc/stat."""
-    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = f[3] + (f[4] if len(f) > 4 else 0)
-    return sum(f) - idle, sum(f)
-
-
-def mem_available_mb() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-# -- a kernelmode server -------------------------------------------------------------------------------
-
-
-class KmServer:
-    """`kernelmode serve` (bwrap sandbox) with extra settings, and what the benchmark needs of it."""
-
-    def __init__(self, name: str, env: dict[str, str]) -> None:
-        self.name = name
-        self.env = {"KERNELMODE_SESSIONS__TTL_SECONDS": "86400", **env}
-        self.srv: Server | None = None
-        self.ctl: Http | None = None  # control connection: creates, deletes, readyz
-        self.conns: list[Http] = []
-        self.pool_size = 0
-        self.ready: dict[str, Any] = {}
-        self._gateway: int | None = None
-        self._known: dict[int, int] = {}  # pid -> start time of every process seen under it
-        self.keep_logs = False  # set when the run failed: the logs are copied before cleanup
-
-    def start(self) -> None:
-        # Blocking on purpose (it reads the child's stdout): the Server object is then ours to stop
-        # even if Ctrl-C arrives meanwhile.
-        self.srv = start_server(env_extra=self.env, args=["--sandbox", "bwrap"])
-        self.ctl = self.http()
-
-    def http(self) -> Http:
-        assert self.srv is not None
-        conn = Http(self.srv.url, self.srv.token)
-        self.conns.append(conn)
-        return conn
-
-    @property
-    def manager_pid(self) -> int:
-        assert self.srv is not None
-        return self.srv.proc.pid
-
-    @property
-    def gateway_pid(self) -> int:
-        if self._gateway is None:
-            table = ptable()
-            for pid, ppid in table.items():
-                if ppid == self.manager_pid:
-                    with contextlib.suppress(OSError):
-                        if b"kernel_gateway" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                            self._gateway = pid
-                            break
-            if self._gateway is None:
-                raise RuntimeError("the gateway process was not found")
-        return self._gateway
-
-    def remember_processes(self) -> list[int]:
-        pids = descendants(self.manager_pid)
-        for pid in pids:
-            st = _stat(pid)
-            if st is not None:
-                self._known[pid] = st[1]
-        return pids
-
-    async def readyz(self) -> dict[str, Any]:
-        assert self.ctl is not None
-        _, body = await self.ctl.json("GET", "/readyz")
-        self.ready = body.get("checks", {})
-        return self.ready
-
-    async def wait_pool_full(self, settle: float = 0.3, timeout: float = 120, strict: bool = True) -> bool:
-        """Until the warm pool is full (no kernel starting in the background), then a short settle.
-
-        False (or, when ``strict``, an error) if it did not fill up within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            pool = (await self.readyz())["pool"]
-            self.pool_size = int(pool["size"])
-            if int(pool["ready"]) >= self.pool_size:
-                break
-            if time.monotonic() > deadline:
-                if strict:
-                    raise RuntimeError(f"{self.name}: the warm pool did not fill up: {pool}")
-                return False
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(settle)
-        return True
-
-    def gateway_errors(self) -> dict[str, int]:
-        """Exception lines in the gateway's log ("zmq.error.ZMQError: ..."), counted."""
-        out: dict[str, int] = {}
-        if self.srv is None:
-            return out
-        with contextlib.suppress(OSError):
-            for line in (self.srv.data_dir / "gateway" / "gateway.log").read_text(errors="replace").splitlines():
-                line = line.strip()
-                head = line.split(":", 1)[0]
-                if head.endswith(("Error", "Exception")) and " " not in head and ":" in line:
-                    out[line[:200]] = out.get(line[:200], 0) + 1
-        return out
-
-    async def create(self, body: dict[str, Any], conn: Http | None = None) -> dict[str, Any]:
-        status, info = await (conn or self.ctl).json("POST", "/v1/sessions", body)  # type: ignore[union-attr]
-        if status != 201:
-            raise RuntimeError(f"{self.name}: POST /v1/sessions: {status} {info}")
-        return info
-
-    async def delete(self, sid: str, conn: Http | None = None) -> None:
-        status, body = await (conn or self.ctl).json("DELETE", f"/v1/sessions/{sid}")  # type: ignore[union-attr]
-        if status != 204:
-            raise RuntimeError(f"{self.name}: DELETE {sid}: {status} {body}")
-
-    async def create_many(self, n: int, body: dict[str, Any] | None = None,
-                          errors: list[str] | None = None) -> tuple[list[str], Stats]:
-        """n sessions, CONCURRENCY at a time, each with its first execute; their create+exec times.
-
-        With ``errors``, a failed create (or first execute) is recorded there instead of raised
-        (the session, if created, is deleted) and the others go on."""
-        sids: list[str] = []
-        lat = Stats("bulk create")
-        todo = iter(range(n))
-
-        async def worker() -> None:
-            conn = self.http()
-            for _ in todo:
-                t0 = time.perf_counter_ns()
-                sid = None
-                try:
-                    sid = (await self.create(body or {}, conn))["session_id"]
-                    await conn.execute(sid)
-                except (RuntimeError, ConnectionError) as e:
-                    if errors is None:
-                        raise
-                    errors.append(str(e))
-                    if sid is not None:
-                        with contextlib.suppress(RuntimeError, ConnectionError):
-                            await self.delete(sid, conn)
-                    continue
-                sids.append(sid)
-                lat.samples.append(ms_since(t0))
-
-        await asyncio.gather(*(worker() for _ in range(min(CONCURRENCY, n))))
-        return sids, lat
-
-    async def timed_create(self, pool: bool, wait: bool = True) -> tuple[float, float, float]:
-        """(create + first execute, create, first execute) in ms; the session is deleted after."""
-        if wait:
-            await self.wait_pool_full()
-        assert self.ctl is not None
-        body: dict[str, Any] = {} if pool else {"limits": {"pids": 127}}  # non-default: no pool
-        t0 = time.perf_counter_ns()
-        info = await self.create(body)
-        t_create = ms_since(t0)
-        await self.ctl.execute(info["session_id"])
-        total = ms_since(t0)
-        if bool(info.get("from_pool")) != pool:
-            raise RuntimeError(f"expected from_pool={pool}, got {info.get('from_pool')!r}")
-        await self.delete(info["session_id"])
-        return total, t_create, total - t_create
-
-    def workspace_uid(self, sid: str) -> int:
-        assert self.srv is not None
-        db = sqlite3.connect(f"file:{self.srv.data_dir / 'sessions.sqlite3'}?mode=ro", uri=True)
-        try:
-            row = db.execute("SELECT workspace FROM sessions WHERE session_id=?", (sid,)).fetchone()
-        finally:
-            db.close()
-        if row is None:
-            raise RuntimeError(f"session {sid} not in the store")
-        return Path(row[0]).stat().st_uid
-
-    def session_trees(self, sids: list[str]) -> dict[str, list[int]]:
-        """The processes of each session: the gateway's descendants owned by its workspace's uid."""
-        table = ptable()
-        under = descendants(self.gateway_pid, table)
-        by_uid: dict[int, list[int]] = {}
-        for pid in under:
-            uid = uid_of(pid)
-            if uid is not None:
-                by_uid.setdefault(uid, []).append(pid)
-        out = {}
-        for sid in sids:
-            pids = by_uid.get(self.workspace_uid(sid), [])
-            if not pids:
-                raise RuntimeError(f"no process found for session {sid}")
-            out[sid] = pids
-        return out
-
-    async def stop(self) -> None:
-        for conn in self.conns:
-            await conn.close()
-        if self.srv is None:
-            return
-        with contextlib.suppress(Exception):
-            self.remember_processes()
-        srv, self.srv = self.srv, None
-        if self.keep_logs:
-            keep = Path(tempfile.mkdtemp(prefix=f"kmscale-logs-{self.name.replace('+', '-')}-", dir="/tmp"))
-            for src in (srv.log_path, srv.data_dir / "gateway" / "gateway.log"):
-                with contextlib.suppress(OSError):
-                    shutil.copy(src, keep / src.name)
-            print(f"the run failed: logs of the {self.name} server kept in {keep}", file=sys.stderr)
-        try:
-            await asyncio.to_thread(srv.stop, signal.SIGTERM, 180)
-        except subprocess.TimeoutExpired:
-            srv.proc.kill()
-            srv.proc.wait(10)
-        # Anything of ours still there (same pid and start time): it goes now.
-        for pid, start in self._known.items():
-            st = _stat(pid)
-            if st is not None and st[1] == start:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-        if srv.proc.stdout is not None:
-            srv.proc.stdout.close()
-        shutil.rmtree(srv.data_dir, ignore_errors=True)
-        srv.log_path.unlink(missing_ok=True)
-
-
-# -- bare kernels --------------------------------------------------------------------------------------
-
-
-class BareKernels:
-    """Unsandboxed ipykernels (kernel-venv python) via jupyter_client; all stopped at the end."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.count = 0
-        self.alive: list[DirectKernel] = []
-
-    def _new(self) -> DirectKernel:
-        self.count += 1
-        d = self.tmp / f"bare-{self.count}"
-        d.mkdir()
-        dk = DirectKernel(d, "ipc")
-        self.alive.append(dk)
-        return dk
-
-    async def cold_start(self) -> tuple[float, float, float]:
-        """(start until the first execute ran, start until ready, first execute) in ms."""
-        dk = self._new()
-        try:
+    async def worker() -> None:
+        conn = srv.http()
+        for _ in todo:
             t0 = time.perf_counter_ns()
-            await dk.start()
-            t_ready = ms_since(t0)
-            await dk.roundtrip()
-            total = ms_since(t0)
-        finally:
-            await self.stop([dk])
-        return total, t_ready, total - t_ready
+            sid = None
+            try:
+                sid = (await srv.create(body or {}, conn))["session_id"]
+                await conn.execute(sid)
+            except (RuntimeError, ConnectionError) as e:
+                if errors is None:
+                    raise
+                errors.append(str(e))
+                if sid is not None:
+                    with contextlib.suppress(RuntimeError, ConnectionError):
+                        await srv.delete(sid, conn)
+                continue
+            sids.append(sid)
+            lat.samples.append(ms_since(t0))
 
-    async def start_many(self, n: int) -> list[DirectKernel]:
-        out: list[DirectKernel] = []
-        todo = iter(range(n))
+    await asyncio.gather(*(worker() for _ in range(min(CONCURRENCY, n))))
+    return sids, lat
 
-        async def worker() -> None:
-            for _ in todo:
-                dk = self._new()
-                await dk.start()
-                await dk.roundtrip()
-                out.append(dk)
 
-        await asyncio.gather(*(worker() for _ in range(min(CONCURRENCY, n))))
+async def timed_create(srv: KmServer, pool: bool, wait: bool = True) -> tuple[float, float, float]:
+    """(create + first execute, create, first execute) in ms; the session is deleted after."""
+    if wait:
+        await srv.wait_pool_full()
+    assert srv.ctl is not None
+    body: dict[str, Any] = {} if pool else {"limits": {"pids": 127}}  # non-default: no pool
+    t0 = time.perf_counter_ns()
+    info = await srv.create(body)
+    t_create = ms_since(t0)
+    await srv.ctl.execute(info["session_id"])
+    total = ms_since(t0)
+    if bool(info.get("from_pool")) != pool:
+        raise RuntimeError(f"expected from_pool={pool}, got {info.get('from_pool')!r}")
+    await srv.delete(info["session_id"])
+    return total, t_create, total - t_create
+
+
+def workspace_uid(srv: KmServer, sid: str) -> int:
+    assert srv.srv is not None
+    db = sqlite3.connect(f"file:{srv.srv.data_dir / 'sessions.sqlite3'}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT workspace FROM sessions WHERE session_id=?", (sid,)).fetchone()
+    finally:
+        db.close()
+    if row is None:
+        raise RuntimeError(f"session {sid} not in the store")
+    return Path(row[0]).stat().st_uid
+
+
+def session_trees(srv: KmServer, sids: list[str]) -> dict[str, list[int]]:
+    """The processes of each session: the gateway's descendants owned by its workspace's uid."""
+    table = ptable()
+    under = descendants(srv.gateway_pid, table)
+    by_uid: dict[int, list[int]] = {}
+    for pid in under:
+        uid = uid_of(pid)
+        if uid is not None:
+            by_uid.setdefault(uid, []).append(pid)
+    out = {}
+    for sid in sids:
+        pids = by_uid.get(workspace_uid(srv, sid), [])
+        if not pids:
+            raise RuntimeError(f"no process found for session {sid}")
+        out[sid] = pids
+    return out
+
+
+def gateway_errors(srv: KmServer) -> dict[str, int]:
+    """Exception lines in the gateway's log ("zmq.error.ZMQError: ..."), counted."""
+    out: dict[str, int] = {}
+    if srv.srv is None:
         return out
+    with contextlib.suppress(OSError):
+        for line in (srv.srv.data_dir / "gateway" / "gateway.log").read_text(errors="replace").splitlines():
+            line = line.strip()
+            head = line.split(":", 1)[0]
+            if head.endswith(("Error", "Exception")) and " " not in head and ":" in line:
+                out[line[:200]] = out.get(line[:200], 0) + 1
+    return out
 
-    @staticmethod
-    def pid(dk: DirectKernel) -> int:
-        assert dk.km is not None
-        return int(dk.km.provisioner.pid)  # type: ignore[union-attr]
-
-    async def stop(self, kernels: list[DirectKernel] | None = None) -> None:
-        kernels = list(self.alive) if kernels is None else kernels
-        await asyncio.gather(*(dk.stop() for dk in kernels), return_exceptions=True)
-        for dk in kernels:
-            if dk in self.alive:
-                self.alive.remove(dk)
-            shutil.rmtree(dk.tmp, ignore_errors=True)
 
 
 # -- 1. create -----------------------------------------------------------------------------------------
@@ -522,7 +192,7 @@ async def step_create(a: KmServer, bare: BareKernels, args: argparse.Namespace) 
 
     async def sample(kind: str) -> None:
         if kind in ("pool", "cold"):
-            total, create, first = await a.timed_create(kind == "pool")
+            total, create, first = await timed_create(a, kind == "pool")
         elif kind == "bare":
             total, create, first = await bare.cold_start()
         else:
@@ -604,11 +274,11 @@ async def step_throughput(a: KmServer, bare: BareKernels, warm_sid: str,
                           args: argparse.Namespace) -> dict[int, dict[str, LoadResult]]:
     nmax = max(args.load_n)
     print(f"\n[2] throughput: {nmax} sessions and {nmax} bare kernels ...", flush=True)
-    more, _ = await a.create_many(nmax - 1)
+    more, _ = await create_many(a, nmax - 1)
     sids = [warm_sid, *more]
     conns = [a.http() for _ in sids]
     kernels = await bare.start_many(nmax)
-    bare_pids = [bare.pid(dk) for dk in kernels]
+    bare_pids = [dk.pid for dk in kernels]
     mgr, gw = a.manager_pid, a.gateway_pid
 
     def rest_groups() -> dict[str, list[int]]:
@@ -683,7 +353,7 @@ async def measure_memory(b: KmServer, bare: BareKernels, sids: list[str], base: 
     kernels = await bare.start_many(k)
     try:
         await b.wait_pool_full(settle=1.0)
-        trees = b.session_trees(sids[:k])
+        trees = session_trees(b, sids[:k])
         rows = {"rss": Stats("session rss"), "pss": Stats("session pss"),
                 "bwrap_rss": Stats("bwrap rss"), "bwrap_pss": Stats("bwrap pss"),
                 "bare_rss": Stats("bare rss"), "bare_pss": Stats("bare pss"), "procs": Stats("procs")}
@@ -697,7 +367,7 @@ async def measure_memory(b: KmServer, bare: BareKernels, sids: list[str], base: 
             rows["bwrap_pss"].samples.append((pss - kpss) / 1024)
             rows["procs"].samples.append(len(pids))
         for dk in kernels:
-            rss, pss = mem_kb(bare.pid(dk))
+            rss, pss = mem_kb(dk.pid)
             rows["bare_rss"].samples.append(rss / 1024)
             rows["bare_pss"].samples.append(pss / 1024)
         now = proc_mem(b)
@@ -716,7 +386,8 @@ async def measure_level(b: KmServer, sids: list[str], args: argparse.Namespace) 
     mem = proc_mem(b)
     avail = mem_available_mb()
     table = ptable()
-    gateway_kernels = sum(1 for ppid in table.values() if ppid == b.gateway_pid)
+    gw = b.gateway_pid
+    gateway_kernels = sum(1 for ppid in table.values() if ppid == gw)
     pool_ready = int(b.ready.get("pool", {}).get("ready", 0))
     # every live session answers an execute
     todo = iter(sids)
@@ -753,7 +424,7 @@ async def measure_level(b: KmServer, sids: list[str], args: argparse.Namespace) 
             if pool and not pool_full:
                 continue
             try:
-                (pool_st if pool else cold_st).samples.append((await b.timed_create(pool, pool_full))[0])
+                (pool_st if pool else cold_st).samples.append((await timed_create(b, pool, pool_full))[0])
             except (RuntimeError, ConnectionError) as e:
                 create_errors.append(str(e))
                 # a kernel launched by the failed request may still be booting: let it settle
@@ -788,7 +459,7 @@ async def step_growth(b: KmServer, bare: BareKernels, args: argparse.Namespace) 
     for target in sorted({*args.levels, args.mem_k}):
         t0 = time.monotonic()
         errors: list[str] = []
-        more, fill = await b.create_many(target - len(sids), errors=errors)
+        more, fill = await create_many(b, target - len(sids), errors=errors)
         sids += more
         fill_s = time.monotonic() - t0
         print(f"  {len(sids)} live sessions ({len(more)} created in {fill_s:.1f} s, {CONCURRENCY} at a time"
@@ -801,7 +472,7 @@ async def step_growth(b: KmServer, bare: BareKernels, args: argparse.Namespace) 
             lvl = await measure_level(b, sids, args)
             lvl.requested, lvl.fill, lvl.fill_seconds, lvl.fill_errors = target, fill, fill_s, errors
             levels.append(lvl)
-    return {"base": base, "levels": levels, "memory": memory, "gateway_errors": b.gateway_errors()}
+    return {"base": base, "levels": levels, "memory": memory, "gateway_errors": gateway_errors(b)}
 
 
 # -- reporting -----------------------------------------------------------------------------------------
@@ -815,36 +486,6 @@ def fmt(s: Stats, d: int = 2) -> str:
 
 def med(s: Stats, d: int = 2) -> str:
     return f"{s.median:.{d}f}" if s.n else "-"
-
-
-def machine_info(ready: dict[str, Any], load_start: str) -> dict[str, str]:
-    mem = cpu = "?"
-    with contextlib.suppress(OSError):
-        kb = next(int(x.split()[1]) for x in Path("/proc/meminfo").read_text().splitlines()
-                  if x.startswith("MemTotal:"))
-        mem = f"{kb / 1024 / 1024:.1f} GiB"
-    with contextlib.suppress(OSError, StopIteration):
-        cpu = next(x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
-                   if x.startswith("model name"))
-    kpy = subprocess.run([str(KERNEL_PYTHON), "-c",
-                          "import sys, ipykernel; print(sys.version.split()[0], ipykernel.__version__)"],
-                         capture_output=True, text=True, timeout=30).stdout.split()
-    sandbox = ready.get("sandbox", {})
-    return {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "nproc": str(os.cpu_count()),
-        "memory": mem,
-        "cpu": cpu,
-        "kernel": f"{platform.system()} {platform.release()}",
-        "python (manager, gateway, benchmark client)": platform.python_version(),
-        "python / ipykernel (kernel-venv: sandboxed and bare kernels)": " / ".join(kpy) or "?",
-        "jupyter_client / jupyter_kernel_gateway": (f"{_version('jupyter_client')} / "
-                                                   f"{_version('jupyter_kernel_gateway')}"),
-        "sandbox": f"{sandbox.get('detail', '?')}; limits: {sandbox.get('limits', '?')}",
-        "gateway config dir": os.environ.get("KERNELMODE_GATEWAY__CONFIG_DIR", "the project's (gateway-config/)"),
-        "load average (1, 5, 15 min) at the start": load_start,
-        "load average (1, 5, 15 min) at the end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-    }
 
 
 def ratios(res: dict[str, Any]) -> dict[str, float]:
@@ -867,10 +508,6 @@ def summary_line(res: dict[str, Any]) -> str:
             next(k for k in r if k.startswith("exec")))
     return "SUMMARY " + " ".join(f"{k}={r[k]:.2f}x" for k in keys) + \
         f" (idle_rss/bare={r['idle_rss/bare']:.2f}x cold_create/exec={r['cold_create/exec']:.1f}x)"
-
-
-def verdict(ok: bool) -> str:
-    return "**met**" if ok else "**not met**"
 
 
 def compute_memory_totals(res: dict[str, Any]) -> None:
@@ -1111,7 +748,7 @@ def write_chart(res: dict[str, Any], tmp: Path, out: Path) -> bool:
     mpl.mkdir(exist_ok=True)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "MPLCONFIGDIR": str(mpl),
            "HOME": str(mpl), "MPLBACKEND": "Agg"}
-    p = subprocess.run([str(KERNEL_PYTHON), str(HERE / "plot_growth.py"), str(src), str(out)],
+    p = subprocess.run([str(KERNEL_PYTHON), str(BENCH / "plot_growth.py"), str(src), str(out)],
                        env=env, capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
         print(f"chart failed: {p.stderr[-2000:]}", file=sys.stderr)
@@ -1124,7 +761,7 @@ def write_chart(res: dict[str, Any], tmp: Path, out: Path) -> bool:
 
 async def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load_start = loadavg()
     tmp = Path(tempfile.mkdtemp(prefix="kmscale-", dir="/tmp"))
     bare = BareKernels(tmp)
     res: dict[str, Any] = {}
@@ -1174,14 +811,14 @@ async def run(args: argparse.Namespace) -> int:
             a.keep_logs = b.keep_logs = True
             raise
         compute_memory_totals(res)
-        res["machine"] = machine_info(ready, load_start)
+        res["machine"] = server_machine_info(ready, load_start)
         res["wall"] = time.monotonic() - started
         if not args.no_write:
-            chart_ok = write_chart(res, tmp, HERE / "growth.png")
+            chart_ok = write_chart(res, tmp, BENCH / "growth.png")
     print()
     print(report_text(res, args, markdown=False))
     if not args.no_write:
-        (HERE / "SCALE.md").write_text(report_text(res, args, markdown=True))
+        (BENCH / "SCALE.md").write_text(report_text(res, args, markdown=True))
         print(f"\nwrote bench/SCALE.md{' and bench/growth.png' if chart_ok else ''}")
     print(f"wall time {res['wall']:.0f} s ("
           + ", ".join(f"{k} {v:.0f} s" for k, v in steps.items()) + ")")
@@ -1212,8 +849,7 @@ def main() -> int:
     args.max_sessions = max(args.levels) + 20
     if args.levels[0] < 1:
         p.error("--levels must be >= 1")
-    if not KERNEL_PYTHON.is_file():
-        p.error(f"{KERNEL_PYTHON} not found (run `make setup`)")
+    require_kernel_venv(p)
 
     return run_stoppable(run, args)
 

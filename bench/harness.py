@@ -1,0 +1,890 @@
+"""What every benchmark in bench/ shares: servers, reference clients, statistics and reporting.
+
+- ``KmServer``: a real `kernelmode serve` (tests.conftest.start_server) with a lean keep-alive
+  HTTP client (``Http``), started, restarted on the same data dir, and stopped with everything it
+  left behind; ``RestSession``: one session on one, driven like a REST client would.
+- ``DirectKernel`` / ``BareKernels``: the floor, unsandboxed ipykernels driven with jupyter_client;
+  ``WsKernel``: a kernel driven over a Kernel Gateway's kernel websocket.
+- ``Stats``, ``verdict``, ``machine_info``, ``write_section`` / ``write_page`` (a benchmark's own
+  marked section of a results file, without clobbering the others), ``run_stoppable``.
+
+Benchmarks are run as scripts (``python bench/X.py``), so this module is imported as ``harness``;
+importing it puts the repository root on sys.path, so a script imports it before ``kernelmode``
+and ``tests`` (isort's order does that: ``harness`` sorts with the third-party imports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import http.client
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import websockets
+from jupyter_client.jsonutil import json_default
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.session import Session as JupyterSession
+from procfs import descendants, processes_mentioning, ptable, stat
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.conftest import Server, start_server  # noqa: E402  (needs the repo root on sys.path)
+
+KERNEL_PYTHON = REPO / ".kernel-venv" / "bin" / "python"
+CODE = "1+1"  # the warm round trip every benchmark times
+EXPECTED = "2"
+EXEC_BODY = json.dumps({"code": CODE}).encode()
+MSG_TIMEOUT = 30.0  # s for one kernel message
+CONCURRENCY = 4  # sessions created (or bare kernels started) at a time
+
+
+def ms_since(t0: int) -> float:
+    """Milliseconds since ``t0`` (a ``time.perf_counter_ns()``)."""
+    return (time.perf_counter_ns() - t0) / 1e6
+
+
+# -- statistics and verdicts ---------------------------------------------------------------------
+
+
+@dataclass
+class Stats:
+    """Samples of one measurement (ms, MB, ...) and their summary figures."""
+
+    name: str
+    samples: list[float] = field(default_factory=list)
+
+    def pct(self, p: float) -> float:
+        xs = sorted(self.samples)
+        if len(xs) == 1:
+            return xs[0]
+        # linear interpolation between closest ranks (numpy's default)
+        k = (len(xs) - 1) * p / 100
+        lo = int(k)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples)
+
+
+async def interleave(fns: dict[str, Callable[[], Awaitable[float]]], stats: dict[str, Stats],
+                     samples: int, batch: int, warmup: int = 0,
+                     around: Callable[[str], contextlib.AbstractContextManager[object]] | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> None:
+    """Time each path ``samples`` times (each call returns its own latency) after ``warmup`` calls.
+
+    Round-robin in batches of ``batch``, the order of the paths rotated every round, so that
+    load and frequency changes on the machine fall on all paths alike. ``around(name)`` wraps
+    each batch (to account CPU, say); ``progress(round, rounds)`` is called five times."""
+    names = tuple(fns)
+    for _ in range(warmup):
+        for name in names:
+            await fns[name]()
+    rounds = -(-samples // batch)
+    for rnd in range(rounds):
+        k = rnd % len(names)
+        n = min(batch, samples - rnd * batch)
+        for name in names[k:] + names[:k]:
+            fn, out = fns[name], stats[name].samples
+            with around(name) if around is not None else contextlib.nullcontext():
+                for _ in range(n):
+                    out.append(await fn())
+        if progress is not None and (rnd + 1) % max(1, rounds // 5) == 0:
+            progress(rnd + 1, rounds)
+
+
+def verdict(ok: bool, yes: str = "met", no: str = "not met") -> str:
+    """The bold verdict word of a goal in a report."""
+    return f"**{yes if ok else no}**"
+
+
+# -- the machine ---------------------------------------------------------------------------------
+
+
+def version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def machine_info(kernels: str, python: str = "python (manager, gateway, benchmark client)") -> dict[str, str]:
+    """The rows every benchmark's Machine table starts with; ``kernels`` says which kernels run
+    the kernel-venv's python, ``python`` which processes run this one."""
+    mem = cpu = "?"
+    with contextlib.suppress(OSError, StopIteration):
+        kb = next(int(x.split()[1]) for x in Path("/proc/meminfo").read_text().splitlines()
+                  if x.startswith("MemTotal:"))
+        mem = f"{kb / 1024 / 1024:.1f} GiB"
+    with contextlib.suppress(OSError, StopIteration):
+        cpu = next(x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
+                   if x.startswith("model name"))
+    kpy = subprocess.run([str(KERNEL_PYTHON), "-c",
+                          "import sys, ipykernel; print(sys.version.split()[0], ipykernel.__version__)"],
+                         capture_output=True, text=True, timeout=30).stdout.split()
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "nproc": str(os.cpu_count()),
+        "memory": mem,
+        "cpu": cpu,
+        "kernel": f"{platform.system()} {platform.release()}",
+        python: platform.python_version(),
+        f"python / ipykernel (kernel-venv: {kernels})": " / ".join(kpy) or "?",
+    }
+
+
+def server_machine_info(ready: dict[str, Any], load_start: str,
+                        kernels: str = "sandboxed and bare kernels") -> dict[str, str]:
+    """``machine_info`` with what a benchmark of `kernelmode serve` adds: versions, the sandbox
+    (``ready``: the checks of /readyz), the gateway config and the load average."""
+    sandbox = ready.get("sandbox", {})
+    return {
+        **machine_info(kernels),
+        "jupyter_client / jupyter_kernel_gateway": (f"{version('jupyter_client')} / "
+                                                   f"{version('jupyter_kernel_gateway')}"),
+        "sandbox": f"{sandbox.get('detail', '?')}; limits: {sandbox.get('limits', '?')}",
+        "gateway config dir": os.environ.get("KERNELMODE_GATEWAY__CONFIG_DIR", "the project's (gateway-config/)"),
+        "load average (1, 5, 15 min) at the start": load_start,
+        "load average (1, 5, 15 min) at the end": loadavg(),
+    }
+
+
+# -- results files -------------------------------------------------------------------------------
+
+# A benchmark that shares a results file keeps its own section between a line starting with
+# SECTION_BEGIN and the matching SECTION_END line: rewriting the file keeps the others.
+SECTION_BEGIN = "<!-- BEGIN "
+SECTION_END = "<!-- END "
+
+
+def _section_markers(name: str) -> tuple[str, str]:
+    return (f"{SECTION_BEGIN}{name}: generated, replaced when it runs again -->",
+            f"{SECTION_END}{name} -->")
+
+
+def kept_sections(path: Path) -> str:
+    """The marked sections in ``path`` (with their markers), or ''."""
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+    except OSError:
+        return ""
+    out: list[str] = []
+    end: str | None = None
+    for line in lines:
+        if end is None and line.startswith(SECTION_BEGIN):
+            name = line[len(SECTION_BEGIN):].split(":", 1)[0].strip()
+            end = _section_markers(name)[1]
+        if end is not None:
+            out.append(line)
+            if line.strip() == end:
+                end = None
+    return "".join(out)
+
+
+def write_section(path: Path, name: str, body: str) -> None:
+    """Put ``body`` in ``path`` as the marked section ``name``: in place of the one there, else
+    at the end; the rest of the file is left as it is."""
+    begin, end = _section_markers(name)
+    block = f"{begin}\n{body.strip()}\n{end}\n"
+    text = path.read_text() if path.exists() else ""
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith(f"{SECTION_BEGIN}{name}:")]
+    if starts:
+        i = starts[0]
+        j = next((k for k in range(i, len(lines)) if lines[k].strip() == end), len(lines) - 1)
+        lines[i:j + 1] = [block]
+        path.write_text("".join(lines))
+    else:
+        path.write_text(text + ("\n" if text and not text.endswith("\n\n") else "") + block)
+
+
+def write_page(path: Path, text: str) -> None:
+    """Write ``text`` as the unmarked part of ``path``, keeping the marked sections there."""
+    kept = kept_sections(path)
+    path.write_text(text + ("\n" + kept if kept else ""))
+
+
+# -- running -------------------------------------------------------------------------------------
+
+
+def run_stoppable(run: Callable[[argparse.Namespace], Awaitable[int]], args: argparse.Namespace) -> int:
+    """asyncio.run(run(args)), cancelled (so that its clean-up runs) by SIGTERM or Ctrl-C."""
+
+    async def guarded() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await run(args)
+
+    try:
+        return asyncio.run(guarded())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted; everything started was stopped", file=sys.stderr)
+        return 130
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """--samples, --quick, --batch, --warmup of a benchmark that ``interleave``s paths
+    (``sampling_args`` fills in the defaults after parsing)."""
+    p.add_argument("--samples", type=int, default=None, help="samples per path (default 300)")
+    p.add_argument("--quick", action="store_true", help="60 samples per path, 10 warm-ups")
+    p.add_argument("--batch", type=int, default=10, help="samples per path per round (default 10)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up runs per path (default 30)")
+
+
+def sampling_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.samples is None:
+        args.samples = 60 if args.quick else 300
+    if args.warmup is None:
+        args.warmup = 10 if args.quick else 30
+    if args.samples < 1 or args.batch < 1 or args.warmup < 0:
+        p.error("--samples and --batch must be >= 1, --warmup >= 0")
+
+
+def require_kernel_venv(p: argparse.ArgumentParser) -> None:
+    """Exit with a usage error when the kernel environment is missing."""
+    if not KERNEL_PYTHON.is_file():
+        p.error(f"{KERNEL_PYTHON} not found (run `make setup`)")
+
+
+def unmount_under(root: Path) -> None:
+    """Detach every mount below ``root`` (a killed manager cannot detach its workspace volumes)."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mount_point = line.split()[4]
+        if mount_point.startswith(f"{root}/"):
+            subprocess.run(["umount", "-l", mount_point], check=False, capture_output=True)
+
+
+# -- a lean HTTP client --------------------------------------------------------------------------
+
+
+class Http:
+    """One keep-alive HTTP/1.1 connection on asyncio streams (TCP_NODELAY is asyncio's default)."""
+
+    def __init__(self, url: str, token: str) -> None:
+        u = urlsplit(url)
+        self.host, self.port = u.hostname or "127.0.0.1", int(u.port or 80)
+        self._head = f"Host: {self.host}:{self.port}\r\nAuthorization: Bearer {token}\r\n"
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        self.writer.write(f"{method} {path} HTTP/1.1\r\n{self._head}Content-Type: application/json\r\n"
+                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        await self.writer.drain()
+        line = await self.reader.readline()
+        if not line:
+            await self.close()
+            raise ConnectionError(f"{method} {path}: the server closed the connection")
+        status = int(line.split()[1])
+        length, chunked, close = 0, False, False
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            key, _, val = line.decode("latin-1").partition(":")
+            key, val = key.strip().lower(), val.strip().lower()
+            if key == "content-length":
+                length = int(val)
+            elif key == "transfer-encoding":
+                chunked = "chunked" in val
+            elif key == "connection":
+                close = val == "close"
+        if chunked:
+            parts = []
+            while True:
+                size = int((await self.reader.readline()).split(b";")[0], 16)
+                if size == 0:
+                    await self.reader.readline()
+                    break
+                parts.append(await self.reader.readexactly(size))
+                await self.reader.readline()
+            data = b"".join(parts)
+        else:
+            data = await self.reader.readexactly(length) if length else b""
+        if close:
+            await self.close()
+        return status, data
+
+    async def json(self, method: str, path: str, obj: Any = None) -> tuple[int, Any]:
+        status, data = await self.request(method, path, b"" if obj is None else json.dumps(obj).encode())
+        return status, (json.loads(data) if data else None)
+
+    async def execute(self, sid: str) -> float:
+        """One warm `1+1` round trip in session ``sid``, in ms (checks the answer)."""
+        path = f"/v1/sessions/{sid}/execute"
+        t0 = time.perf_counter_ns()
+        status, data = await self.request("POST", path, EXEC_BODY)
+        elapsed = ms_since(t0)
+        if status != 200:
+            raise RuntimeError(f"POST {path}: {status} {data[:500]!r}")
+        body = json.loads(data)
+        if body.get("status") != "ok" or body.get("result") != EXPECTED:
+            raise RuntimeError(f"session {sid} answered {body!r}"[:1000])
+        return elapsed
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.writer.wait_closed(), 2)
+        self.reader = self.writer = None
+
+
+# -- a kernelmode server -------------------------------------------------------------------------
+
+
+class KmServer:
+    """`kernelmode serve` with extra settings, and what the benchmarks need of it.
+
+    ``start()`` again after the server died (or was killed) starts a successor on the same data
+    dir; ``stop()`` stops the server and whatever of its data dir is left (an orphaned gateway,
+    kernels, mounts) and removes the data dir and the log.
+    """
+
+    def __init__(self, name: str, env: dict[str, str], backend: str = "bwrap",
+                 args: list[str] | None = None, data_dir: Path | None = None) -> None:
+        self.name = name
+        self.env = {"KERNELMODE_SESSIONS__TTL_SECONDS": "86400", **env}
+        self.backend = backend
+        self.args = ["--sandbox", backend, *(args or [])]
+        self.data_dir = data_dir
+        self.srv: Server | None = None
+        self.old: list[Server] = []  # killed predecessors (their stdout pipes are closed at the end)
+        self.ctl: Http | None = None  # control connection: creates, deletes, readyz
+        self.conns: list[Http] = []
+        self.pool_size = 0
+        self.ready: dict[str, Any] = {}
+        self._gateway: int | None = None
+        self._known: dict[int, int] = {}  # pid -> start time of every process seen under it
+        self.keep_logs = False  # set when the run failed: the logs are copied before cleanup
+
+    def start(self) -> float:
+        """Start `serve` until it prints its serving line; the seconds it took.
+
+        Blocking on purpose (it reads the child's stdout): the Server object is then ours to stop
+        even if Ctrl-C arrives meanwhile."""
+        if self.srv is not None:
+            self.old.append(self.srv)
+        t0 = time.perf_counter()
+        self.srv = start_server(env_extra=self.env, data_dir=self.data_dir, args=self.args)
+        took = time.perf_counter() - t0
+        self.data_dir = self.srv.data_dir
+        self.ctl = self.http()
+        return took
+
+    def http(self) -> Http:
+        assert self.srv is not None
+        conn = Http(self.srv.url, self.srv.token)
+        self.conns.append(conn)
+        return conn
+
+    async def drop_connections(self) -> None:
+        for conn in self.conns:
+            await conn.close()
+        self.conns.clear()
+        self.ctl = None
+
+    @property
+    def manager_pid(self) -> int:
+        assert self.srv is not None
+        return self.srv.proc.pid
+
+    @property
+    def gateway_pid(self) -> int:
+        """The Kernel Gateway of this server: the manager's child, or one adopted from a killed
+        predecessor (found by its data dir). Looked up again once the known one has gone."""
+        if self._gateway is not None and self._is_gateway(self._gateway):
+            return self._gateway
+        self._gateway = None
+        table = ptable()
+        for pid, ppid in table.items():
+            if ppid == self.manager_pid and self._is_gateway(pid):
+                self._gateway = pid
+                return pid
+        found = [pid for pid in processes_mentioning(str(self.data_dir)) if self._is_gateway(pid)]
+        top = [pid for pid in found if table.get(pid) not in found]
+        if len(top) != 1:
+            raise RuntimeError(f"{self.name}: expected one kernel gateway process, found {top}")
+        self._gateway = top[0]
+        return top[0]
+
+    @staticmethod
+    def _is_gateway(pid: int) -> bool:
+        with contextlib.suppress(OSError):
+            return b"kernel_gateway" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return False
+
+    def remember_processes(self) -> list[int]:
+        """The processes under the manager now (remembered: any left at stop() are killed)."""
+        pids = descendants(self.manager_pid)
+        for pid in pids:
+            st = stat(pid)
+            if st is not None:
+                self._known[pid] = st[1]
+        return pids
+
+    async def ready_check(self, conn: Http | None = None) -> tuple[int, dict[str, Any]]:
+        """GET /readyz: (status, checks); the checks are kept as ``ready``."""
+        status, body = await (conn or self.ctl).json("GET", "/readyz")  # type: ignore[union-attr]
+        self.ready = (body or {}).get("checks", {})
+        return status, self.ready
+
+    async def readyz(self, conn: Http | None = None) -> dict[str, Any]:
+        return (await self.ready_check(conn))[1]
+
+    async def wait_pool_full(self, settle: float = 0.3, timeout: float = 120, strict: bool = True,
+                             need_ok: bool = False) -> bool:
+        """Until the warm pool is full (no kernel starting in the background), then ``settle`` s.
+
+        With ``need_ok``, /readyz must also answer 200. False (or, when ``strict``, an error) if
+        that did not happen within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status, checks = await self.ready_check()
+            pool = checks.get("pool", {})
+            self.pool_size = int(pool.get("size", 0))
+            if int(pool.get("ready", -1)) >= self.pool_size and (status == 200 or not need_ok):
+                break
+            if time.monotonic() > deadline:
+                if strict:
+                    raise RuntimeError(f"{self.name}: the warm pool did not fill up: {checks}")
+                return False
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(settle)
+        return True
+
+    async def create(self, body: dict[str, Any], conn: Http | None = None) -> dict[str, Any]:
+        status, info = await (conn or self.ctl).json("POST", "/v1/sessions", body)  # type: ignore[union-attr]
+        if status != 201:
+            raise RuntimeError(f"{self.name}: POST /v1/sessions: {status} {info}")
+        return info
+
+    async def delete(self, sid: str, conn: Http | None = None) -> None:
+        status, body = await (conn or self.ctl).json("DELETE", f"/v1/sessions/{sid}")  # type: ignore[union-attr]
+        if status != 204:
+            raise RuntimeError(f"{self.name}: DELETE {sid}: {status} {body}")
+
+    async def stop(self, timeout: float = 180) -> None:
+        await self.drop_connections()
+        srv, self.srv = self.srv, None
+        if srv is not None:
+            with contextlib.suppress(Exception):
+                self._remember(srv)
+            if self.keep_logs:
+                self._keep_logs(srv)
+            if srv.proc.poll() is None:
+                try:
+                    await asyncio.to_thread(srv.stop, signal.SIGTERM, timeout)
+                except subprocess.TimeoutExpired:
+                    srv.proc.kill()
+                    srv.proc.wait(10)
+        await asyncio.to_thread(self._kill_leftovers)
+        for s in (*self.old, *([srv] if srv is not None else [])):
+            if s.proc.stdout is not None:
+                s.proc.stdout.close()
+        self.old.clear()
+        if self.data_dir is not None:
+            unmount_under(self.data_dir)
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.data_dir.with_suffix(".log").unlink(missing_ok=True)
+
+    def _remember(self, srv: Server) -> None:
+        if srv.proc.poll() is None:
+            self.remember_processes()
+
+    def _keep_logs(self, srv: Server) -> None:
+        slug = self.name.replace("+", "-").replace(" ", "-").replace("=", "")
+        keep = Path(tempfile.mkdtemp(prefix=f"km-bench-logs-{slug}-", dir="/tmp"))
+        for src in (srv.log_path, srv.data_dir / "gateway" / "gateway.log"):
+            with contextlib.suppress(OSError):
+                shutil.copy(src, keep / src.name)
+        print(f"the run failed: logs of the {self.name} server kept in {keep}", file=sys.stderr)
+
+    def _kill_leftovers(self) -> None:
+        """Whatever of this server outlived it: a gateway orphaned by a killed manager (with its
+        kernels: by process group), processes of its data dir, processes seen under it."""
+        if self.data_dir is not None:
+            where = str(self.data_dir)
+            deadline = time.monotonic() + 15
+            while processes_mentioning(where) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            left = processes_mentioning(where)
+            if left:
+                print(f"{self.name}: {len(left)} process(es) left after the server stopped: killing them",
+                      file=sys.stderr)
+                for pid in left:
+                    if self._is_gateway(pid):
+                        with contextlib.suppress(OSError):
+                            os.killpg(pid, signal.SIGKILL)
+                for pid in processes_mentioning(where):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.5)
+        for pid, start in self._known.items():  # same pid and start time: still ours
+            st = stat(pid)
+            if st is not None and st[1] == start:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+class RestSession:
+    """One session on a real `kernelmode serve` (bwrap sandbox, one trivial host tool), driven over
+    REST with one keep-alive http.client connection (``roundtrip``) or httpx.Client (``client``)."""
+
+    def __init__(self) -> None:
+        self.km: KmServer | None = None
+        self.client: httpx.Client | None = None
+        self.conn: http.client.HTTPConnection | None = None
+        self.sid: str | None = None
+        self.ready: dict[str, Any] = {}
+        self.session_sandbox = ""
+        self._config: Path | None = None
+        self._path = ""
+        self._body = EXEC_BODY
+
+    @property
+    def server(self) -> Server | None:
+        return None if self.km is None else self.km.srv
+
+    async def start(self) -> None:
+        # One trivial host tool, for the tool-call round trip from kernel code.
+        self._config = Path(tempfile.mkstemp(prefix="kmbench-", suffix=".yaml")[1])
+        self._config.write_text('tools:\n  - {name: add, function: "tests.integration.host_tools:add"}\n'
+                                'tool_calls: {rate_per_second: 1000000, rate_burst: 1000000}\n')
+        self.km = KmServer("rest", {}, args=["--config", str(self._config)])
+        self.km.start()
+        assert self.server is not None
+        self.client = self.server.client(timeout=60)
+        r = self.client.get("/readyz")
+        self.ready = r.json().get("checks", {})
+        r = self.client.post("/v1/sessions", json={})
+        if r.status_code != 201:
+            raise RuntimeError(f"POST /v1/sessions: {r.status_code} {r.text}")
+        info = r.json()
+        self.sid = info["session_id"]
+        self.session_sandbox = info.get("sandbox", "")
+        self._path = f"/v1/sessions/{self.sid}/execute"
+
+    async def roundtrip(self) -> float:
+        """The REST call through a lean keep-alive client (the standard library's http.client)."""
+        assert self.server is not None
+        if self.conn is None:
+            u = urlsplit(self.server.url)
+            self.conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=60)
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.server.token}"}
+        t0 = time.perf_counter_ns()
+        self.conn.request("POST", self._path, body=self._body, headers=headers)
+        resp = self.conn.getresponse()
+        data = resp.read()
+        elapsed = ms_since(t0)
+        if resp.status != 200:
+            raise RuntimeError(f"POST {self._path}: {resp.status} {data[:500]!r}")
+        body = json.loads(data)
+        if body.get("status") != "ok" or body.get("result") != EXPECTED:
+            raise RuntimeError(f"kernelmode answered {body!r}")
+        return elapsed
+
+    async def roundtrip_httpx(self) -> float:
+        # A blocking call on purpose: nothing else needs the event loop while it runs.
+        assert self.client is not None
+        t0 = time.perf_counter_ns()
+        r = self.client.post(self._path, content=self._body,
+                             headers={"Content-Type": "application/json"})
+        elapsed = ms_since(t0)
+        if r.status_code != 200:
+            raise RuntimeError(f"POST {self._path}: {r.status_code} {r.text[:500]}")
+        body = r.json()
+        if body.get("status") != "ok" or body.get("result") != EXPECTED:
+            raise RuntimeError(f"kernelmode answered {body!r}")
+        return elapsed
+
+    async def stop(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        if self.client is not None:
+            if self.sid is not None:
+                with contextlib.suppress(Exception):
+                    self.client.delete(f"/v1/sessions/{self.sid}")
+            self.client.close()
+        if self.km is not None:
+            await self.km.stop(timeout=30)
+        if self._config is not None:
+            self._config.unlink(missing_ok=True)
+
+
+# -- reference kernels: the floor ----------------------------------------------------------------
+
+
+def _tmpfs_dir() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+class DirectKernel:
+    """An unsandboxed ipykernel (kernel-venv python) driven with jupyter_client."""
+
+    def __init__(self, tmp: Path, transport: str = "ipc") -> None:
+        self.tmp = tmp
+        self.transport = transport
+        self.km: AsyncKernelManager | None = None
+        self.kc: Any = None
+        self.log_path = tmp / "direct-kernel.log"
+        self.home: Path | None = None
+
+    async def start(self) -> None:
+        spec_dir = self.tmp / "kernels" / "kmbench-direct"
+        spec_dir.mkdir(parents=True)
+        (spec_dir / "kernel.json").write_text(json.dumps({
+            "display_name": "kmbench direct (kernel-venv)",
+            "language": "python",
+            "argv": [str(KERNEL_PYTHON), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        }))
+        ksm = KernelSpecManager(kernel_dirs=[str(self.tmp / "kernels")], ensure_native_kernel=False)
+        runtime = self.tmp / "runtime"
+        runtime.mkdir()
+        self.km = AsyncKernelManager(
+            kernel_name="kmbench-direct", kernel_spec_manager=ksm,
+            connection_file=str(runtime / "kernel-direct.json"), transport=self.transport,
+        )
+        if self.transport == "ipc":  # like kernelmode's gateway; the default tcp is on loopback
+            self.km.ip = str(runtime / "kernel-ipc")
+        # HOME (and so IPython's history database) on tmpfs when there is one, like the
+        # sandbox's /tmp: on disk, the history writes of every execution cost ~0.3 ms here.
+        self.home = Path(tempfile.mkdtemp(prefix="kmbench-home-", dir=_tmpfs_dir()))
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+               "HOME": str(self.home), "IPYTHONDIR": str(self.home / ".ipython"),
+               "JUPYTER_RUNTIME_DIR": str(runtime)}
+        logf = self.log_path.open("wb")
+        try:
+            await self.km.start_kernel(env=env, stdout=logf, stderr=logf)
+        finally:
+            logf.close()  # the kernel has its own copy
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        await self.kc.wait_for_ready(timeout=60)
+
+    @property
+    def pid(self) -> int:
+        assert self.km is not None
+        return int(self.km.provisioner.pid)  # type: ignore[union-attr]
+
+    async def run_cell(self, code: str) -> tuple[float, str | None, str]:
+        """(ms until execute_reply and idle, text result, stdout) of one cell."""
+        kc = self.kc
+        t0 = time.perf_counter_ns()
+        msg_id = kc.execute(code)
+        result, out = None, []
+        while True:
+            msg = await kc.get_shell_msg(timeout=MSG_TIMEOUT)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_reply":
+                break
+        while True:
+            msg = await kc.get_iopub_msg(timeout=MSG_TIMEOUT)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind = msg["msg_type"]
+            if kind == "execute_result":
+                result = msg["content"]["data"].get("text/plain")
+            elif kind == "stream":
+                out.append(msg["content"]["text"])
+            elif kind == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        return ms_since(t0), result, "".join(out)
+
+    async def roundtrip(self) -> float:
+        elapsed, result, _ = await self.run_cell(CODE)
+        if result != EXPECTED:
+            raise RuntimeError(f"direct kernel answered {result!r}, not {EXPECTED!r}")
+        return elapsed
+
+    async def stop(self) -> None:
+        if self.kc is not None:
+            with contextlib.suppress(Exception):
+                self.kc.stop_channels()
+        if self.km is not None and self.km.has_kernel:
+            try:
+                await asyncio.wait_for(self.km.shutdown_kernel(now=False), 15)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    await self.km.shutdown_kernel(now=True)
+        if self.home is not None:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+
+class BareKernels:
+    """Unsandboxed ipykernels (kernel-venv python) via jupyter_client; all stopped at the end."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.count = 0
+        self.alive: list[DirectKernel] = []
+
+    def new(self) -> DirectKernel:
+        """A kernel not started yet, in a folder of its own (stopped with the others)."""
+        self.count += 1
+        d = self.tmp / f"bare-{self.count}"
+        d.mkdir()
+        dk = DirectKernel(d, "ipc")
+        self.alive.append(dk)
+        return dk
+
+    async def cold_start(self) -> tuple[float, float, float]:
+        """(start until the first execute ran, start until ready, first execute) in ms."""
+        dk = self.new()
+        try:
+            t0 = time.perf_counter_ns()
+            await dk.start()
+            t_ready = ms_since(t0)
+            await dk.roundtrip()
+            total = ms_since(t0)
+        finally:
+            await self.stop([dk])
+        return total, t_ready, total - t_ready
+
+    async def start_many(self, n: int) -> list[DirectKernel]:
+        out: list[DirectKernel] = []
+        todo = iter(range(n))
+
+        async def worker() -> None:
+            for _ in todo:
+                dk = self.new()
+                await dk.start()
+                await dk.roundtrip()
+                out.append(dk)
+
+        await asyncio.gather(*(worker() for _ in range(min(CONCURRENCY, n))))
+        return out
+
+    async def stop(self, kernels: list[DirectKernel] | None = None) -> None:
+        kernels = list(self.alive) if kernels is None else kernels
+        await asyncio.gather(*(dk.stop() for dk in kernels), return_exceptions=True)
+        for dk in kernels:
+            if dk in self.alive:
+                self.alive.remove(dk)
+            shutil.rmtree(dk.tmp, ignore_errors=True)
+
+
+# -- a kernel behind a gateway's websocket ---------------------------------------------------------
+
+
+class WsKernel:
+    """A kernel driven over a Kernel Gateway's kernel websocket with the `websockets` library
+    (JSON text frames; a subclass may speak another framing: ``SUBPROTOCOL``, ``_frame``,
+    ``_unframe``, ``_content``)."""
+
+    SUBPROTOCOL: str | None = None
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self._session = JupyterSession(key=b"", username="kmbench")
+
+    @classmethod
+    async def open(cls, http_url: str, token: str, kernel_id: str) -> WsKernel:
+        url = (f"ws{http_url[len('http'):]}/api/kernels/{kernel_id}/channels"
+               f"?session_id={uuid.uuid4().hex}")
+        extra: dict[str, Any] = {"subprotocols": [cls.SUBPROTOCOL]} if cls.SUBPROTOCOL else {}
+        ws = await websockets.connect(url, additional_headers={"Authorization": f"token {token}"},
+                                      compression=None, ping_interval=None, open_timeout=30,
+                                      max_size=None, **extra)
+        self = cls(ws)
+        try:
+            if cls.SUBPROTOCOL and ws.subprotocol != cls.SUBPROTOCOL:
+                raise RuntimeError(f"the gateway did not accept {cls.SUBPROTOCOL} (got {ws.subprotocol!r})")
+            # wait until the kernel answers (kernel_info round trip)
+            msg_id = await self._send("kernel_info_request", {})
+            while True:
+                kind, parent, _ = self._unframe(await asyncio.wait_for(ws.recv(), 60))
+                if kind == "kernel_info_reply" and parent == msg_id:
+                    return self
+        except BaseException:
+            await self.close()
+            raise
+
+    def _frame(self, msg: dict[str, Any]) -> str | bytes:
+        msg["channel"] = "shell"
+        return json.dumps(msg, default=json_default)
+
+    def _unframe(self, frame: str | bytes) -> tuple[str, str | None, Any]:
+        """(msg_type, the parent's msg_id, the content as ``_content`` takes it) of a message."""
+        m = json.loads(frame)
+        return m["msg_type"], m["parent_header"].get("msg_id"), m["content"]
+
+    def _content(self, raw: Any) -> dict[str, Any]:
+        return raw  # type: ignore[no-any-return]
+
+    async def _send(self, msg_type: str, content: dict[str, Any]) -> str:
+        msg = self._session.msg(msg_type, content)
+        await self.ws.send(self._frame(msg))
+        return str(msg["header"]["msg_id"])
+
+    async def roundtrip(self) -> float:
+        t0 = time.perf_counter_ns()
+        msg_id = await self._send("execute_request", {
+            "code": CODE, "silent": False, "store_history": True, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": True,
+        })
+        result = await asyncio.wait_for(self._collect(msg_id), MSG_TIMEOUT)
+        elapsed = ms_since(t0)
+        if result != EXPECTED:
+            raise RuntimeError(f"kernel behind the websocket answered {result!r}, not {EXPECTED!r}")
+        return elapsed
+
+    async def _collect(self, msg_id: str) -> str | None:
+        """Read until the execute_reply and the idle status of ``msg_id``; the text result."""
+        got_reply = got_idle = False
+        result = None
+        while not (got_reply and got_idle):
+            kind, parent, raw = self._unframe(await self.ws.recv())
+            if parent != msg_id:
+                continue
+            if kind == "execute_reply":
+                got_reply = True
+            elif kind == "execute_result":
+                result = self._content(raw)["data"].get("text/plain")
+            elif kind == "status" and self._content(raw)["execution_state"] == "idle":
+                got_idle = True
+        return result
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(), 5)

@@ -70,13 +70,13 @@ class SessionManager:
         self._creating: dict[str, str] = {}  # session id -> tenant, while its kernel starts
         self._strays: asyncio.Task[None] | None = None
         self.metrics = Metrics()
-        self.metrics.watch(self._gauges)
         self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker)
         self.pool = WarmPool(settings, self.kernels, sandbox)
         self.runner = Runner(settings, store, harvester, self.metrics, self._live)
         self.runs = self.runner.runs
         self.files = SessionFiles(settings, store, harvester, self._live.get)
         self.reaper = Reaper(settings.sessions.reap_interval_seconds, self.reap_expired)
+        self.metrics.watch(self._gauges)  # after the rooms: registering reads the gauges once
         # Where each kernel's memory use can be read (its cgroup), if anywhere.
         self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
 

@@ -72,7 +72,7 @@ class SessionManager:
         self.metrics = Metrics()
         self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker)
         self.pool = WarmPool(settings, self.kernels, sandbox)
-        self.runner = Runner(settings, store, harvester, self.metrics, self._live)
+        self.runner = Runner(settings, store, harvester, self.metrics, self._live, self.kernels.collector)
         self.runs = self.runner.runs
         self.files = SessionFiles(settings, store, harvester, self._live.get)
         self.reaper = Reaper(settings.sessions.reap_interval_seconds, self.reap_expired)

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ..artifacts.harvester import Harvester
 from ..audit import audit
@@ -35,8 +35,10 @@ class Runner:
     """Runs code in live sessions (``live``: the manager's sessions by id, read only)."""
 
     def __init__(self, settings: Settings, store: SessionStore, harvester: Harvester | None,
-                 metrics: Metrics, live: Mapping[str, LiveSession]) -> None:
+                 metrics: Metrics, live: Mapping[str, LiveSession],
+                 collector: Callable[[], OutputCollector]) -> None:
         self.settings = settings
+        self.collector = collector  # a new output collector with the server's caps
         self.store = store
         self.harvester = harvester
         self.metrics = metrics
@@ -81,10 +83,6 @@ class Runner:
             return await asyncio.shield(run.task)
         await asyncio.wait({run.task}, timeout=wait_seconds)
         return run.task.result() if run.task.done() else run.snapshot()
-
-    def collector(self) -> OutputCollector:
-        cfg = self.settings.sessions
-        return OutputCollector(cfg.max_output_bytes, max_display_bytes=cfg.max_display_bytes)
 
     def find(self, run_id: str) -> LiveRun | None:
         """The run in flight, or a finished one read back from the store (for this answer only)."""

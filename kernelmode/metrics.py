@@ -1,7 +1,8 @@
 """Prometheus metrics of one service (``GET /metrics``), with the prometheus_client library.
 
 Counters and the run-duration histogram are updated where things happen (the SessionManager);
-gauges (live sessions by status, warm pool) are read from the manager when scraped.
+gauges (live sessions by status; the warm pool's ready count and its configured size) are read
+from the manager when scraped.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class Metrics:
                                         "Kernel Gateway deaths followed by a restart", registry=r)
 
     def watch(self, read: Callable[[], tuple[dict[str, int], int, int]]) -> None:
-        """``read() -> ({status: count}, pool ready, pool size)``, called at each scrape."""
+        """``read() -> ({status: count}, pool kernels ready now, configured pool size)``, called at
+        each scrape (and once when registered)."""
         self.registry.register(_LiveState(read))
 
     def observe_run(self, result: RunResult, tenant: str, source: str = "api") -> None:

@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import KernelUnavailable
+from .remove import remove_tree
 
 log = logging.getLogger("kernelmode.artifacts")
 _TIMEOUT = 30
@@ -72,7 +73,7 @@ class WorkspaceVolumes:
             self.destroy(probe)
         except KernelUnavailable as e:
             self.enabled = False
-            shutil.rmtree(probe, ignore_errors=True)
+            remove_tree(probe)
             probe.with_suffix(".img").unlink(missing_ok=True)
             log.warning("workspace quota off (loop mount failed: %s)", e)
             return f"off (loop mount failed: {e})"
@@ -118,5 +119,5 @@ class WorkspaceVolumes:
                 _run("umount", str(path))
             except KernelUnavailable:
                 _run("umount", "-l", str(path))  # still busy: detach now, free when idle
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)  # iterative: kernel code may have made the tree thousands deep
         path.with_name(path.name + ".img").unlink(missing_ok=True)

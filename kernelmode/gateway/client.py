@@ -22,6 +22,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from websockets.asyncio.client import ClientConnection
 
 from ..errors import GatewayError, GatewayUnavailable, KernelUnavailable, SandboxUnavailable
+from .exchange import DISCONNECTED_EVENT, KERNEL_STATUS_EVENT
 from .frames import Bounds, FrameError, decode_frame, encode_frame
 
 if TYPE_CHECKING:
@@ -211,7 +212,7 @@ class KernelConnection:
         except websockets.WebSocketException as e:
             log.warning("websocket of kernel %s closed: %s", self.kernel_id, e)
         finally:
-            self.broadcast({"msg_type": "kernelmode_disconnected"})
+            self.broadcast({"msg_type": DISCONNECTED_EVENT})
 
     def _route(self, msg: dict[str, Any]) -> None:
         parent = (msg.get("parent_header") or {}).get("msg_id")
@@ -219,7 +220,7 @@ class KernelConnection:
             if msg.get("msg_type") == "status":
                 state = msg["content"].get("execution_state")
                 if state in (KERNEL_RESTARTING, KERNEL_DEAD):
-                    self.broadcast({"msg_type": "kernelmode_kernel_status", "state": state})
+                    self.broadcast({"msg_type": KERNEL_STATUS_EVENT, "state": state})
                     self.on_kernel_status(state)
             return
         queue = self._listeners.get(parent) if isinstance(parent, str) else None
@@ -279,7 +280,7 @@ class KernelConnection:
                         reply = dict(msg["content"])
                     elif kind == "status":
                         iopub_seen = True
-                    elif kind == "kernelmode_disconnected":
+                    elif kind == DISCONNECTED_EVENT:
                         raise KernelUnavailable(f"kernel {self.kernel_id} disconnected")
             finally:
                 self.forget(queue)

@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ..models import RunError
+from ..models import RunError, RunResult, RunStatus
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
@@ -136,3 +136,12 @@ class OutputCollector:
     @property
     def stderr(self) -> str:
         return self._stream("stderr")
+
+    def to_result(self, run_id: str, session_id: str, status: RunStatus, **extra: Any) -> RunResult:
+        """The RunResult of what was collected (``extra``: the fields the collector does not know,
+        such as ``state_lost``, ``cause``, ``tool_calls`` or ``duration_ms``)."""
+        fields: dict[str, Any] = {
+            "stdout": self.stdout, "stderr": self.stderr, "result": self.result, "outputs": list(self.outputs),
+            "error": self.error, "execution_count": self.execution_count, "truncated": self.truncated,
+            "outputs_dropped": self.dropped_outputs}
+        return RunResult(run_id=run_id, session_id=session_id, status=status, **(fields | extra))

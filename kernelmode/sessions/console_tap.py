@@ -3,7 +3,8 @@
 The console talks to the session's kernel through kernelmode, frame by frame. The tap looks at
 each message on the way: it records the console's runs in the session's history (so they are
 in the notebook export), answers the kernel's tool calls itself (the console never sees the
-preamble's requests, and ``tools.*`` works as in any run), and refuses a shutdown request (a
+preamble's requests, and ``tools.*`` works as in any run; a request too large to be read is
+refused at once, as in a run), and refuses a shutdown request (a
 person leaving the console must not stop the agent's kernel).
 
 What the tap keeps per connection is bounded: a cell's code is kept for the history up to
@@ -25,14 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 from jupyter_client.session import Session as JupyterSession
 
+from ..gateway.exchange import ExecuteExchange
 from ..gateway.execution import OutputCollector
 from ..kernel.preamble import MARKER
-from ..models import RunResult, ToolCall
+from ..models import ToolCall
 
 if TYPE_CHECKING:
-    from .manager import LiveSession, SessionManager
+    from .live import LiveSession
+    from .manager import SessionManager
 
-_OUTPUT_TYPES = {"stream", "display_data", "update_display_data", "execute_result", "error"}
 MAX_PENDING = 32  # requests of one console awaiting their reply
 PENDING_CODE_CELLS = 4  # their kept code together: this many cells of max_code_bytes
 
@@ -47,11 +49,9 @@ def kept_code(code: str, cap: int) -> str:
 @dataclass
 class _ConsoleRun:
     code: str
-    collector: OutputCollector
+    exchange: ExecuteExchange  # fed the kernel's messages for the cell, as the console gets them
     started: float
     tool_calls: list[ToolCall] = field(default_factory=list)
-    reply: bool = False
-    idle: bool = False
 
 
 class ConsoleTap:
@@ -78,7 +78,8 @@ class ConsoleTap:
             self._forget(msg_id)  # a repeated id replaces its earlier request
             run = _ConsoleRun(
                 code=kept_code(str(msg["content"].get("code", "")), cfg.max_code_bytes),
-                collector=OutputCollector(cfg.max_output_bytes, max_display_bytes=cfg.max_display_bytes),
+                exchange=ExecuteExchange(OutputCollector(cfg.max_output_bytes,
+                                                         max_display_bytes=cfg.max_display_bytes)),
                 started=time.monotonic())
             self._runs[msg_id] = run
             self._pending_chars += len(run.code)
@@ -101,25 +102,26 @@ class ConsoleTap:
         kind = msg.get("msg_type")
         parent = (msg.get("parent_header") or {}).get("msg_id", "")
         run = self._runs.get(parent)
-        if kind == "input_request" and str(msg["content"].get("prompt", "")).startswith(MARKER):
+        # A tool call, or one too large to be read (the decoder left its prompt out: only the
+        # preamble's requests carry data; a plain input() fails in the kernel before asking).
+        if kind == "input_request" and (
+                msg.get("dropped") or str(msg["content"].get("prompt", "")).startswith(MARKER)):
             task = asyncio.create_task(self._answer_tool_call(msg, run))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return False
-        if run is not None:
-            if kind in _OUTPUT_TYPES or kind == "execute_reply":
-                run.collector.add(msg)
-                run.reply |= kind == "execute_reply"
-            elif kind == "status" and msg["content"].get("execution_state") == "idle":
-                run.idle = True
-            if run.reply and run.idle:
-                self._record(parent, run)
+        if run is not None and run.exchange.feed(msg) == "done":
+            self._record(parent, run)
         return True
 
     async def _answer_tool_call(self, msg: dict[str, Any], run: _ConsoleRun | None) -> None:
-        s = self.s
-        reply, record = await self.manager.broker.handle(
-            s.info.session_id, "console", s.info.tools, str(msg["content"]["prompt"])[len(MARKER):])
+        s, broker = self.s, self.manager.broker
+        record: ToolCall | None
+        if msg.get("dropped"):  # answered at once: the call fails in the kernel, nothing waits
+            reply, record = broker.refuse_unread(s.info.session_id, "console", msg["dropped"])
+        else:
+            reply, record = await broker.handle(
+                s.info.session_id, "console", s.info.tools, str(msg["content"]["prompt"])[len(MARKER):])
         if record is not None and run is not None:
             run.tool_calls.append(record)
         answer = self._session.msg("input_reply", {"value": reply}, parent=msg["header"])
@@ -128,14 +130,10 @@ class ConsoleTap:
 
     def _record(self, msg_id: str, run: _ConsoleRun) -> None:
         self._forget(msg_id)
-        c = run.collector
-        result = RunResult(
-            run_id=uuid.uuid4().hex, session_id=self.s.info.session_id,
-            status="ok" if c.reply_status == "ok" else "error",
-            stdout=c.stdout, stderr=c.stderr, result=c.result, outputs=c.outputs, error=c.error,
-            execution_count=c.execution_count, truncated=c.truncated, outputs_dropped=c.dropped_outputs,
-            duration_ms=round((time.monotonic() - run.started) * 1000, 3), tool_calls=run.tool_calls,
-        )
+        c = run.exchange.collector
+        result = c.to_result(
+            uuid.uuid4().hex, self.s.info.session_id, "ok" if c.reply_status == "ok" else "error",
+            duration_ms=round((time.monotonic() - run.started) * 1000, 3), tool_calls=run.tool_calls)
         if c.execution_count is not None:
             self.s.info.execution_count = c.execution_count
         self.manager.record_console_run(self.s, run.code, result, c.events)

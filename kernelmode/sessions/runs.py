@@ -46,12 +46,7 @@ class LiveRun:
         """The run as a RunResult: the final one, or ``running`` with the output so far."""
         if self.result is not None:
             return self.result
-        c = self.collector
-        return RunResult(
-            run_id=self.run_id, session_id=self.session_id, status="running",
-            stdout=c.stdout, stderr=c.stderr, result=c.result, outputs=list(c.outputs),
-            execution_count=c.execution_count, truncated=c.truncated, outputs_dropped=c.dropped_outputs,
-        )
+        return self.collector.to_result(self.run_id, self.session_id, "running", error=None)
 
     def progress(self, offset: int) -> RunProgress:
         events = self.collector.events

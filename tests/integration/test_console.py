@@ -264,3 +264,33 @@ def test_a_failing_run_does_not_abort_a_console_cell_queued_behind_it(srv: Serve
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_an_unreadable_tool_request_from_a_console_cell_is_refused_not_passed_on(
+        srv: Server, api: httpx.Client, sid: str) -> None:
+    """A tool request too large to be read arrives at the tap without its prompt: the tap refuses
+    it (the call fails at once in the kernel) instead of showing the console an empty prompt."""
+    proc = subprocess.Popen([*KM, "console", sid, "--url", srv.url, "--token", srv.token, "--connection-file"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    asked: list[dict] = []
+    outputs: list[dict] = []
+    code = ("import kernelmode_preamble as kp\n"
+            "try:\n    kp._bridge.call('add', {'a': 'x' * 30_000_000, 'b': 1})\n"
+            "except kp.ToolError as e:\n    print('refused:', e)\n")
+    try:
+        assert proc.stdout is not None
+        kc = BlockingKernelClient(connection_file=proc.stdout.readline().rsplit(": ", 1)[1].strip())
+        kc.load_connection_file()
+        kc.start_channels()
+        try:
+            reply = kc.execute_interactive(code, timeout=120, allow_stdin=True, output_hook=outputs.append,
+                                           stdin_hook=lambda msg: (asked.append(msg), kc.input(""))[0])
+        finally:
+            kc.stop_channels()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert asked == []  # the console was never asked
+    printed = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+    assert "refused:" in printed and "over the limit" in printed, printed

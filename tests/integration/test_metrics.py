@@ -74,3 +74,17 @@ def test_audit_line_per_session_event_and_run(api: httpx.Client, server: Server,
     assert {x["tenant"] for x in lines} == {"admin"}
     assert lines[-1]["reason"] == "closed"
     assert all(x["ts"].endswith("+00:00") for x in lines)
+
+
+def test_pool_gauges_say_configured_size_and_ready_count(api: httpx.Client) -> None:
+    """kernelmode_pool_size is the configured size (as its help says), whatever is ready now;
+    kernelmode_pool_ready is the count of warm kernels ready to hand out."""
+    size = api.get("/readyz").json()["checks"]["pool"]["size"]
+    assert size >= 1  # the test server keeps a warm pool, so the two gauges can differ
+    sid = api.post("/v1/sessions", json={}).json()["session_id"]  # takes a pool kernel
+    try:
+        m = scrape(api)
+        assert value(m, "kernelmode_pool_size") == size
+        assert 0 <= value(m, "kernelmode_pool_ready") <= size
+    finally:
+        api.delete(f"/v1/sessions/{sid}")

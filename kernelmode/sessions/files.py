@@ -1,0 +1,130 @@
+"""A session's files: its workspace (uploads, listings, downloads), the artifacts its runs left
+in the store, and its history as a notebook (also after the session was deleted)."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Callable
+from typing import BinaryIO
+
+from ..artifacts.base import StoreError
+from ..artifacts.harvester import SESSION_FILES, Harvester
+from ..artifacts.workspace import WorkspaceFull, clean_path, mime_type
+from ..config import Settings
+from ..errors import KernelUnavailable, SessionNotFound
+from ..models import Artifact, FileList, SessionInfo, UploadResult, WorkspaceFile
+from .live import LiveSession, now
+from .store import SessionStore
+
+
+class SessionFiles:
+    """``live(session_id)``: the live session, or None (deleted, lost or unknown)."""
+
+    def __init__(self, settings: Settings, store: SessionStore, harvester: Harvester | None,
+                 live: Callable[[str], LiveSession | None]) -> None:
+        self.settings = settings
+        self.store = store
+        self.harvester = harvester
+        self.live = live
+
+    # -- workspace -----------------------------------------------------------------------------------
+    async def upload(self, s: LiveSession, path: str, body: BinaryIO, size: int, overwrite: bool) -> UploadResult:
+        """Write ``size`` bytes read from ``body`` to the workspace (atomically)."""
+        rel = clean_path(path)
+        ws = s.workspace_view()
+        cap = s.info.limits.disk_mb * 1024 * 1024
+        used, count = await asyncio.to_thread(ws.usage)
+        if used + size > cap:
+            raise WorkspaceFull(f"the workspace would exceed its {s.info.limits.disk_mb} MB "
+                                f"({used} bytes used); delete files or ask for a larger disk_mb")
+        if count >= self.settings.sessions.max_workspace_files:
+            raise WorkspaceFull(f"the workspace holds its maximum of {count} files")
+        chunks = iter(lambda: body.read(1 << 20), b"")
+        shown = await asyncio.to_thread(ws.write, rel, chunks, overwrite)
+        # An upload is an input, not something a run made: not an artifact of the next run.
+        entry = await asyncio.to_thread(ws.entry, rel)
+        if entry is not None:
+            s.files[str(rel)] = entry
+        return UploadResult(path=shown, size_bytes=size)
+
+    @staticmethod
+    async def list_files(s: LiveSession) -> FileList:
+        """The workspace's files, as far as its bounded walk got (``note`` says where it stopped)."""
+        files = await asyncio.to_thread(s.workspace_view().scan)
+        return FileList(files=[WorkspaceFile.model_validate(e.info()) for _, e in sorted(files.items())],
+                        truncated=files.stopped is not None, note=files.stopped)
+
+    @staticmethod
+    def open_file(s: LiveSession, path: str) -> tuple[int, int, str]:
+        """(fd, size, mime type) of a workspace file, opened without following links."""
+        rel = clean_path(path)
+        fd, st = s.workspace_view().open_file(rel)
+        return fd, st.st_size, mime_type(rel.name)
+
+    # -- artifacts -----------------------------------------------------------------------------------
+    async def artifacts(self, session_id: str) -> list[Artifact]:
+        """Artifacts of the session's runs (also after the session was deleted), fresh links."""
+        if self.harvester is None:
+            return []
+        runs = self.store.runs(session_id)
+        if not runs and self.live(session_id) is None and self.store.get(session_id) is None:
+            raise SessionNotFound(f"no session {session_id!r}")
+        kept = [await self.harvester.relink(session_id, r.run_id, a) for _, r in runs for a in r.artifacts]
+        return kept + [await self.harvester.relink(session_id, SESSION_FILES, a)
+                       for a in self.store.session_files(session_id)]
+
+    async def find_artifact(self, session_id: str, ref: str) -> tuple[str, Artifact] | None:
+        """(run id, artifact with a fresh link) of the latest artifact whose path is ``ref``."""
+        if self.harvester is None:
+            return None
+        rel = ref.removeprefix("/mnt/data/").lstrip("/")
+        for _, r in reversed(self.store.runs(session_id)):
+            for a in r.artifacts:
+                if a.path == ref or a.path.removeprefix("/mnt/data/") == rel:
+                    return r.run_id, await self.harvester.relink(session_id, r.run_id, a)
+        for a in reversed(self.store.session_files(session_id)):
+            if a.path == rel:
+                return SESSION_FILES, await self.harvester.relink(session_id, SESSION_FILES, a)
+        return None
+
+    async def artifact_bytes(self, session_id: str, run_id: str, artifact: Artifact) -> bytes:
+        assert self.harvester is not None
+        return await self.harvester.fetch(session_id, run_id, artifact)
+
+    # -- notebook ------------------------------------------------------------------------------------
+    def notebook(self, session_id: str, out: BinaryIO) -> None:
+        """Write the session's runs as an .ipynb to ``out`` (also after the session was deleted),
+        one run at a time from the store: memory holds one run's output, not the history's."""
+        runs = self.store.run_count(session_id)
+        live = self.live(session_id)
+        info: SessionInfo | None = live.info if live is not None else self.store.get(session_id)
+        if info is None and not runs:
+            raise SessionNotFound(f"no session {session_id!r}")
+        # Imported here: nbformat's jsonschema costs seconds of start-up otherwise (embedded MCP).
+        from .. import notebook
+
+        notebook.write_notebook(out, session_id, info, self.store.history_iter(session_id), runs)
+
+    async def keep_notebook(self, session_id: str, name: str) -> Artifact:
+        """Store the notebook as it is now among the session's artifacts."""
+        assert self.harvester is not None
+        with tempfile.TemporaryFile(dir=self.harvester.scratch) as f:
+            await asyncio.to_thread(self.notebook, session_id, f)
+            f.seek(0)
+            data = await asyncio.to_thread(f.read)
+        from ..notebook import MIME
+
+        artifact = await self.harvester.keep_session_file(session_id, name, data, MIME)
+        self.store.add_session_file(session_id, artifact)
+        return artifact
+
+    async def export_notebook(self, session_id: str) -> Artifact:
+        """Keep the session's notebook as it is now among its artifacts, with a download link."""
+        if self.harvester is None:
+            raise KernelUnavailable("this server keeps no artifacts")
+        stamp = now().strftime("%Y%m%d-%H%M%S")
+        try:
+            return await self.keep_notebook(session_id, f"notebook-{stamp}.ipynb")
+        except StoreError as e:
+            raise KernelUnavailable(f"the artifact store failed: {e}") from e

@@ -1,0 +1,319 @@
+"""One kernel's lifecycle, one object per kernel (cf. jupyter_client's multikernelmanager and
+restarter): start, connect, preamble, restart, replace, death cause, teardown, and its interrupt
+latch. ``Kernels`` holds what every kernel shares and starts new ones.
+
+The state a kernel carries is written here and nowhere else: whether it is alive (from the
+gateway), whether it must be readied again (reconnect and preamble), whether the next result
+must say that variables were lost, and whether an interrupt is held for a cell not started yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..artifacts.volume import WorkspaceVolumes
+from ..audit import audit
+from ..config import Settings
+from ..errors import KernelmodeError, KernelUnavailable
+from ..gateway.client import KERNEL_DEAD, GatewayClient, KernelConnection
+from ..gateway.exchange import ExecuteExchange, Message, Outcome
+from ..gateway.execution import OutputCollector
+from ..kernel.preamble import MARKER, boot_code
+from ..models import DeathCause, SessionInfo, ToolCall
+from ..sandbox.spec import KernelParams, pop_death_record
+from ..tools.broker import ToolBroker
+
+log = logging.getLogger("kernelmode.sessions")
+
+
+class InterruptLatch:
+    """Where an interrupt goes. ipykernel ignores SIGINT between cells, so an interrupt asked
+    for before the run's cell has started (kernel being readied, preamble, request in flight) is
+    held and delivered when the cell starts."""
+
+    def __init__(self) -> None:
+        self.requested = False  # the current run was asked to stop (its KeyboardInterrupt is ours)
+        self.held = False
+        self.cell_started = True  # no run waiting for its cell: an interrupt goes out at once
+
+    def arm(self) -> None:
+        """A run takes the kernel: from here an interrupt is its own, even before its cell starts."""
+        self.requested, self.held, self.cell_started = False, False, False
+
+    def disarm(self) -> None:
+        """The run is over: interrupts go straight to the kernel again."""
+        self.cell_started, self.held = True, False
+
+    def request(self, console_busy: bool) -> bool:
+        """Someone asks for an interrupt; True: deliver it now (else it is held for the cell)."""
+        self.requested = True
+        if not self.cell_started and not console_busy:
+            self.held = True
+            return False
+        return True  # the run's cell, or a person's console cell, is what the kernel runs
+
+    def stop(self) -> bool:
+        """The run passed its timeout; True: deliver now (else held until its cell starts)."""
+        if self.cell_started:
+            return True
+        self.held = True
+        return False
+
+    def cell_start(self) -> bool:
+        """The run's cell started; True: an interrupt was held for it, deliver it now."""
+        self.cell_started = True
+        held, self.held = self.held, False
+        return held
+
+
+@dataclass
+class Kernels:
+    """What every kernel shares (gateway, volumes, broker, settings); starts new kernels."""
+
+    settings: Settings
+    gateway: GatewayClient
+    volumes: WorkspaceVolumes
+    state_dir: Path
+    broker: ToolBroker
+
+    @property
+    def start_timeout(self) -> float:
+        return self.settings.sessions.kernel_start_timeout_seconds
+
+    def collector(self) -> OutputCollector:
+        cfg = self.settings.sessions
+        return OutputCollector(cfg.max_output_bytes, max_display_bytes=cfg.max_display_bytes)
+
+    async def new(self, info: SessionInfo) -> Kernel:
+        """Start a sandboxed kernel with its own workspace, connect, install the preamble."""
+        kernel_id = str(uuid.uuid4())
+        workspace = self.volumes.root / kernel_id
+        create = asyncio.ensure_future(asyncio.to_thread(self.volumes.create, workspace, info.limits.disk_mb))
+        try:
+            await asyncio.shield(create)
+        except asyncio.CancelledError:
+            # Cancelling does not stop the thread: it would mount the volume after the stop's
+            # sweep, and the mount would outlive the server. Undo it once it is made.
+            with contextlib.suppress(Exception):
+                await create
+            with contextlib.suppress(KernelmodeError):
+                await asyncio.to_thread(self.volumes.destroy, workspace)
+            raise
+        k = Kernel(self, kernel_id, workspace, info)
+        started = False
+        try:
+            await self.gateway.start_kernel(kernel_id, k.params().to_env(), self.start_timeout)
+            started = True
+            await k.connect(self.start_timeout)
+        except BaseException as e:
+            cause = pop_death_record(self.state_dir, kernel_id) if started else None
+            await k.discard(shutdown=started)
+            if cause is not None and isinstance(e, KernelmodeError):
+                raise KernelUnavailable(f"the kernel died while starting ({cause.kind}): {e}") from e
+            raise
+        return k
+
+
+class Kernel:
+    """One kernel in the gateway, its websocket and its workspace, serving ``info`` (the
+    session's, or a placeholder while the kernel waits in the warm pool)."""
+
+    def __init__(self, env: Kernels, kernel_id: str, workspace: Path, info: SessionInfo) -> None:
+        self.env = env
+        self.kernel_id = kernel_id
+        self.workspace = workspace
+        self.info = info
+        self.conn: KernelConnection | None = None
+        self.state = "alive"  # alive | restarting | dead (from the gateway)
+        self.needs_ready = False  # restarted or died: reconnect and install the preamble again
+        self.state_lost = False  # the next result must say that variables are gone
+        self.closed = False  # torn down: a run in progress must not wait for it
+        self.tools_installed: str | None = None  # the tool specs (JSON) the preamble holds
+        self.latch = InterruptLatch()
+
+    @property
+    def ready(self) -> bool:
+        """Alive, connected and preamble-ready (what a pool kernel must be to be handed out)."""
+        return self.state == "alive" and not self.needs_ready and self.conn is not None and self.conn.is_open
+
+    def params(self) -> KernelParams:
+        return KernelParams(workspace=self.workspace, limits=self.info.limits, session_id=self.info.session_id)
+
+    def take_state_lost(self) -> bool:
+        """Whether variables were lost since the last result said so (and forget it)."""
+        lost, self.state_lost = self.state_lost, False
+        return lost
+
+    # -- connection and preamble -------------------------------------------------------------------
+    async def connect(self, timeout: float) -> None:
+        """A fresh websocket, kernel_info answered, the preamble installed."""
+        if self.conn is not None:
+            await self.conn.close()
+        self.conn = await self.env.gateway.connect(self.kernel_id, self.on_status)
+        await self.conn.kernel_info(timeout)
+        self.tools_installed = None  # a new or restarted kernel has no preamble yet
+        await self.install_preamble(timeout)
+        self.needs_ready = False
+        self.state = "alive"
+
+    async def ensure_ready(self) -> bool:
+        """Before a run: a fresh kernel if the gateway gave this one up (True: its id changed),
+        else reconnect if needed."""
+        if self.state == KERNEL_DEAD:
+            # The gateway gave up restarting it (a crash loop) and forgot it: a fresh kernel
+            # for the session, on the same workspace.
+            await self.replace()
+            return True
+        if self.conn is None or not self.conn.is_open or self.needs_ready:
+            # After a restart, a fresh websocket: the gateway then opens its ZMQ channels to the
+            # new kernel's sockets instead of reusing ones bound to the old process.
+            await self.connect(self.env.start_timeout)
+        return False
+
+    async def install_preamble(self, timeout: float) -> None:
+        """Define ``tools`` in the kernel (again when the set of tools changed)."""
+        specs = [i.model_dump() for i in self.env.broker.registry.infos(self.info.tools)]
+        digest = json.dumps(specs, sort_keys=True)
+        if digest == self.tools_installed:
+            return
+        # The boot code ends with a ping over stdin. A kernel's stdin socket drops what it sends
+        # before the gateway's stdin connection is up (ZMQ ROUTER), which would leave the first
+        # tool call of a run blocked forever; so retry (after an interrupt) until it answers.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            outcome, collector = await self._run_boot(specs, min(deadline, loop.time() + 3.0))
+            if outcome != "timeout" or loop.time() >= deadline:
+                break
+            log.info("session %s: stdin not connected yet; retrying the preamble", self.info.session_id)
+        if outcome != "done" or collector.reply_status != "ok":
+            detail = collector.error.evalue if collector.error else outcome
+            raise KernelUnavailable(f"could not set up the kernel's tools: {detail}")
+        self.tools_installed = digest
+
+    async def _run_boot(self, specs: list[dict[str, Any]], deadline: float) -> tuple[Outcome, OutputCollector]:
+        assert self.conn is not None
+        collector = self.env.collector()
+        exchange = ExecuteExchange(collector, on_input=lambda msg: self.answer_input("preamble", msg, []))
+        await exchange.send(self.conn, boot_code(specs), silent=True)
+        try:
+            outcome = await exchange.collect(deadline)
+            if outcome == "timeout":
+                # Unblock the kernel (waiting for a reply that was dropped) before a retry.
+                with contextlib.suppress(KernelmodeError):
+                    await self.interrupt()
+                    await exchange.collect(asyncio.get_running_loop().time() + 2.0)
+        finally:
+            exchange.close()
+        return outcome, collector
+
+    async def answer_input(self, run_id: str, msg: Message, tool_calls: list[ToolCall]) -> None:
+        """Answer an input_request of a run: a tool call from the preamble, else nothing."""
+        broker, cap = self.env.broker, self.env.settings.tool_calls.max_recorded_calls
+        prompt = str(msg.get("content", {}).get("prompt", ""))
+        record: ToolCall | None
+        if msg.get("dropped"):  # too large to read: answered at once, the call fails in the kernel
+            reply, record = broker.refuse_unread(self.info.session_id, run_id, msg["dropped"])
+        elif prompt.startswith(MARKER):
+            reply, record = await broker.handle(self.info.session_id, run_id, self.info.tools,
+                                                prompt[len(MARKER):])
+        else:
+            reply, record = "", None  # only a kernel that bypassed the preamble asks for typed input
+        if record is not None and len(tool_calls) < cap:
+            tool_calls.append(record)
+        if self.conn is not None and self.conn.is_open:
+            with contextlib.suppress(KernelmodeError):
+                await self.conn.send("stdin", "input_reply", {"value": reply}, expect_reply=False)
+
+    # -- what the gateway tells us -----------------------------------------------------------------
+    def on_status(self, state: str) -> None:
+        """The gateway saw the kernel die (and is restarting it, or gave up)."""
+        self.state = state
+        self.needs_ready = True
+        self.state_lost = True
+        self.info.status = "dead" if state == KERNEL_DEAD else "restarting"
+        log.warning("session %s: kernel %s is %s", self.info.session_id, self.kernel_id, state)
+        audit("kernel_died", session_id=self.info.session_id, tenant=self.info.tenant, kernel_id=self.kernel_id,
+              then=state)
+
+    def died_under_run(self) -> None:
+        """A run saw the kernel die or its websocket close: ready it again before the next run."""
+        self.state_lost = True
+        self.needs_ready = True
+
+    async def death_cause(self) -> DeathCause:
+        """The provisioner's record of why the kernel died (it may take a moment to appear)."""
+        if self.closed:
+            return DeathCause(kind="unknown")
+        deadline = time.monotonic() + 3 * self.env.settings.gateway.poll_interval_seconds + 1.0
+        while time.monotonic() < deadline:
+            cause = pop_death_record(self.env.state_dir, self.kernel_id)
+            if cause is not None:
+                return cause
+            await asyncio.sleep(0.05)
+        return DeathCause(kind="unknown")
+
+    # -- interrupt, restart, replace ---------------------------------------------------------------
+    async def interrupt(self) -> None:
+        await self.env.gateway.interrupt_kernel(self.kernel_id)
+
+    async def quiet_interrupt(self) -> None:
+        """Interrupt, logging (not raising) a failure: for an interrupt nobody waits on."""
+        try:
+            await self.interrupt()
+        except KernelmodeError as e:
+            log.warning("session %s: interrupt not delivered: %s", self.info.session_id, e)
+
+    async def restart(self, tell_next_run: bool = True) -> None:
+        """Restart the kernel process in the gateway (a failure leaves it ``dead``: replaced at
+        the next run). ``tell_next_run``: the next result says variables are gone (not when the
+        result of the run that caused the restart says it)."""
+        timeout = self.env.start_timeout
+        self.needs_ready = True
+        try:
+            await self.env.gateway.restart_kernel(self.kernel_id, timeout)
+            await self.connect(timeout)
+            audit("kernel_restarted", session_id=self.info.session_id, tenant=self.info.tenant,
+                  kernel_id=self.kernel_id)
+        except KernelmodeError as e:
+            log.error("session %s: kernel restart failed: %s", self.info.session_id, e)
+            self.state = KERNEL_DEAD
+        if tell_next_run:
+            self.state_lost = True
+
+    async def replace(self) -> None:
+        """A fresh kernel under a new id on the same workspace (variables are gone)."""
+        await self.shutdown()
+        self.kernel_id = str(uuid.uuid4())
+        self.info.kernel_id = self.kernel_id
+        self.state_lost = True
+        timeout = self.env.start_timeout
+        await self.env.gateway.start_kernel(self.kernel_id, self.params().to_env(), timeout)
+        await self.connect(timeout)
+        log.warning("session %s: its kernel was replaced (now %s)", self.info.session_id, self.kernel_id)
+        audit("kernel_replaced", session_id=self.info.session_id, tenant=self.info.tenant, kernel_id=self.kernel_id)
+
+    # -- teardown (written once) -------------------------------------------------------------------
+    async def shutdown(self, in_gateway: bool = True) -> None:
+        """Close the websocket and stop the kernel in the gateway; the workspace stays."""
+        if self.conn is not None:
+            await self.conn.close()
+        if in_gateway:
+            with contextlib.suppress(KernelmodeError):
+                await self.env.gateway.shutdown_kernel(self.kernel_id)
+        pop_death_record(self.env.state_dir, self.kernel_id)
+
+    async def discard(self, shutdown: bool = True) -> None:
+        """Close, shut down and forget the kernel and its workspace."""
+        self.closed = True
+        await self.shutdown(in_gateway=shutdown)
+        with contextlib.suppress(KernelmodeError):
+            await asyncio.to_thread(self.env.volumes.destroy, self.workspace)

@@ -1,0 +1,53 @@
+"""A live session: its kernel, the lock that queues its runs, and what the manager remembers of
+its workspace and of an attached console."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from ..artifacts.workspace import FileEntry, Workspace
+from ..gateway.client import KernelConnection
+from ..models import SessionInfo
+from .kernels import Kernel
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass
+class LiveSession:
+    kernel: Kernel
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # runs in arrival order (FIFO)
+    console_cells: int = 0  # cells a console attached to the session has running or queued
+    files: dict[str, FileEntry] = field(default_factory=dict)  # workspace as of the last harvest
+
+    @property
+    def info(self) -> SessionInfo:
+        return self.kernel.info
+
+    @property
+    def kernel_id(self) -> str:
+        return self.kernel.kernel_id
+
+    @property
+    def conn(self) -> KernelConnection | None:
+        return self.kernel.conn
+
+    @property
+    def workspace(self) -> Path:
+        return self.kernel.workspace
+
+    def workspace_view(self) -> Workspace:
+        st = self.workspace.stat()
+        owner = (st.st_uid, st.st_gid) if os.getuid() == 0 and st.st_uid != 0 else None
+        return Workspace(self.workspace, owner)
+
+    def touch(self) -> None:
+        t = now()
+        self.info.last_activity = t
+        self.info.expires_at = t + timedelta(seconds=self.info.ttl_seconds)

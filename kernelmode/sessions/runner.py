@@ -1,0 +1,212 @@
+"""A run from submit to RunResult: queueing behind the session's earlier runs, readying the
+kernel, the execute exchange, timeout and runaway stop, interrupts, stdin answers (tool calls),
+harvest, and the record in the session store.
+
+A failure in user code is a RunResult; a failure of the gateway or the kernel's plumbing is a
+KernelmodeError (kept in ``LiveRun.failure`` for pollers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+
+from ..artifacts.harvester import Harvester
+from ..audit import audit
+from ..config import ADMIN_TENANT, Settings
+from ..errors import KernelmodeError, PayloadTooLarge, SessionNotFound, ValidationError
+from ..gateway.exchange import ExecuteExchange, Outcome
+from ..gateway.execution import OutputCollector
+from ..metrics import Metrics
+from ..models import DeathCause, RunError, RunResult, RunStatus, ToolCall
+from .kernels import Kernel
+from .live import LiveSession
+from .runs import LiveRun, RunRegistry
+from .store import SessionStore
+
+log = logging.getLogger("kernelmode.sessions")
+
+
+class Runner:
+    """Runs code in live sessions (``live``: the manager's sessions by id, read only)."""
+
+    def __init__(self, settings: Settings, store: SessionStore, harvester: Harvester | None,
+                 metrics: Metrics, live: Mapping[str, LiveSession],
+                 collector: Callable[[], OutputCollector]) -> None:
+        self.settings = settings
+        self.collector = collector  # a new output collector with the server's caps
+        self.store = store
+        self.harvester = harvester
+        self.metrics = metrics
+        self.live = live
+        self.runs = RunRegistry(settings.sessions.run_retention_seconds)
+
+    def timeout(self, timeout_seconds: float | None) -> float:
+        """The run's timeout (ValidationError above the server's maximum)."""
+        cfg = self.settings.sessions
+        timeout = timeout_seconds or cfg.default_timeout_seconds
+        if timeout > cfg.max_timeout_seconds:
+            raise ValidationError(
+                f"timeout_seconds={timeout:g} is above this server's maximum of {cfg.max_timeout_seconds:g}"
+            )
+        return timeout
+
+    def submit(self, s: LiveSession, code: str, timeout_seconds: float | None = None) -> LiveRun:
+        """Start a run in its own task and return it at once (it queues behind earlier runs)."""
+        if len(code.encode("utf-8", errors="replace")) > self.settings.sessions.max_code_bytes:
+            raise PayloadTooLarge(
+                f"code is larger than this server's limit of {self.settings.sessions.max_code_bytes} bytes; "
+                "upload data as a file instead of pasting it into code"
+            )
+        timeout = self.timeout(timeout_seconds)
+        run = LiveRun(run_id=uuid.uuid4().hex, session_id=s.info.session_id, code=code,
+                      collector=self.collector())
+        run.collector.on_change = run.changed.set
+        run.task = asyncio.create_task(self._execute(s, run, timeout), name=f"run-{run.run_id}")
+        # A run nobody waits for any more still has its failure read (kept in run.failure).
+        run.task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self.runs.add(run)
+        return run
+
+    @staticmethod
+    async def wait(run: LiveRun, wait_seconds: float | None = None) -> RunResult:
+        """The run's result once it ends, or its snapshot (``running``) after ``wait_seconds``.
+
+        The run's task is shielded: a caller that gives up (or is cancelled) does not stop it.
+        """
+        assert run.task is not None
+        if wait_seconds is None:
+            return await asyncio.shield(run.task)
+        await asyncio.wait({run.task}, timeout=wait_seconds)
+        return run.task.result() if run.task.done() else run.snapshot()
+
+    def find(self, run_id: str) -> LiveRun | None:
+        """The run in flight, or a finished one read back from the store (for this answer only)."""
+        run = self.runs.get(run_id)
+        if run is not None and not run.stored:
+            return run
+        stored = self.store.get_run(run_id)
+        if stored is None:
+            return None
+        found = LiveRun(run_id=run_id, session_id=stored.session_id, result=stored,
+                        collector=self.collector(), finished_at=time.monotonic())
+        found.collector.events = self.store.run_events(run_id)
+        return found
+
+    async def _execute(self, s: LiveSession, run: LiveRun, timeout: float) -> RunResult:
+        session_id = s.info.session_id
+        try:
+            async with s.lock:
+                if session_id not in self.live:  # deleted while we waited for the lock
+                    raise SessionNotFound(f"no session {session_id!r}")
+                started = time.monotonic()
+                s.info.status = "busy"
+                k = s.kernel
+                k.latch.arm()
+                try:
+                    if await k.ensure_ready():
+                        self.store.save(s.info, s.kernel_id, s.workspace)
+                    await k.install_preamble(k.env.start_timeout)
+                    # Recorded as running first: if this server dies now, its successor can say
+                    # the run was interrupted.
+                    self.store.add_run(run.code, run.snapshot())
+                    result = await self._run(k, run, timeout)
+                finally:
+                    k.latch.disarm()
+                    s.touch()
+                    if s.info.status == "busy":
+                        s.info.status = "idle"
+                if session_id not in self.live:  # deleted (or reaped) while the code ran
+                    raise SessionNotFound(f"session {session_id!r} was deleted while the code ran")
+                if self.harvester is not None and result.status == "ok":
+                    # Never raises: a harvest problem is a note on the result, which stands.
+                    s.files = await self.harvester.harvest(session_id, result, s.workspace_view(), s.files)
+                result.duration_ms = round((time.monotonic() - started) * 1000, 3)
+                if result.execution_count is not None:
+                    s.info.execution_count = result.execution_count
+                self.store.add_run(run.code, result, run.collector.events)
+                self.store.save(s.info, s.kernel_id, s.workspace)
+        except Exception as e:
+            run.failure = e if isinstance(e, KernelmodeError) else KernelmodeError(
+                f"internal error ({type(e).__name__}); see the server log")
+            self.store.forget_run_if_running(run.run_id)  # it failed as a request, not as code
+            raise
+        finally:
+            self.runs.finished(run)
+        run.result = result
+        self.metrics.observe_run(result, s.info.tenant or ADMIN_TENANT)
+        audit("run", session_id=session_id, tenant=s.info.tenant, run_id=run.run_id, status=result.status,
+              duration_ms=result.duration_ms, state_lost=result.state_lost,
+              cause=result.cause.model_dump() if result.cause else None,
+              tool_calls=len(result.tool_calls), artifacts=len(result.artifacts))
+        return result
+
+    async def _run(self, k: Kernel, run: LiveRun, timeout: float) -> RunResult:
+        assert k.conn is not None
+        collector = run.collector
+        state_lost = k.take_state_lost()
+        cause: DeathCause | None = None
+        tool_calls: list[ToolCall] = []
+        held_interrupt: list[asyncio.Task[None]] = []
+
+        def on_start() -> None:
+            if k.latch.cell_start():
+                held_interrupt.append(asyncio.create_task(k.quiet_interrupt()))
+
+        exchange = ExecuteExchange(collector, on_input=lambda msg: k.answer_input(run.run_id, msg, tool_calls),
+                                   on_start=on_start)
+        await exchange.send(k.conn, run.code)
+        loop = asyncio.get_running_loop()
+        try:
+            outcome = await exchange.collect(loop.time() + timeout)
+            status: RunStatus
+            if outcome == "done":
+                status = "ok" if collector.reply_status == "ok" else "error"
+                if status == "error" and k.latch.requested and collector.error and \
+                        collector.error.ename == "KeyboardInterrupt":
+                    status = "interrupted"
+            elif outcome == "timeout":
+                status = "timeout"
+                state_lost |= await self._stop_runaway(k, exchange)
+                collector.error = RunError(
+                    ename="TimeoutError",
+                    evalue=f"the run exceeded its timeout of {timeout:g} s and was "
+                    + ("stopped by restarting the kernel: variables are gone" if state_lost
+                       else "interrupted"),
+                    traceback="",
+                )
+            elif outcome == "restarted":
+                status, state_lost = "interrupted", True
+                k.take_state_lost()  # this result says it
+            else:  # the kernel died, or its websocket closed under us
+                status, state_lost = "kernel_died", True
+                cause = await k.death_cause()
+                k.died_under_run()
+        finally:
+            exchange.close()
+            if held_interrupt:  # delivered before the next run can start, so it cannot hit that one
+                await asyncio.gather(*held_interrupt, return_exceptions=True)
+        return collector.to_result(
+            run.run_id, k.info.session_id, status, state_lost=state_lost, cause=cause, tool_calls=tool_calls,
+            tool_calls_truncated=len(tool_calls) >= self.settings.tool_calls.max_recorded_calls)
+
+    async def _stop_runaway(self, k: Kernel, exchange: ExecuteExchange) -> bool:
+        """Interrupt a run past its timeout; restart the kernel if that does not stop it.
+
+        Returns True when the kernel was restarted (the session's state is lost).
+        """
+        grace = self.settings.sessions.interrupt_grace_seconds
+        with contextlib.suppress(KernelmodeError):
+            if k.latch.stop():
+                await k.interrupt()
+            # else: timed out before its cell started (a busy kernel): stopped once it starts
+            outcome: Outcome = await exchange.collect(asyncio.get_running_loop().time() + grace)
+            if outcome == "done":
+                return False
+        log.warning("session %s: interrupt did not stop the run; restarting its kernel", k.info.session_id)
+        await k.restart(tell_next_run=False)
+        return True

@@ -1,0 +1,63 @@
+"""Direct tests of the sessions rooms that need no kernel: the interrupt latch (where an
+interrupt goes, before and after a run's cell starts) and the reaper's choice."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from kernelmode.config import Settings
+from kernelmode.models import Limits, SessionInfo
+from kernelmode.sessions.kernels import InterruptLatch, Kernel, Kernels
+from kernelmode.sessions.live import LiveSession
+from kernelmode.sessions.reaper import expired
+
+
+def test_latch_sends_at_once_without_a_run() -> None:
+    latch = InterruptLatch()
+    assert latch.request(console_busy=False) is True
+
+
+def test_latch_holds_for_a_cell_not_started_and_delivers_at_its_start() -> None:
+    latch = InterruptLatch()
+    latch.arm()
+    assert latch.requested is False
+    assert latch.request(console_busy=False) is False  # held
+    assert latch.requested and latch.held
+    assert latch.cell_start() is True  # the run delivers it now
+    assert latch.cell_start() is False  # once
+    latch.disarm()
+    assert not latch.held and latch.cell_started
+
+
+def test_latch_goes_to_a_console_cell_at_once() -> None:
+    latch = InterruptLatch()
+    latch.arm()
+    assert latch.request(console_busy=True) is True  # the person's cell is what runs
+
+
+def test_latch_timeout_before_the_cell_started_is_held() -> None:
+    latch = InterruptLatch()
+    latch.arm()
+    assert latch.stop() is False and latch.held
+    assert latch.cell_start() is True
+    assert latch.stop() is True  # the cell runs: interrupt it now
+
+
+def _live(kernels: Kernels, sid: str, expires: datetime) -> LiveSession:
+    info = SessionInfo(session_id=sid, status="idle", created_at=expires, last_activity=expires,
+                       expires_at=expires, ttl_seconds=60, limits=Limits(), sandbox="none")
+    return LiveSession(kernel=Kernel(kernels, f"k-{sid}", Path("/nonexistent"), info))
+
+
+async def test_reaper_picks_expired_idle_sessions_only() -> None:
+    kernels = Kernels(Settings(), None, None, Path("/nonexistent"), None)  # type: ignore[arg-type]
+    now = datetime.now(timezone.utc)
+    live = {"old": _live(kernels, "old", now - timedelta(seconds=1)),
+            "new": _live(kernels, "new", now + timedelta(seconds=60)),
+            "busy": _live(kernels, "busy", now - timedelta(seconds=1))}
+    async with live["busy"].lock:
+        assert expired(live, now) == ["old"]
+    await asyncio.sleep(0)
+    assert sorted(expired(live, now)) == ["busy", "old"]

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from ..artifacts.harvester import Harvester
 from ..audit import audit
 from ..config import ADMIN_TENANT, Settings
-from ..errors import KernelmodeError, PayloadTooLarge, SessionNotFound, ValidationError
+from ..errors import InvalidRequest, KernelmodeError, PayloadTooLarge, SessionNotFound
 from ..gateway.exchange import ExecuteExchange, Outcome
 from ..gateway.execution import OutputCollector
 from ..metrics import Metrics
@@ -46,11 +46,11 @@ class Runner:
         self.runs = RunRegistry(settings.sessions.run_retention_seconds)
 
     def timeout(self, timeout_seconds: float | None) -> float:
-        """The run's timeout (ValidationError above the server's maximum)."""
+        """The run's timeout (InvalidRequest above the server's maximum)."""
         cfg = self.settings.sessions
         timeout = timeout_seconds or cfg.default_timeout_seconds
         if timeout > cfg.max_timeout_seconds:
-            raise ValidationError(
+            raise InvalidRequest(
                 f"timeout_seconds={timeout:g} is above this server's maximum of {cfg.max_timeout_seconds:g}"
             )
         return timeout

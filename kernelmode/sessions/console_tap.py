@@ -139,7 +139,12 @@ class ConsoleTap:
         self.manager.record_console_run(self.s, run.code, result, c.events)
 
     def close(self) -> None:
-        for msg_id in list(self._runs):
-            self._forget(msg_id)
+        for msg_id, run in list(self._runs.items()):
+            if run.exchange.got_reply:
+                # The cell finished: only its idle status was still on its way when the console
+                # left (it may leave as soon as it has the reply). Keep it in the history.
+                self._record(msg_id, run)
+            else:
+                self._forget(msg_id)
         for task in list(self._tasks):
             task.cancel()

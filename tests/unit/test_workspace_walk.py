@@ -101,7 +101,7 @@ def test_a_tree_1500_deep_stops_at_the_depth_bound_without_recursion_or_fd_leak(
         listing = Workspace(tmp_path).scan(max_depth=64)
     finally:
         _remove_chain(tmp_path)
-    assert _open_fds() == fds
+    assert _open_fds() <= fds  # none leaked (another test's leftovers may close meanwhile)
     assert "top.txt" in listing
     assert "d/f0" in listing and "/".join(["d"] * 61) + "/f60" in listing
     assert max(p.count("/") for p in listing) <= 64
@@ -167,7 +167,7 @@ def test_walk_survives_a_tree_that_changes_under_it(tmp_path: Path) -> None:
         stop.set()
         t.join(10)
     assert swaps > 0
-    assert _open_fds() == fds
+    assert _open_fds() <= fds  # none leaked (another test's leftovers may close meanwhile)
 
 
 def _harvester(tmp_path: Path) -> tuple[Harvester, LocalStore]:

@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -296,14 +297,19 @@ def check_docker(image: str, ceilings: LimitCeilings | None = None) -> str:
         memory = ceilings.memory_mb * 1024 * 1024
         limits = {"ulimits": ulimits(ceilings), "pids_limit": ceilings.pids, "mem_limit": memory,
                   "memswap_limit": memory}
+    client = _client(timeout=60)
+    name = f"kernelmode-check-{uuid.uuid4().hex[:12]}"
     try:
-        out = _client(timeout=60).containers.run(
+        out = client.containers.run(
             image, [IMAGE_PYTHON, "-c", "import ipykernel, socket, os; print(socket.if_nameindex(), os.getuid())"],
-            network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
-            user="65534:65534", remove=True, environment={"HOME": "/tmp"}, tmpfs={"/tmp": "size=16m"},
-            **limits,
+            name=name, network_mode="none", read_only=True, cap_drop=["ALL"],
+            security_opt=["no-new-privileges"], user="65534:65534", remove=True,
+            environment={"HOME": "/tmp"}, tmpfs={"/tmp": "size=16m"}, **limits,
         )
     except DockerException as e:
+        # `remove` applies to a container that ran: one the engine refused to start stays "Created".
+        with contextlib.suppress(DockerException):
+            client.containers.get(name).remove(force=True)
         m = re.search(r"rlimit type (\d+)", str(e))
         if ceilings is not None and m and int(m.group(1)) in RLIMIT_KEYS:
             key = RLIMIT_KEYS[int(m.group(1))]

@@ -23,6 +23,7 @@ from tornado import httpserver, web
 from tornado.netutil import bind_sockets
 
 from .api.handlers import NotFoundHandler, route_table
+from .api.jupyter_api import jupyter_routes
 from .artifacts.base import ArtifactStore, StoreError
 from .artifacts.harvester import Harvester
 from .artifacts.local import LocalStore
@@ -226,6 +227,7 @@ class KernelmodeApp:
             gateway=self.gateway, artifact_store=self.artifact_store, metrics=self.sessions.metrics,
             readiness=self.readiness)
         routes = route_table(services)
+        routes += [(pattern, handler, {"services": services}) for pattern, handler in jupyter_routes()]
         if s.mcp.enabled:
             from .mcp.http import McpHandler, McpHttp
 

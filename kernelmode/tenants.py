@@ -84,9 +84,10 @@ class Tenants:
         return found
 
     def from_authorization(self, header: str) -> Principal | None:
-        """The principal of an ``Authorization: Bearer <token>`` header, or None."""
+        """The principal of an ``Authorization: Bearer <token>`` header, or None. ``token`` is
+        accepted as the scheme too: Jupyter Server's gateway client sends ``token <token>``."""
         scheme, _, token = header.partition(" ")
-        return self.authenticate(token.strip()) if scheme.lower() == "bearer" else None
+        return self.authenticate(token.strip()) if scheme.lower() in ("bearer", "token") else None
 
     def get(self, name: str) -> Principal | None:
         return self._by_name.get(name)

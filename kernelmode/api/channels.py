@@ -3,6 +3,8 @@
 A person's console (``kernelmode console``) reaches the live kernel here, through kernelmode and
 its token, never through an opened port: frames pass between this websocket and the gateway's
 websocket of the kernel (binary v1 protocol), and the session's ConsoleTap sees each message.
+Jupyter clients attach through a subclass (api/jupyter_api.py), which may also speak the
+legacy JSON protocol (no subprotocol: one JSON text message a frame, its channel a key in it).
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ import logging
 from typing import Any
 
 import websockets
+from jupyter_client.jsonutil import json_default
 from tornado import websocket
 from websockets.asyncio.client import ClientConnection
 
 from ..errors import KernelmodeError
 from ..gateway.client import FRAME_SLACK, WS_PROTOCOL
-from ..gateway.frames import Bounds, FrameError, decode_frame, encode_frame
+from ..gateway.frames import CHANNELS, Bounds, FrameError, decode_frame, encode_frame
 from ..services import Services
 from ..sessions.console_tap import ConsoleTap
+from ..tenants import Principal
 
 log = logging.getLogger("kernelmode.api")
 
@@ -31,6 +35,8 @@ class ChannelsHandler(websocket.WebSocketHandler):
     _pump: asyncio.Task[None] | None = None
     _tap: ConsoleTap | None = None
     _refused = False
+    _legacy = False  # this client speaks the legacy JSON protocol
+    allow_legacy = False  # the console speaks v1 only; Jupyter clients may speak either
 
     services: Services
 
@@ -60,13 +66,17 @@ class ChannelsHandler(websocket.WebSocketHandler):
         code = {405: "method_not_allowed"}.get(status_code, "http_error")
         self._refuse(status_code, code, getattr(exc, "log_message", None) or self._reason)
 
+    def session_of(self, principal: Principal, ref: str) -> str:
+        """The session id the URL names (here the id itself; the Jupyter API maps a kernel id)."""
+        self.services.sessions.authorize(principal, ref)
+        return ref
+
     async def get(self, *args: Any, **kwargs: Any) -> None:
         principal = self.services.tenants.from_authorization(self.request.headers.get("Authorization", ""))
         if principal is None:
             return self._refuse(401, "unauthorized", "missing or wrong bearer token")
         try:
-            self.services.sessions.authorize(principal, args[0])
-            s = self.services.sessions.live_session(args[0])
+            s = self.services.sessions.live_session(self.session_of(principal, args[0]))
             if not self._is_upgrade():  # before the upstream is opened: a plain GET would leak it
                 return self._refuse(400, "websocket_required", "this route is a websocket: send "
                                     f"`Upgrade: websocket` with the {WS_PROTOCOL} subprotocol")
@@ -91,8 +101,10 @@ class ChannelsHandler(websocket.WebSocketHandler):
 
     def open(self, *args: Any, **kwargs: Any) -> None:
         if self.selected_subprotocol != WS_PROTOCOL:
-            self.close(4400, f"speak the {WS_PROTOCOL} subprotocol")
-            return
+            if not self.allow_legacy:
+                self.close(4400, f"speak the {WS_PROTOCOL} subprotocol")
+                return
+            self._legacy = True
         self._pump = asyncio.create_task(self._from_kernel())
 
     async def _send_upstream(self, channel: str, msg: dict[str, Any]) -> None:
@@ -100,17 +112,25 @@ class ChannelsHandler(websocket.WebSocketHandler):
         await self._upstream.send(encode_frame(msg, channel))
 
     async def on_message(self, message: str | bytes) -> None:
-        if self._upstream is None or self._tap is None or isinstance(message, str) or self._refused:
+        if self._upstream is None or self._tap is None or self._refused:
             return
+        if isinstance(message, str) != self._legacy:
+            return  # not this connection's protocol
         try:
             # Checked before anything is decoded (and before the gateway, whose own decoder
             # trusts the frame's header, ever sees it).
             msg = decode_frame(message, self._bounds)
+            if self._legacy:
+                msg = legacy_message(msg)
         except FrameError as e:  # a malformed or oversized frame ends its connection, only
             self._refused = True
             self.close(4400, f"refused frame: {e}"[:120])  # a close reason fits in 123 bytes
             return
         if self._tap.from_console(msg["channel"], msg):
+            # The gateway speaks v1; an execute_request is re-encoded (the tap set its
+            # stop_on_error), any other v1 frame passes as it came (with its binary buffers).
+            if self._legacy or msg.get("msg_type") == "execute_request":
+                message = encode_frame(msg, msg["channel"])
             with contextlib.suppress(websockets.WebSocketException):
                 await self._upstream.send(message)
 
@@ -125,7 +145,9 @@ class ChannelsHandler(websocket.WebSocketHandler):
                 except FrameError as e:  # skipped, like the manager's own connection does
                     log.warning("console of %s: a kernel message was skipped: %s", self._tap.s.info.session_id, e)
                     continue
-                if forward:
+                if forward and self._legacy:
+                    await self.write_message(legacy_text(msg))
+                elif forward:
                     await self.write_message(raw, binary=isinstance(raw, bytes))
         except (websockets.WebSocketException, websocket.WebSocketClosedError):
             pass
@@ -139,3 +161,26 @@ class ChannelsHandler(websocket.WebSocketHandler):
             self._tap.close()
         if self._upstream is not None:
             asyncio.ensure_future(self._upstream.close())
+
+
+def legacy_message(msg: dict[str, Any]) -> dict[str, Any]:
+    """A client's legacy JSON message, checked and completed to the shape a v1 frame decodes to."""
+    channel, header = msg.get("channel"), msg.get("header")
+    if channel not in CHANNELS:
+        raise FrameError(f"unknown channel {str(channel)[:32]!r}")
+    if not isinstance(header, dict) or not isinstance(msg.get("parent_header", {}), dict) \
+            or not isinstance(msg.get("metadata", {}), dict):
+        raise FrameError("a message's header, parent_header and metadata are JSON objects")
+    return {"channel": channel, "header": header, "msg_type": header.get("msg_type"),
+            "parent_header": msg.get("parent_header") or {}, "metadata": msg.get("metadata") or {},
+            "content": msg.get("content") or {}}
+
+
+def legacy_text(msg: dict[str, Any]) -> str:
+    """A kernel's message (decoded from its v1 frame) as a legacy JSON text message. Binary
+    buffers are not carried (the legacy protocol sends them in a framing of its own)."""
+    header = msg["header"]
+    return json.dumps({"header": header, "parent_header": msg["parent_header"],
+                       "metadata": msg.get("metadata", {}), "content": msg.get("content", {}),
+                       "msg_id": header.get("msg_id"), "msg_type": header.get("msg_type"),
+                       "channel": msg["channel"], "buffers": []}, default=json_default)

@@ -177,7 +177,11 @@ class BaseHandler(web.RequestHandler):
             retry: Any = details.get("retry_after_seconds") or getattr(exc, "retry_after_seconds", 1)
             self.set_header("Retry-After", str(max(1, int(retry))))
         self.set_status(status)
-        self.finish(json.dumps({"error": body}))
+        self.finish(json.dumps(self.error_document(body)))
+
+    def error_document(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The error's JSON document (the Jupyter API adds Jupyter's own keys)."""
+        return {"error": body}
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if isinstance(value, KernelmodeError) and value.http_status < 500:
@@ -451,7 +455,8 @@ routes: list[tuple[str, type[web.RequestHandler]]] = [
 
 
 def all_routes() -> list[tuple[str, type[web.RequestHandler]]]:
-    """(URL pattern, handler) of every REST route, the console websocket included."""
+    """(URL pattern, handler) of every REST route, the console websocket included (the Jupyter
+    API's are api/jupyter_api.py's ``jupyter_routes``)."""
     from .channels import ChannelsHandler
 
     return [*routes, (rf"/v1/sessions/({SID})/channels", ChannelsHandler)]

@@ -27,6 +27,7 @@ from ..models import (
     ToolList,
     UploadResult,
 )
+from . import jupyter_openapi
 
 _MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health, ToolList,
            FileList, ArtifactList, UploadResult, RunProgress, OneShotRequest]
@@ -87,6 +88,7 @@ _TAGS = [
     {"name": "tools", "description": "Host tools callable from kernel code"},
     {"name": "console", "description": "A person's console on a live session"},
     {"name": "health", "description": "Probes, metrics and this document"},
+    jupyter_openapi.TAG,
 ]
 
 
@@ -211,12 +213,13 @@ def openapi_document() -> dict[str, Any]:
                      "responses": {"200": _json("SessionInfo", "Restarted"), **_errors(401, 404, 503)}},
         },
     }
+    paths.update(jupyter_openapi.jupyter_paths(_errors))
     # Handlers stream their bodies, so no form body is parsed before the token check (nor at all);
     # a 400 on any route is a request tornado cannot parse (its framing, a bad Content-Length).
     for path, item in paths.items():
         for method, op in item.items():
             if isinstance(op, dict) and "responses" in op:
-                op["operationId"], tag = _OPERATIONS[(path, method)]
+                op["operationId"], tag = {**_OPERATIONS, **jupyter_openapi.OPERATIONS}[(path, method)]
                 op["tags"] = [tag]
                 op["responses"].setdefault("400", _json("ErrorBody", "Malformed request"))
     return {

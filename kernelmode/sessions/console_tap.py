@@ -5,7 +5,10 @@ each message on the way: it records the console's runs in the session's history 
 in the notebook export), answers the kernel's tool calls itself (the console never sees the
 preamble's requests, and ``tools.*`` works as in any run; a request too large to be read is
 refused at once, as in a run), and refuses a shutdown request (a
-person leaving the console must not stop the agent's kernel).
+person leaving the console must not stop the agent's kernel). A console's cell is sent with
+``stop_on_error`` off: the kernel queues every client's cells in one shell queue, so an error
+in a person's cell must not abort an agent's run queued behind it (nor the other way round).
+The same tap serves JupyterLab and VS Code (``/api/kernels/{id}/channels``).
 
 What the tap keeps per connection is bounded: a cell's code is kept for the history up to
 ``sessions.max_code_bytes`` characters (with a note when cut), and at most ``MAX_PENDING``
@@ -65,6 +68,8 @@ class ConsoleTap:
         self.dropped = 0  # requests forgotten at the bounds (their cells are not in the history)
         self._session = JupyterSession(key=b"x", username="kernelmode")
         self._tasks: set[asyncio.Task[None]] = set()
+        s.attached += 1
+        self._closed = False
 
     def from_console(self, channel: str, msg: dict[str, Any]) -> bool:
         """Look at a message the console sends; False: do not pass it to the kernel."""
@@ -72,6 +77,8 @@ class ConsoleTap:
         self.s.touch()  # a person at the console keeps the session from being reaped
         if kind == "shutdown_request":
             return False
+        if kind == "execute_request":
+            msg["content"]["stop_on_error"] = False  # the caller re-encodes the request
         if kind == "execute_request" and not msg["content"].get("silent"):
             cfg = self.manager.settings.sessions
             msg_id = str(msg["header"]["msg_id"])
@@ -139,6 +146,9 @@ class ConsoleTap:
         self.manager.record_console_run(self.s, run.code, result, c.events)
 
     def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.s.attached -= 1
         for msg_id, run in list(self._runs.items()):
             if run.exchange.got_reply:
                 # The cell finished: only its idle status was still on its way when the console

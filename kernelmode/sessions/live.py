@@ -24,6 +24,7 @@ class LiveSession:
     kernel: Kernel
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # runs in arrival order (FIFO)
     console_cells: int = 0  # cells a console attached to the session has running or queued
+    attached: int = 0  # consoles and Jupyter clients attached now (a kernel's "connections")
     files: dict[str, FileEntry] = field(default_factory=dict)  # workspace as of the last harvest
 
     @property

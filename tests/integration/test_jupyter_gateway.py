@@ -52,10 +52,13 @@ def _free_port() -> int:
 def start_jupyter_server(gateway_url: str, token: str, extra: list[str] | None = None,
                          module: str = "jupyter_server") -> tuple[subprocess.Popen[bytes], str, Path]:
     """Jupyter Server (or JupyterLab: ``module``) on a free loopback port, its kernels on
-    ``gateway_url`` with tenant ``token`` (sent as ``Authorization: token ...``, the default)."""
-    root = Path(tempfile.mkdtemp(prefix="km-jupyter-"))
+    ``gateway_url`` with tenant ``token`` (sent as ``Authorization: token ...``, the default).
+    Returns (process, url, its notebook directory); remove the directory's parent after."""
+    home = Path(tempfile.mkdtemp(prefix="km-jupyter-"))
+    root = home / "notebooks"  # what its file browser shows
+    root.mkdir()
     port = _free_port()
-    log = root / "server.log"
+    log = home / "server.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", module, "--no-browser", f"--port={port}", "--ip=127.0.0.1",
          f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={JUPYTER_TOKEN}",
@@ -64,8 +67,8 @@ def start_jupyter_server(gateway_url: str, token: str, extra: list[str] | None =
          *(extra or [])],
         stdout=subprocess.DEVNULL, stderr=open(log, "wb"), cwd=root,  # noqa: SIM115
         # Its runtime and config files in its own directory, not the user's
-        env={**os.environ, "JUPYTER_RUNTIME_DIR": str(root / "runtime"), "JUPYTER_CONFIG_DIR": str(root / "config"),
-             "JUPYTER_DATA_DIR": str(root / "data")})
+        env={**os.environ, "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "JUPYTER_CONFIG_DIR": str(home / "config"),
+             "JUPYTER_DATA_DIR": str(home / "data")})
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         if proc.poll() is not None:
@@ -89,7 +92,7 @@ def jupyter(srv: Server) -> Iterator[httpx.Client]:
         yield c
     proc.terminate()
     proc.wait(60)
-    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(root.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

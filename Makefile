@@ -14,12 +14,16 @@ ARGS ?=
 .PHONY: setup setup-run run test lint bench bench-quick clean docker-setup docker-test
 
 # Everything: the service, test tools, agent-framework adapters, the kernel environment.
-setup: .stamp-system $(VENV)/.stamp $(KVENV)/.stamp
+setup: .stamp-system .stamp-system-test $(VENV)/.stamp $(KVENV)/.stamp
 # What `kernelmode serve` needs and nothing more.
 setup-run: .stamp-system $(VENV)/.stamp-run $(KVENV)/.stamp
 
 .stamp-system: scripts/install-system-deps.sh
 	bash scripts/install-system-deps.sh
+	@touch $@
+
+.stamp-system-test: scripts/install-system-deps.sh
+	bash scripts/install-system-deps.sh --test
 	@touch $@
 
 $(VENV)/.stamp-run: pyproject.toml

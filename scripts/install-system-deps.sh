@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages kernelmode needs, only when missing: bubblewrap (the sandbox),
-# libseccomp (its filter), Debian's python3 + venv (the kernel environment) and chromium (the
-# JupyterLab browser test). Debian/Ubuntu
+# libseccomp (its filter), Debian's python3 + venv (the kernel environment), and with --test
+# chromium (the JupyterLab browser test). Debian/Ubuntu
 # (apt); elsewhere it says what to install by hand.
 set -euo pipefail
 
@@ -12,8 +12,11 @@ ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || need+=(libseccomp2)
 if ! /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   need+=(python3 python3-venv)
 fi
-# The JupyterLab browser test drives Debian's chromium (Playwright's own browsers are not used).
-command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# With --test (`make setup`/`make test`, not `make run`): Debian's chromium, which the JupyterLab
+# browser test drives (Playwright's own browsers are not used).
+if [ "${1:-}" = "--test" ]; then
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null 2>&1; then

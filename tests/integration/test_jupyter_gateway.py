@@ -35,8 +35,11 @@ JUPYTER_TOKEN = secrets.token_urlsafe(18)
 
 
 @pytest.fixture(scope="module")
-def srv() -> Iterator[Server]:
-    s = start_server({"KERNELMODE_SERVER__TENANTS": TENANTS, "KERNELMODE_SESSIONS__POOL_SIZE": "1"})
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    cfg = tmp_path_factory.mktemp("cfg") / "kernelmode.yaml"
+    cfg.write_text('tools:\n  - {name: add, function: "tests.integration.host_tools:add"}\n')
+    s = start_server({"KERNELMODE_SERVER__TENANTS": TENANTS, "KERNELMODE_SESSIONS__POOL_SIZE": "1"},
+                     args=["--config", str(cfg)])
     yield s
     s.stop()
     shutil.rmtree(s.data_dir, ignore_errors=True)
@@ -248,6 +251,31 @@ def test_an_error_in_a_persons_cell_aborts_nothing_queued_behind_it(
         assert res["result"] == "(7, 8)", res
     finally:
         k.close()
+
+
+def test_host_tools_from_a_jupyter_cell(jupyter: httpx.Client, agent_sid: str) -> None:
+    """A cell's tool call is answered by kernelmode (the client never sees the request)."""
+    kid = kernel_id_of(agent_sid)
+    attach(jupyter, kid)
+    k = Kernel(str(jupyter.base_url), kid)
+    try:
+        assert k.result(k.execute("tools.add(2, 3)", allow_stdin=True)) == "5"
+        assert not [m for m in k.seen if m["msg_type"] == "input_request"]
+    finally:
+        k.close()
+
+
+def test_restart_from_jupyter(jupyter: httpx.Client, alpha: httpx.Client) -> None:
+    sid = alpha.post("/v1/sessions", json={}).json()["session_id"]
+    try:
+        assert alpha.post(f"/v1/sessions/{sid}/execute", json={"code": "gone = 1"}).json()["status"] == "ok"
+        kid = kernel_id_of(sid)
+        attach(jupyter, kid, "restart.ipynb")
+        assert jupyter.post(f"/api/kernels/{kid}/restart").status_code == 200
+        res = alpha.post(f"/v1/sessions/{sid}/execute", json={"code": "'gone' in dir()"}).json()
+        assert res["status"] == "ok" and res["result"] == "False", res
+    finally:
+        alpha.delete(f"/v1/sessions/{sid}")
 
 
 def test_interrupt_from_jupyter(jupyter: httpx.Client, agent_sid: str) -> None:

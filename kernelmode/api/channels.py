@@ -105,6 +105,9 @@ class ChannelsHandler(websocket.WebSocketHandler):
                 self.close(4400, f"speak the {WS_PROTOCOL} subprotocol")
                 return
             self._legacy = True
+        # A cell's answer is several small frames: with Nagle on (tornado turns it back on after
+        # each HTTP request) each exchange stalls on the client's delayed ACK (~40 ms)
+        self.set_nodelay(True)
         self._pump = asyncio.create_task(self._from_kernel())
 
     async def _send_upstream(self, channel: str, msg: dict[str, Any]) -> None:

@@ -13,7 +13,8 @@
     ├── NotFound                     (404 not_found)
     │   ├── SessionNotFound          (404 session_not_found)
     │   ├── RunNotFound              (404 run_not_found)
-    │   └── FileNotFound             (404 file_not_found)     artifacts/workspace.py
+    │   ├── FileNotFound             (404 file_not_found)     artifacts/workspace.py
+    │   └── KernelSpecNotFound       (404 kernelspec_not_found) api/jupyter_api.py: the Jupyter API
     ├── Conflict                     (409 conflict)
     │   ├── SessionExists            (409 session_exists)
     │   ├── FileExists               (409 file_exists)        artifacts/workspace.py

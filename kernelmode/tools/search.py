@@ -3,12 +3,13 @@
 With hundreds of tools (several upstream MCP servers), listing them all costs the context that
 code mode exists to save; ``search_tools`` answers the few that fit an intent instead.
 
-A tool is one document of three fields, weighted by repetition: its name (split at ``_``, ``.``,
-``-`` and camelCase; three times), its parameters' names (twice) and its description and the
-parameters' descriptions (once). Words are lower-cased, stop words dropped, and stemmed
+A tool is one document of fields weighted by repetition: its name (split at ``_``, ``.``, ``-``
+and camelCase; three times), its parameters' names and its description's first line (twice), its
+server's name, its whole description and the parameters' descriptions (once). Words are lower-cased, stop words dropped, and stemmed
 (Snowball, ``PyStemmer``), so "commits" finds ``list_commits``. A query's words also bring in
-their common synonyms (``_SYNONYMS``, at half weight): an agent says "remove" where a tool says
-"delete".
+their common synonyms (``_SYNONYM_GROUPS``, at half weight): an agent says "remove" where a tool
+says "delete". Last, a tool gains in proportion to the share of its name's words the query says
+(half for a synonym): BM25 alone prefers short documents that repeat one of the query's words.
 
 An index is built for a set of tools and kept (a few, least recently used first out); a changed
 tool set (an upstream server reconnected with other tools) or another allow-list is another set,
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 import bm25s
 import numpy as np
 import Stemmer
+from bm25s.stopwords import STOPWORDS_EN_PLUS
 
 from ..errors import InvalidRequest
 from .base import ToolInfo, ToolMatch
@@ -36,51 +38,81 @@ MAX_LIMIT = 50
 MAX_QUERY_CHARS = 1_000
 _NAME_WEIGHT, _PARAM_WEIGHT = 3, 2
 _SYNONYM_WEIGHT = 0.5
+_NAME_BONUS = 0.5  # times the best BM25 score, for a name the query says whole
 _KEEP_INDEXES = 8
 
-_STOP = frozenset("""a an and are as at be by can do does for from has have how i if in into is it
-its me my of on or our please so some that the their them then there these this to up us using
-via want was we what when where which while who will with would you your need needs""".split())
+# English stop words (bm25s's NLTK-like list) but those that name things tools do ("mouse up",
+# "all cookies", "before a date"), and the padding of requests ("please", "I want to").
+_STOP = (frozenset(STOPWORDS_EN_PLUS) - {"up", "down", "all", "off", "out", "on", "over", "under", "before",
+                                          "after", "no", "not", "same", "again"}) | frozenset(
+    "please need needs want wants using via can could would may might also everything something "
+    "anything some still several whats let lets".split())
 
 # Words an agent and a tool description use for the same thing (stems after the stemmer).
 _SYNONYM_GROUPS = [
+    # verbs
     "get fetch retrieve read show view obtain load lookup",
     "list enumerate browse all",
-    "search find query lookup look locate",
+    "search find query lookup look locate grep",
     "create make new add open start",
-    "delete remove erase drop destroy trash",
+    "delete remove erase drop destroy trash forget purge",
     "update edit modify change set alter patch",
     "send post write publish",
-    "save store write put persist",
-    "run execute invoke call",
-    "repo repository",
-    "pr pull merge",
-    "dir directory folder",
-    "file document doc",
-    "url link page website site web",
-    "message chat post",
-    "user member person people account",
-    "issue ticket bug",
-    "screenshot capture",
+    "save store write put persist cache",
+    "run execute invoke call trigger",
+    "type enter input fill",
     "click press tap",
-    "navigate go visit goto browse",
-    "time clock date",
-    "timezone zone tz",
+    "navigate go visit goto browse open",
     "convert translate transform",
-    "comment reply respond",
+    "comment reply respond answer",
     "move rename",
-    "copy duplicate",
-    "table database db sql",
-    "error exception crash event",
-    "image picture photo",
-    "entity node",
-    "relation edge link",
-    "note observation memo",
-    "close resolve archive",
+    "copy duplicate clone",
+    "close resolve archive dismiss",
     "download fetch",
     "upload attach",
-    "schedule calendar meeting",
+    "approve accept review",
+    "stage add",
+    "unstage reset",
+    "switch checkout",
+    "remember memorize know knowledge memory",
+    # nouns, and the short forms people type
+    "repo repository",
+    "pr pull merge",
+    "org organization organisation",
+    "dir directory folder",
+    "file document doc",
+    "doc documentation docs manual guide",
+    "config configuration settings setting",
+    "info information details detail metadata",
+    "env environment",
+    "db database table sql",
+    "js javascript script",
+    "url link page website site web",
+    "web internet online google",
+    "message chat post msg",
+    "user member person people account",
+    "team group",
+    "issue ticket bug",
+    "error exception crash failure",
+    "screenshot capture",
+    "image picture photo media",
+    "popup dialog alert modal prompt",
+    "time clock date",
+    "timezone zone tz",
+    "coordinate latitude longitude geocode location position",
+    "address location place",
+    "elevation altitude height high",
+    "outage anomaly disruption downtime incident",
+    "entity node",
+    "relation relationship edge link",
+    "note observation memo",
+    "schedule calendar meeting event",
     "email mail",
+    "star favorite bookmark",
+    "snippet gist",
+    "tree structure hierarchy",
+    "size big large",
+    "log logs output console",
 ]
 
 
@@ -121,7 +153,8 @@ def _document(info: ToolInfo) -> list[str]:
     param_names = " ".join(props)
     param_text = " ".join(str(p.get("description", "")) for p in props.values() if isinstance(p, dict))
     out = tokens(local) * _NAME_WEIGHT + tokens(info.namespace or "") + tokens(param_names) * _PARAM_WEIGHT
-    return out + tokens(info.description) + tokens(param_text)
+    # The first line is the summary; the rest often holds examples and hints that mention much else.
+    return out + tokens(_one_line(info.description, 10_000)) + tokens(info.description) + tokens(param_text)
 
 
 def check_query(query: object, limit: object) -> tuple[str, int]:
@@ -145,15 +178,35 @@ def tool_limit(raw: str | None, default: int = 8) -> int:
         raise InvalidRequest(f"limit must be an integer from 1 to {MAX_LIMIT}, not {raw[:40]!r}") from None
 
 
+_Key = tuple[str, str, str]
+_DOC_CACHE: dict[_Key, list[str]] = {}  # stemming is most of an index's cost: a tool is stemmed once
+_DOC_CACHE_MAX = 50_000
+
+
+def _key(info: ToolInfo) -> _Key:
+    return info.name, info.description, info.signature
+
+
+def _cached_document(info: ToolInfo) -> list[str]:
+    key = _key(info)
+    doc = _DOC_CACHE.get(key)
+    if doc is None:
+        if len(_DOC_CACHE) >= _DOC_CACHE_MAX:
+            _DOC_CACHE.clear()
+        doc = _DOC_CACHE[key] = _document(info) or [""]
+    return doc
+
+
 class _Index:
-    """BM25 over one set of tools."""
+    """BM25 over one set of tools, and each tool's name as a set of stems."""
 
     def __init__(self, infos: Sequence[ToolInfo]) -> None:
         self.infos = list(infos)
-        docs = [_document(i) or [""] for i in self.infos]
+        docs = [_cached_document(i) for i in self.infos]
         self.bm25 = bm25s.BM25()
         self.bm25.index(docs, show_progress=False)
         self.vocab: dict[str, int] = self.bm25.vocab_dict
+        self.names = [frozenset(tokens(i.name.rsplit(".", 1)[-1])) for i in self.infos]
 
     def _scores(self, stems: list[str]) -> np.ndarray | None:
         ids = [self.vocab[s] for s in stems if s in self.vocab]
@@ -167,6 +220,14 @@ class _Index:
             scores = self._scores(part)
             if scores is not None:
                 total += weight * scores
+        best = float(total.max()) if len(total) else 0.0
+        if best > 0:
+            # A tool whose whole name the query says ("list ... commits": list_commits) goes up:
+            # BM25 alone favours short documents that repeat one query word.
+            said, near = set(stems), set(extra)
+            cover = np.array([(len(n & said) + _SYNONYM_WEIGHT * len((n - said) & near)) / len(n) if n else 0.0
+                              for n in self.names])
+            total += _NAME_BONUS * best * cover * (total > 0)
         top = np.argsort(-total, kind="stable")[:limit]
         return [ToolMatch(name=self.infos[i].name, description=_one_line(self.infos[i].description),
                           signature=self.infos[i].signature, score=round(float(total[i]), 3))
@@ -178,7 +239,7 @@ class ToolSearch:
 
     def __init__(self, keep: int = _KEEP_INDEXES) -> None:
         self._keep = keep
-        self._indexes: OrderedDict[tuple[tuple[str, str, str], ...], _Index] = OrderedDict()
+        self._indexes: OrderedDict[tuple[_Key, ...], _Index] = OrderedDict()
         self._lock = threading.Lock()
 
     def search(self, infos: Sequence[ToolInfo], query: str, limit: int = 8) -> list[ToolMatch]:
@@ -189,7 +250,7 @@ class ToolSearch:
         return self._index(infos).rank(query, limit)
 
     def _index(self, infos: Sequence[ToolInfo]) -> _Index:
-        key = tuple((i.name, i.description, i.signature) for i in infos)
+        key = tuple(_key(i) for i in infos)
         with self._lock:
             index = self._indexes.get(key)
             if index is not None:

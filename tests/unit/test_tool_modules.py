@@ -62,9 +62,8 @@ def tools() -> Iterator[preamble.Tools]:
 
 
 def test_groups_import_like_modules(tools: preamble.Tools) -> None:
-    from tools.gh import list_commits  # type: ignore[import-not-found]
-
     import tools as imported  # type: ignore[import-not-found]
+    from tools.gh import list_commits  # type: ignore[import-not-found]
 
     assert imported is tools and list_commits is tools.gh.list_commits
     assert list_commits("me", "repo", per_page=5) == ["gh.list_commits", {"owner": "me", "repo": "repo", "per_page": 5}]

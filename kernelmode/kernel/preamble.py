@@ -144,7 +144,8 @@ def _doc(spec: dict[str, Any], sig: inspect.Signature) -> str | None:
 def make_tool(bridge: _Bridge, spec: dict[str, Any]) -> Any:
     """A real function per tool, so that help(tools.add) and inspect.signature work."""
     name: str = spec["name"]
-    order = list(((spec.get("parameters") or {}).get("properties") or {}).keys())
+    sig = _signature(spec)
+    order = list(sig.parameters)  # positional arguments go where the signature shows them
 
     def tool(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
@@ -160,7 +161,6 @@ def make_tool(bridge: _Bridge, spec: dict[str, Any]) -> Any:
     tool.__name__ = name.rsplit(".", 1)[-1]
     tool.__qualname__ = f"tools.{name}"
     tool.__module__ = "tools." + name.rsplit(".", 1)[0] if "." in name else "tools"
-    sig = _signature(spec)
     tool.__doc__ = _doc(spec, sig)
     tool.__signature__ = sig  # type: ignore[attr-defined]
     tool.spec = spec  # type: ignore[attr-defined]

@@ -105,3 +105,11 @@ def test_a_tool_named_search_keeps_its_name() -> None:
     assert t.search.web() == ["search.web", {}]
     assert isinstance(t.search, preamble._Group)
     assert t.search_tools("web")[0]["score"] == 3.2
+
+
+def test_positional_arguments_follow_the_signature_not_the_schema_order() -> None:
+    spec = {"name": "gh.list_commits", "parameters": {"type": "object", "required": ["owner", "repo"],
+            "properties": {"author": {"type": "string"}, "owner": {"type": "string"}, "repo": {"type": "string"}}}}
+    t = preamble.build([spec], Channel())
+    assert str(inspect.signature(t.gh.list_commits)) == "(owner: str, repo: str, author: str = None)"
+    assert t.gh.list_commits("me", "r") == ["gh.list_commits", {"owner": "me", "repo": "r"}]

@@ -301,8 +301,10 @@ class McpTools:
         if not infos:
             return "No host tools are configured on this server."
         lines = [f"tools.{t.signature or t.name + '(...)'}\n    {t.description}".rstrip() for t in infos]
+        hint = (f" There are {len(infos)}: search_tools('what you want to do') finds the few you need."
+                if len(infos) > LIST_AT_MOST else "")
         return ("Call these from run_python code, e.g. `r = tools.NAME(arg=...)`; a failure raises "
-                "tools.ToolError.\n\n" + "\n".join(lines))
+                f"tools.ToolError.{hint}\n\n" + "\n".join(lines))
 
     async def search_tools(
         self,

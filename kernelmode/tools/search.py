@@ -4,9 +4,10 @@ With hundreds of tools (several upstream MCP servers), listing them all costs th
 code mode exists to save; ``search_tools`` answers the few that fit an intent instead.
 
 A tool is one document of fields weighted by repetition: its name (split at ``_``, ``.``, ``-``
-and camelCase; three times), its parameters' names and its description's first line (twice), its
-server's name, its whole description and the parameters' descriptions (once). Words are lower-cased, stop words dropped, and stemmed
-(Snowball, ``PyStemmer``), so "commits" finds ``list_commits``. A query's words also bring in
+and camelCase; three times), its parameters' names (twice), its description's first line (twice
+with the whole description), its server's name and its parameters' descriptions (once). Words are
+lower-cased, stop words dropped, and stemmed (Snowball, ``PyStemmer``), so "commits" finds
+``list_commits``. A query's words also bring in
 their common synonyms (``_SYNONYM_GROUPS``, at half weight): an agent says "remove" where a tool
 says "delete". Last, a tool gains in proportion to the share of its name's words the query says
 (half for a synonym): BM25 alone prefers short documents that repeat one of the query's words.

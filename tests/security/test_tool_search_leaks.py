@@ -5,7 +5,6 @@ ranking's statistics). Both backends."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import httpx

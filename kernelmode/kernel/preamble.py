@@ -278,7 +278,8 @@ class Matches(list[dict[str, Any]]):
 def register_modules(tools: Tools) -> None:
     """Put ``tools`` and each group in sys.modules: ``from tools.github import list_commits``."""
     for name in [n for n in sys.modules if n == "tools" or n.startswith("tools.")]:
-        if isinstance(sys.modules[name], _Group):
+        # Ours from an earlier install too (a reconnect runs the preamble again: another _Group class).
+        if type(sys.modules[name]).__name__ in ("_Group", "Tools"):
             del sys.modules[name]
     stack: list[_Group] = [tools]
     while stack:

@@ -81,14 +81,21 @@ class _Bridge:
 
 def _signature(spec: dict[str, Any]) -> inspect.Signature:
     schema = spec.get("parameters") or {}
-    required = set(schema.get("required") or [])
+    required = set(r for r in schema.get("required") or [] if isinstance(r, str))
+    props = schema.get("properties")
     params = []
-    for pname, pschema in (schema.get("properties") or {}).items():
-        if not pname.isidentifier():
+    for pname, pschema in (props if isinstance(props, dict) else {}).items():
+        pschema = pschema if isinstance(pschema, dict) else {}  # JSON Schema allows `true` here
+        default = inspect.Parameter.empty if pname in required else pschema.get("default")
+        try:
+            annotation = _annotation(pschema, schema)
+        except Exception:  # a schema no type fits: shown untyped, never a broken preamble
+            annotation = Any
+        try:
+            params.append(inspect.Parameter(pname, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
+                                            annotation=annotation))
+        except ValueError:  # not a Python name ("from", "x-y"): passed as tools.t(**{"from": ...})
             continue
-        default = inspect.Parameter.empty if pname in required else (pschema or {}).get("default")
-        params.append(inspect.Parameter(pname, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
-                                        annotation=_annotation(pschema, schema)))
     params.sort(key=lambda p: p.default is not inspect.Parameter.empty)
     return inspect.Signature(params)
 
@@ -134,7 +141,8 @@ def _doc(spec: dict[str, Any], sig: inspect.Signature) -> str | None:
     for p in sig.parameters.values():
         kind = "" if p.annotation is inspect.Parameter.empty else inspect.formatannotation(p.annotation)
         default = "required" if p.default is inspect.Parameter.empty else f"default {p.default!r}"
-        about = " ".join(str((props.get(p.name) or {}).get("description") or "").split())
+        pschema = props.get(p.name)
+        about = " ".join(str(pschema.get("description") or "").split()) if isinstance(pschema, dict) else ""
         lines.append(f"    {p.name} ({kind}, {default})" + (f": {about}" if about else ""))
     if lines:
         text += ("\n\n" if text else "") + "Parameters:\n" + "\n".join(lines)

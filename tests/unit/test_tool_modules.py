@@ -113,3 +113,22 @@ def test_positional_arguments_follow_the_signature_not_the_schema_order() -> Non
     t = preamble.build([spec], Channel())
     assert str(inspect.signature(t.gh.list_commits)) == "(owner: str, repo: str, author: str = None)"
     assert t.gh.list_commits("me", "r") == ["gh.list_commits", {"owner": "me", "repo": "r"}]
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": ["string", "integer", "null"]}, {"anyOf": [{"enum": ["a", 1]}, {"type": "array", "items": {"anyOf": []}}]},
+    {"$ref": "#/nowhere"}, {"enum": [{"x": 1}]}, {"type": 5}, {"oneOf": "no"}, {"$ref": "#/$defs/Self"},
+    {"items": {"type": "string"}, "type": "array"}, {"allOf": [{"type": "string"}]}, "not a schema", True])
+def test_any_schema_gives_a_signature(schema: Any) -> None:
+    spec = {"name": "t", "parameters": {"type": "object", "properties": {"p": schema},
+                                        "$defs": {"Self": {"$ref": "#/$defs/Self"}}}}
+    t = preamble.build([spec], Channel())
+    assert list(inspect.signature(t.t).parameters) == ["p"] and t.t.__doc__
+
+
+def test_parameters_that_are_not_python_names_are_keyword_only_through_kwargs() -> None:
+    spec = {"name": "mail", "parameters": {"type": "object", "required": ["from", "to"],
+            "properties": {"from": {"type": "string"}, "to": {"type": "string"}, "x-y": {"type": "string"}}}}
+    t = preamble.build([spec], Channel())
+    assert str(inspect.signature(t.mail)) == "(to: str)"
+    assert t.mail("b", **{"from": "a"}) == ["mail", {"to": "b", "from": "a"}]

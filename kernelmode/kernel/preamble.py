@@ -260,7 +260,11 @@ class Tools(_Group):
         __tracebackhide__ = True
         if not isinstance(query, str) or not query.strip():
             raise TypeError("tools.search(query): query must be a non-empty string")
-        return Matches(self.__dict__["_bridge"].call(SEARCH, {"query": query, "limit": limit}) or [])
+        try:
+            found = self.__dict__["_bridge"].call(SEARCH, {"query": query, "limit": limit})
+        except ToolError as e:  # say what the code called, not the reserved name
+            raise ToolError(str(e).replace(SEARCH, "tools.search", 1)) from None
+        return Matches(found or [])
 
     search_tools = search  # still there when a tool or MCP server is itself named "search"
 

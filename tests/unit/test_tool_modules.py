@@ -132,3 +132,13 @@ def test_parameters_that_are_not_python_names_are_keyword_only_through_kwargs() 
     t = preamble.build([spec], Channel())
     assert str(inspect.signature(t.mail)) == "(to: str)"
     assert t.mail("b", **{"from": "a"}) == ["mail", {"to": "b", "from": "a"}]
+
+
+def test_a_refused_search_names_tools_search() -> None:
+    def refuse(prompt: str) -> str:
+        req = json.loads(prompt[len(preamble.MARKER):])
+        return json.dumps({"id": req["id"], "ok": False, "error": "limit must be an integer from 1 to 50"})
+
+    t = preamble.build(SPECS, refuse)
+    with pytest.raises(preamble.ToolError, match=r"^tools.search: limit must be"):
+        t.search("x", limit=99)

@@ -68,6 +68,7 @@ bench: setup
 	$(VENV)/bin/python bench/recovery.py
 	$(VENV)/bin/python bench/load.py
 	$(VENV)/bin/python bench/mcp_startup.py
+	$(VENV)/bin/python bench/tool_search.py
 
 bench-quick: setup
 	$(VENV)/bin/python bench/roundtrip.py --quick --no-write

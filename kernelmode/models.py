@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .tools.base import ToolInfo
+from .tools.base import ToolInfo, ToolMatch
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
@@ -247,3 +247,9 @@ class Health(BaseModel):
 
 class ToolList(BaseModel):
     tools: list[ToolInfo]
+
+
+class ToolMatches(BaseModel):
+    """``GET /v1/tools?q=...``: the tools that best fit the intent, best first."""
+
+    tools: list[ToolMatch]

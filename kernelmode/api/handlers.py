@@ -38,9 +38,11 @@ from ..models import (
     SessionCreate,
     SessionList,
     ToolList,
+    ToolMatches,
 )
 from ..services import Services
 from ..tenants import ADMIN, Principal
+from ..tools.search import tool_limit
 from .openapi import openapi_document
 
 log = logging.getLogger("kernelmode.api")
@@ -302,7 +304,14 @@ class MetricsHandler(BaseHandler):
 
 class ToolsHandler(BaseHandler):
     async def get(self) -> None:
-        self.send(ToolList(tools=self.services.tools.infos()))
+        """Every host tool; with ``q``, the ``limit`` (default 8) that best fit that intent."""
+        query, limit = self.get_query_argument("q", None), self.get_query_argument("limit", None)
+        if query is None:
+            if limit is not None:
+                raise InvalidRequest("limit goes with q (a search): GET /v1/tools?q=...&limit=N")
+            self.send(ToolList(tools=self.services.tools.infos()))
+            return
+        self.send(ToolMatches(tools=self.services.tools.search(query, tool_limit(limit))))
 
 
 # Types a browser would render (and run scripts in): always downloaded, never sniffed.

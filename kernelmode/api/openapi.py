@@ -25,12 +25,13 @@ from ..models import (
     SessionInfo,
     SessionList,
     ToolList,
+    ToolMatches,
     UploadResult,
 )
 from . import jupyter_openapi
 
 _MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health, ToolList,
-           FileList, ArtifactList, UploadResult, RunProgress, OneShotRequest]
+           FileList, ToolMatches, ArtifactList, UploadResult, RunProgress, OneShotRequest]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -92,6 +93,15 @@ _TAGS = [
 ]
 
 
+_TOOL_SEARCH = [
+    {"name": "q", "in": "query", "required": False, "description": "An intent in words, e.g. 'list the "
+     "commits of a repository': answers the tools that best fit it, ranked (BM25)",
+     "schema": {"type": "string", "minLength": 1, "maxLength": 1000}},
+    {"name": "limit", "in": "query", "required": False, "description": "How many matches at most (with q)",
+     "schema": {"type": "integer", "minimum": 1, "maximum": 50, "default": 8}},
+]
+
+
 @lru_cache(maxsize=1)
 def openapi_document() -> dict[str, Any]:
     pairs: list[tuple[Any, Any]] = [(m, "validation") for m in _MODELS]
@@ -112,8 +122,14 @@ def openapi_document() -> dict[str, Any]:
                              "responses": {"200": {"description": "Prometheus text exposition format",
                                                    "content": {"text/plain": {"schema": {"type": "string"}}}},
                                            **_errors(401)}}},
-        "/v1/tools": {"get": {"summary": "Host tools callable from kernel code as tools.NAME(...)",
-                              "responses": {"200": _json("ToolList", "Tools"), **_errors(401)}}},
+        "/v1/tools": {"get": {"summary": "Host tools callable from kernel code as tools.NAME(...); with q, "
+                                         "the ones that best fit an intent (search_tools)",
+                              "parameters": _TOOL_SEARCH,
+                              "responses": {"200": {"description": "Without q: every tool (ToolList); with q: "
+                                                    "the best matches, best first (ToolMatches)",
+                                                    "content": {"application/json": {"schema": {"anyOf": [
+                                                        _ref("ToolList"), _ref("ToolMatches")]}}}},
+                                            **_errors(401, 422)}}},
         "/v1/sessions": {
             "get": {"summary": "List sessions", "responses": {"200": _json("SessionList", "Sessions"), **_errors(401)}},
             "post": {"summary": "Create a session", "requestBody": body("SessionCreate"),

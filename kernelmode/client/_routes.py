@@ -30,6 +30,7 @@ from ..models import (
     SessionInfo,
     SessionList,
     ToolList,
+    ToolMatches,
     UploadResult,
 )
 
@@ -107,12 +108,14 @@ NOTEBOOK = Route("GET", f"{_S}/notebook", _raw, retry_safe=True)
 ONE_SHOT = Route("POST", "/v1/execute", _model(RunResult))
 GET_RUN = Route("GET", "/v1/runs/{run_id}", _model(RunProgress), retry_safe=True)
 TOOLS = Route("GET", "/v1/tools", _model(ToolList), retry_safe=True)
+SEARCH_TOOLS = Route("GET", "/v1/tools", _model(ToolMatches), retry_safe=True)  # with ?q=
 HEALTH = Route("GET", "/healthz", _model(Health), retry_safe=True)
 READY = Route("GET", "/readyz", _model(Health), ok=(200, 503))  # 503 is an answer: not ready
 
 ROUTES: tuple[Route[Any], ...] = (
     CREATE_SESSION, LIST_SESSIONS, GET_SESSION, DELETE_SESSION, EXECUTE, INTERRUPT, RESTART, UPLOAD,
     DOWNLOAD, LIST_FILES, ARTIFACTS, NOTEBOOK, ONE_SHOT, GET_RUN, TOOLS, HEALTH, READY,
+    SEARCH_TOOLS,
 )
 
 
@@ -150,6 +153,10 @@ def run_once(code: str, files: dict[str, bytes] | None, timeout_seconds: float |
     if tools is not None:
         body["tools"] = tools
     return ONE_SHOT.call(json=body, timeout=(timeout_seconds or NO_TIMEOUT) + EXTRA_WAIT)
+
+
+def search_tools(query: str, limit: int) -> Call[ToolMatches]:
+    return SEARCH_TOOLS.call(params={"q": query, "limit": limit})
 
 
 def get_run(run_id: str, offset: int, wait_seconds: float) -> Call[RunProgress]:

@@ -23,7 +23,7 @@ from ..models import (
     UploadResult,
     WorkspaceFile,
 )
-from ..tools.base import ToolInfo
+from ..tools.base import ToolInfo, ToolMatch
 from . import _routes as routes
 from ._base import BaseClient, BaseSession, final, warn_run_renamed
 from ._routes import Call, UploadData
@@ -184,6 +184,10 @@ class Client(BaseClient):
     def tools(self) -> list[ToolInfo]:
         """The host tools kernels may call."""
         return self._send(routes.TOOLS.call()).tools
+
+    def search_tools(self, query: str, limit: int = 8) -> list[ToolMatch]:
+        """The host tools that best fit an intent ("list a repository's commits"), best first."""
+        return self._send(routes.search_tools(query, limit)).tools
 
     def health(self) -> Health:
         """Liveness (``/healthz``)."""

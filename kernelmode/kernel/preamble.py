@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 import threading
+import types
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 MARKER = "\x00kernelmode-tool-call\x00"
 PING = "__kernelmode_ping__"  # answered by the manager itself: proves the stdin path works
+SEARCH = "__kernelmode_search__"  # answered by the manager: tools.search(), over this session's tools
 NO_INPUT_MESSAGE = (
     "no interactive input: kernelmode runs code unattended, so input() and getpass() are not "
     "available. Put the values in the code, or upload a file to /mnt/data and read it."
@@ -78,21 +81,79 @@ class _Bridge:
 
 def _signature(spec: dict[str, Any]) -> inspect.Signature:
     schema = spec.get("parameters") or {}
-    required = set(schema.get("required") or [])
+    required = set(r for r in schema.get("required") or [] if isinstance(r, str))
+    props = schema.get("properties")
     params = []
-    for pname, pschema in (schema.get("properties") or {}).items():
-        if not pname.isidentifier():
+    for pname, pschema in (props if isinstance(props, dict) else {}).items():
+        pschema = pschema if isinstance(pschema, dict) else {}  # JSON Schema allows `true` here
+        default = inspect.Parameter.empty if pname in required else pschema.get("default")
+        try:
+            annotation = _annotation(pschema, schema)
+        except Exception:  # a schema no type fits: shown untyped, never a broken preamble
+            annotation = Any
+        try:
+            params.append(inspect.Parameter(pname, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
+                                            annotation=annotation))
+        except ValueError:  # not a Python name ("from", "x-y"): passed as tools.t(**{"from": ...})
             continue
-        default = inspect.Parameter.empty if pname in required else (pschema or {}).get("default")
-        params.append(inspect.Parameter(pname, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default))
     params.sort(key=lambda p: p.default is not inspect.Parameter.empty)
     return inspect.Signature(params)
+
+
+_JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool,
+                               "null": type(None), "array": list, "object": dict}
+
+
+def _annotation(schema: Any, root: dict[str, Any], depth: int = 0) -> Any:
+    """A Python type for a JSON Schema (best effort: what help() and ``?`` show a model)."""
+    if depth > 6 or not isinstance(schema, dict):
+        return Any
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        node: Any = root
+        for part in ref[2:].split("/"):
+            node = node.get(part) if isinstance(node, dict) else None
+        return _annotation(node, root, depth + 1)
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(v, str | int | bool) for v in enum):
+        return Literal[tuple(enum)]
+    options = schema.get("anyOf") or schema.get("oneOf")
+    kind = schema.get("type")
+    if isinstance(options, list) or isinstance(kind, list):
+        subs = options if isinstance(options, list) else [{**schema, "type": k} for k in kind or []]
+        parts = [_annotation(o, root, depth + 1) for o in subs]
+        if Any in parts or not parts:
+            return Any
+        union = parts[0]
+        for p in parts[1:]:
+            union = union | p
+        return union
+    if kind == "array" and isinstance(schema.get("items"), dict):
+        return list[_annotation(schema["items"], root, depth + 1)]  # type: ignore[misc]
+    return _JSON_TYPES.get(kind, Any) if isinstance(kind, str) else Any
+
+
+def _doc(spec: dict[str, Any], sig: inspect.Signature) -> str | None:
+    """The tool's description, then one line per parameter (type, default, its description)."""
+    text = (spec.get("description") or "").strip()
+    props = (spec.get("parameters") or {}).get("properties") or {}
+    lines = []
+    for p in sig.parameters.values():
+        kind = "" if p.annotation is inspect.Parameter.empty else inspect.formatannotation(p.annotation)
+        default = "required" if p.default is inspect.Parameter.empty else f"default {p.default!r}"
+        pschema = props.get(p.name)
+        about = " ".join(str(pschema.get("description") or "").split()) if isinstance(pschema, dict) else ""
+        lines.append(f"    {p.name} ({kind}, {default})" + (f": {about}" if about else ""))
+    if lines:
+        text += ("\n\n" if text else "") + "Parameters:\n" + "\n".join(lines)
+    return text or None
 
 
 def make_tool(bridge: _Bridge, spec: dict[str, Any]) -> Any:
     """A real function per tool, so that help(tools.add) and inspect.signature work."""
     name: str = spec["name"]
-    order = list(((spec.get("parameters") or {}).get("properties") or {}).keys())
+    sig = _signature(spec)
+    order = list(sig.parameters)  # positional arguments go where the signature shows them
 
     def tool(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
@@ -107,17 +168,21 @@ def make_tool(bridge: _Bridge, spec: dict[str, Any]) -> Any:
 
     tool.__name__ = name.rsplit(".", 1)[-1]
     tool.__qualname__ = f"tools.{name}"
-    tool.__module__ = "kernelmode_tools"
-    tool.__doc__ = (spec.get("description") or "").strip() or None
-    tool.__signature__ = _signature(spec)  # type: ignore[attr-defined]
+    tool.__module__ = "tools." + name.rsplit(".", 1)[0] if "." in name else "tools"
+    tool.__doc__ = _doc(spec, sig)
+    tool.__signature__ = sig  # type: ignore[attr-defined]
     tool.spec = spec  # type: ignore[attr-defined]
     return tool
 
 
-class _Group:
-    """Tools by attribute (``tools.add``), by key (``tools["add"]``), listable with dir()."""
+class _Group(types.ModuleType):
+    """Tools by attribute (``tools.add``), by key (``tools["add"]``), listable with dir().
+
+    A module (``tools``, ``tools.github``), so that ``from tools.github import list_commits``
+    works (``register_modules``) and ``help(tools.github)`` lists its functions."""
 
     def __init__(self, label: str, members: dict[str, Any]) -> None:
+        super().__init__("tools" + (f".{label}" if label else ""))
         self.__dict__["_label"] = label
         self.__dict__["_members"] = members
 
@@ -178,7 +243,8 @@ class _Group:
             desc = (t.spec.get("description") or "").strip()
             if desc:
                 lines.extend("      " + line for line in desc.splitlines())
-        lines += ["", "A failing or unknown tool raises ToolError."]
+        lines += ["", "A failing or unknown tool raises ToolError. Find tools for a need with "
+                  "tools.search('what to do'); import them with `from tools.NAME import TOOL`."]
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -188,6 +254,58 @@ class _Group:
 class Tools(_Group):
     """The ``tools`` object of a kernel."""
 
+    def search(self, query: str, limit: int = 8) -> Matches:
+        """The tools of this session that best fit an intent ("list a repository's commits"),
+        best first: each a dict with name, description, signature and score."""
+        __tracebackhide__ = True
+        if not isinstance(query, str) or not query.strip():
+            raise TypeError("tools.search(query): query must be a non-empty string")
+        try:
+            found = self.__dict__["_bridge"].call(SEARCH, {"query": query, "limit": limit})
+        except ToolError as e:  # say what the code called, not the reserved name
+            raise ToolError(str(e).replace(SEARCH, "tools.search", 1)) from None
+        return Matches(found or [])
+
+    search_tools = search  # still there when a tool or MCP server is itself named "search"
+
+
+class Matches(list[dict[str, Any]]):
+    """The answer of tools.search(): a list of dicts that displays as the calls to make."""
+
+    def __repr__(self) -> str:
+        if not self:
+            return "No tool of this session matches; try other words, or tools.help()."
+        lines = []
+        for m in self:
+            prefix = m["name"].rpartition(".")[0]
+            lines.append(f"tools.{prefix + '.' if prefix else ''}{m.get('signature') or m['name']}")
+            if m.get("description"):
+                lines.append(f"    {m['description']}")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
+
+
+def register_modules(tools: Tools) -> None:
+    """Put ``tools`` and each group in sys.modules: ``from tools.github import list_commits``."""
+    for name in [n for n in sys.modules if n == "tools" or n.startswith("tools.")]:
+        # Ours from an earlier install too (a reconnect runs the preamble again: another _Group class).
+        if type(sys.modules[name]).__name__ in ("_Group", "Tools"):
+            del sys.modules[name]
+    stack: list[_Group] = [tools]
+    while stack:
+        group = stack.pop()
+        sys.modules[group.__name__] = group
+        funcs = [k for k, v in group._members.items() if not isinstance(v, _Group)]
+        group.__dict__["__all__"] = sorted(funcs)
+        subs = [v for v in group._members.values() if isinstance(v, _Group)]
+        if group is not tools:
+            group.__doc__ = (f"Host tools of {group._label!r} ({len(funcs)}): call them like functions; "
+                             "they run outside the sandbox. A failing tool raises ToolError.")
+        stack.extend(subs)
+    tools.__doc__ = tools._help_text()
+
 
 def build(specs: list[dict[str, Any]], raw_input: Any) -> Tools:
     bridge = _Bridge(raw_input)
@@ -195,14 +313,18 @@ def build(specs: list[dict[str, Any]], raw_input: Any) -> Tools:
     for spec in specs:
         parts = spec["name"].split(".")
         node = root
-        for part in parts[:-1]:
-            child = node.setdefault(part, _Group(part, {}))
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, _Group(".".join(parts[: i + 1]), {}))
             if not isinstance(child, _Group):
                 break
             node = child._members
         else:
             node[parts[-1]] = make_tool(bridge, spec)
-    return Tools("", root)
+    tools = Tools("", root)
+    tools.__dict__["_bridge"] = bridge
+    if "search" in root:  # a tool or server named "search" keeps its name; tools.search_tools searches
+        tools.__dict__["search"] = root["search"]
+    return tools
 
 
 _bridge: _Bridge | None = None
@@ -227,6 +349,7 @@ def install(specs_json: str, namespace: dict[str, Any]) -> None:
     global _bridge
     _bridge = _Bridge(original)
     namespace["tools"] = build(json.loads(specs_json), original)
+    register_modules(namespace["tools"])
     namespace["ToolError"] = ToolError
     # exit()/quit() would stop the kernel's loop: the session's kernel is not the code's to end.
     # It still tells a console to leave (the ask_exit payload), keeping the kernel.

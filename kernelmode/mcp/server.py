@@ -27,7 +27,7 @@ from .tools import McpTools, instructions
 __all__ = ["TENANT_HEADER", "KernelmodeMCP"]
 
 # Tool calls that need only the host tools: answered while the service starts.
-_NO_SESSION_TOOLS = frozenset({"list_tools"})
+_NO_SESSION_TOOLS = frozenset({"list_tools", "search_tools"})
 
 
 class KernelmodeMCP:

@@ -37,6 +37,7 @@ from ..errors import InvalidRequest, KernelmodeError, PayloadTooLarge, SessionNo
 from ..models import SESSION_ID_PATTERN
 from ..services import Services
 from ..tools.registry import ToolRegistry
+from ..tools.search import MAX_LIMIT, MAX_QUERY_CHARS
 from .answers import RunAnswers
 from .budget import McpRunResult
 from .connections import Connections
@@ -82,11 +83,15 @@ def tool_errors(tool: str, fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitab
 def instructions(tools: ToolRegistry) -> str:
     """The server's instructions to the model (the host tools are listed, so: after they started)."""
     infos = tools.infos()
-    listed = "\n".join(f"- tools.{t.signature or t.name}: {t.description.splitlines()[0] if t.description else ''}"
-                       for t in infos[:40])
-    more = f"\n(and {len(infos) - 40} more: call list_tools)" if len(infos) > 40 else ""
-    host = (f"Code can call these host tools (they run outside the sandbox, with the network):\n{listed}{more}"
-            if infos else "No host tools are configured.")
+    listed = "\n".join(f"- {call_form(t.name, t.signature)}: {t.description.splitlines()[0] if t.description else ''}"
+                       for t in infos)
+    if len(infos) > LIST_AT_MOST:  # a long list costs the context that code mode saves: search instead
+        host = (f"Code can call {len(infos)} host tools (they run outside the sandbox, with the network), "
+                "from servers " + ", ".join(sorted(tools.namespaces) or ["(none)"]) + " and the host. Find "
+                "the ones you need with search_tools('what you want to do'), or tools.search(...) from code.")
+    else:
+        host = (f"Code can call these host tools (they run outside the sandbox, with the network):\n{listed}"
+                if infos else "No host tools are configured.")
     return (
         "kernelmode runs Python in a sandboxed, stateful Jupyter kernel. Variables, imports and "
         "loaded data persist between run_python calls of the same session, so build an analysis "
@@ -96,6 +101,16 @@ def instructions(tools: ToolRegistry) -> str:
         "and matplotlib are installed (plots appear as images). A long run keeps going in the "
         "background: run_python then returns status RUNNING with a run_id for get_run.\n" + host
     )
+
+
+# More host tools than this, and the instructions point to search_tools instead of listing them.
+LIST_AT_MOST = 8
+
+
+def call_form(name: str, signature: str) -> str:
+    """How code calls a tool: ``tools.github.list_commits(owner: str, ...)``."""
+    prefix = name.rpartition(".")[0]
+    return f"tools.{prefix + '.' if prefix else ''}{signature or name.rpartition('.')[2] + '(...)'}"
 
 
 class McpTools:
@@ -120,6 +135,7 @@ class McpTools:
             (self.list_files, ToolAnnotations(title="List workspace files", read_only_hint=True)),
             (self.read_artifact, ToolAnnotations(title="Read a file or output", read_only_hint=True)),
             (self.list_tools, ToolAnnotations(title="Host tools callable from code", read_only_hint=True)),
+            (self.search_tools, ToolAnnotations(title="Find host tools for an intent", read_only_hint=True)),
             (self.interrupt, ToolAnnotations(title="Interrupt the running code", destructive_hint=False)),
             (self.close_session, ToolAnnotations(title="Close a session", destructive_hint=True)),
             (self.list_sessions, ToolAnnotations(title="List sessions", read_only_hint=True)),
@@ -285,8 +301,27 @@ class McpTools:
         if not infos:
             return "No host tools are configured on this server."
         lines = [f"tools.{t.signature or t.name + '(...)'}\n    {t.description}".rstrip() for t in infos]
+        hint = (f" There are {len(infos)}: search_tools('what you want to do') finds the few you need."
+                if len(infos) > LIST_AT_MOST else "")
         return ("Call these from run_python code, e.g. `r = tools.NAME(arg=...)`; a failure raises "
-                "tools.ToolError.\n\n" + "\n".join(lines))
+                f"tools.ToolError.{hint}\n\n" + "\n".join(lines))
+
+    async def search_tools(
+        self,
+        query: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS, description=
+                                    "What you want to do, in words, e.g. 'list the commits of a "
+                                    "repository' or 'post a message to a channel'.")],
+        limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description="How many tools at most.")] = 8,
+    ) -> str:
+        """Find the host tools that fit what you want to do (best first), with the Python call
+        to make from run_python code. Use it instead of list_tools when there are many tools."""
+        matches = self.host_tools.search(query, limit)
+        if not matches:
+            return (f"No host tool matches {query!r}: try other words, or list_tools." if self.host_tools.infos()
+                    else "No host tools are configured on this server.")
+        lines = [f"{call_form(m.name, m.signature)}\n    {m.description}".rstrip() for m in matches]
+        return ("Host tools for this intent, best first; call them from run_python code, e.g. "
+                "`r = tools.NAME(arg=...)` (help(tools.NAME) shows the parameters):\n\n" + "\n".join(lines))
 
     async def interrupt(self, ctx: Context[Any], session_id: SessionArg = None) -> str:
         """Interrupt the code running in the session (like Ctrl-C). Variables are kept."""

@@ -22,6 +22,15 @@ class ToolInfo(BaseModel):
     signature: str = Field("", description="Python signature, e.g. 'add(a: int, b: int = 0)'.")
 
 
+class ToolMatch(BaseModel):
+    """One answer of ``search_tools``: enough for a model to call the tool from code."""
+
+    name: str = Field(description="Full name: 'add', or 'server.tool' for an upstream MCP server's tool.")
+    description: str = Field("", description="The first line of the tool's description.")
+    signature: str = Field("", description="Python signature, e.g. 'list_commits(owner: str, repo: str)'.")
+    score: float = Field(description="BM25 relevance to the query (higher is better; only > 0 is answered).")
+
+
 class ToolFailed(KernelmodeError):
     """A tool could not give a result; the message is shown to kernel code as ToolError."""
 

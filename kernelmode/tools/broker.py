@@ -15,8 +15,9 @@ from typing import Any
 
 from ..audit import audit
 from ..config import ToolBrokerSettings
+from ..errors import InvalidRequest
 from ..gateway.frames import json_shape_error
-from ..kernel.preamble import PING
+from ..kernel.preamble import PING, SEARCH
 from ..models import ToolCall
 from .base import ToolFailed
 from .registry import ToolRegistry, allowed
@@ -92,6 +93,8 @@ class ToolBroker:
                 return json.dumps({"id": call_id, "ok": True, "result": "pong"}), None
             if not isinstance(arguments, dict):
                 raise ToolFailed("arguments must be a mapping of parameter names to values")
+            if name == SEARCH:
+                return self._search(session_id, call_id, arguments, allow), None
             tool = self.registry.get(name)
             if tool is None or not allowed(name, allow):
                 # The same answer for "does not exist" and "not allowed here".
@@ -114,6 +117,18 @@ class ToolBroker:
             error = str(e) or "failed"
             reply = json.dumps({"id": call_id, "ok": False, "error": error})
         return reply, self._record(session_id, run_id, name, error, started, bytes_in, len(reply))
+
+    def _search(self, session_id: str, call_id: Any, arguments: dict[str, Any], allow: list[str] | None) -> str:
+        """tools.search() in a kernel: ranked over the tools this session may call, and no other."""
+        limiter = self._limiters.setdefault(
+            session_id, RateLimiter(self.settings.rate_per_second, self.settings.rate_burst))
+        if not limiter.take():
+            raise ToolFailed(f"rate limit: at most {self.settings.rate_per_second:g} tool calls per second")
+        try:
+            matches = self.registry.search(arguments.get("query"), arguments.get("limit", 8), allow)  # type: ignore[arg-type]
+        except InvalidRequest as e:
+            raise ToolFailed(e.message) from None
+        return json.dumps({"id": call_id, "ok": True, "result": [m.model_dump() for m in matches]})
 
     def refuse_unread(self, session_id: str, run_id: str, note: dict[str, Any]) -> tuple[str, ToolCall]:
         """Answer a request too large to be read at all (its message arrived without it, see

@@ -8,8 +8,9 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, InvalidRequest
-from .base import Tool, ToolInfo
+from .base import Tool, ToolInfo, ToolMatch
 from .python_tool import PythonTool, load_callable
+from .search import ToolSearch
 
 if TYPE_CHECKING:
     from ..config import McpServerSettings, ToolSettings
@@ -22,6 +23,7 @@ class ToolRegistry:
     def __init__(self) -> None:
         self._python: dict[str, PythonTool] = {}
         self._servers: dict[str, UpstreamMcpServer] = {}
+        self._search = ToolSearch()
 
     # -- registration ------------------------------------------------------------------------------
     def register(self, func: Callable[..., Any] | None = None, *, name: str | None = None,
@@ -104,6 +106,10 @@ class ToolRegistry:
 
     def infos(self, allow: list[str] | None = None) -> list[ToolInfo]:
         return [t.info for t in self.all() if allowed(t.info.name, allow)]
+
+    def search(self, query: str, limit: int = 8, allow: list[str] | None = None) -> list[ToolMatch]:
+        """The tools (of those ``allow`` lets through) that best fit an intent: tools/search.py."""
+        return self._search.search(self.infos(allow), query, limit)
 
 
 def allowed(name: str, allow: list[str] | None) -> bool:

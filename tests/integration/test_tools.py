@@ -128,7 +128,7 @@ def test_help_dir_and_signatures(tapi):
     assert "tools.add(a: int, b: int = 0) -> int" in r["stdout"]
     assert "Add two integers." in r["stdout"]
     assert "['add', 'big', 'fail', 'hang', 'up', 'weather', 'web']" in r["stdout"]
-    assert "(a, b=0)" in r["stdout"]
+    assert "(a: int, b: int = 0)" in r["stdout"]  # typed from the JSON Schema (issue 17)
     assert "The weather in a city" in r["stdout"]
 
 

@@ -92,6 +92,7 @@ _ANSWERS: dict[_routes.Route[Any], tuple[int, Any]] = {
     _routes.GET_RUN: (200, {**_RUN, "done": True, "offset": 0, "next_offset": 1, "result": _RUN,
                             "events": [{"type": "stream", "name": "stdout", "text": "hi\n"}]}),
     _routes.TOOLS: (200, {"tools": []}),
+    _routes.SEARCH_TOOLS: (200, {"tools": [{"name": "gh.list_commits", "signature": "list_commits()", "score": 2.5}]}),
     _routes.HEALTH: (200, {"status": "ok"}),
     _routes.READY: (503, {"status": "unavailable"}),
 }
@@ -99,6 +100,8 @@ _ANSWERS: dict[_routes.Route[Any], tuple[int, Any]] = {
 
 def _route_of(request: httpx.Request) -> _routes.Route[Any]:
     path = request.url.raw_path.decode().split("?")[0]
+    if request.method == "GET" and path == "/v1/tools" and "q" in request.url.params:
+        return _routes.SEARCH_TOOLS  # one path, two routes: a search has a q
     for route in _routes.ROUTES:
         pattern = re.sub(r"\\\{path\\\}", ".+", re.escape(route.path))
         pattern = re.sub(r"\\\{\w+\\\}", "[^/]+", pattern)
@@ -139,6 +142,7 @@ CLIENT_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("artifacts", (SID,), {}),
     ("notebook", (SID,), {}),
     ("tools", (), {}),
+    ("search_tools", ("list a repo's commits",), {"limit": 3}),
     ("health", (), {}),
     ("ready", (), {}),
 ]

@@ -59,7 +59,7 @@ def test_namespaces_errors_and_listing():
         _ = tools.gh.nope
     assert "tools.add(a: int, b: int = 0) -> int" in tools._help_text()
     assert "Commits." in tools._help_text()
-    assert str(__import__("inspect").signature(tools.add)) == "(a, b=0)"
+    assert str(__import__("inspect").signature(tools.add)) == "(a: int, b: int = 0)"  # typed (issue 17)
 
 
 def test_a_reply_for_another_call_is_refused():

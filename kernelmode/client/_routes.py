@@ -21,6 +21,7 @@ import httpx
 from pydantic import BaseModel
 
 from ..models import (
+    ApprovalAnswer,
     ArtifactList,
     FileList,
     Health,
@@ -106,13 +107,14 @@ ARTIFACTS = Route("GET", f"{_S}/artifacts", _model(ArtifactList), retry_safe=Tru
 NOTEBOOK = Route("GET", f"{_S}/notebook", _raw, retry_safe=True)
 ONE_SHOT = Route("POST", "/v1/execute", _model(RunResult))
 GET_RUN = Route("GET", "/v1/runs/{run_id}", _model(RunProgress), retry_safe=True)
+APPROVE = Route("POST", "/v1/runs/{run_id}/approvals/{call_id}", _model(ApprovalAnswer))
 TOOLS = Route("GET", "/v1/tools", _model(ToolList), retry_safe=True)
 HEALTH = Route("GET", "/healthz", _model(Health), retry_safe=True)
 READY = Route("GET", "/readyz", _model(Health), ok=(200, 503))  # 503 is an answer: not ready
 
 ROUTES: tuple[Route[Any], ...] = (
     CREATE_SESSION, LIST_SESSIONS, GET_SESSION, DELETE_SESSION, EXECUTE, INTERRUPT, RESTART, UPLOAD,
-    DOWNLOAD, LIST_FILES, ARTIFACTS, NOTEBOOK, ONE_SHOT, GET_RUN, TOOLS, HEALTH, READY,
+    DOWNLOAD, LIST_FILES, ARTIFACTS, NOTEBOOK, ONE_SHOT, GET_RUN, TOOLS, HEALTH, READY, APPROVE,
 )
 
 
@@ -155,6 +157,11 @@ def run_once(code: str, files: dict[str, bytes] | None, timeout_seconds: float |
 def get_run(run_id: str, offset: int, wait_seconds: float) -> Call[RunProgress]:
     return GET_RUN.call(run_id=run_id, params={"offset": offset, "wait_seconds": wait_seconds},
                         timeout=wait_seconds + 30)
+
+
+def approve(run_id: str, call_id: str, approve: bool, reason: str | None) -> Call[ApprovalAnswer]:
+    body: dict[str, Any] = {"approve": approve, **({"reason": reason} if reason is not None else {})}
+    return APPROVE.call(run_id=run_id, call_id=call_id, json=body)
 
 
 def upload(session_id: str, path: str, content: Any, overwrite: bool,

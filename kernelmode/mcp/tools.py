@@ -40,6 +40,7 @@ from ..tools.registry import ToolRegistry
 from .answers import RunAnswers
 from .budget import McpRunResult
 from .connections import Connections
+from .elicit import asker
 from .images import INLINE_TYPES, ImageTooLarge, fit_image
 from .render import clip, size_text
 
@@ -160,7 +161,7 @@ class McpTools:
         sid, note = await self.connections.session(ctx, session_id)
         svc.tenants.count_run(self.connections.principal(ctx))
         run = svc.sessions.submit(sid, code, timeout_seconds)
-        result = await self.answers.follow(ctx, run, self._wait(wait_seconds))
+        result = await self.answers.follow(ctx, run, self._wait(wait_seconds), asker(ctx, sid))
         return await self.answers.result(key, run, result, note)
 
     async def get_run(
@@ -176,7 +177,7 @@ class McpTools:
         key = self.connections.key(ctx)
         # More than a page waits for this reader (paging): answer with the next one at once.
         wait = 0 if self.answers.backlog(key, run) else self._wait(wait_seconds)
-        result = await self.answers.follow(ctx, run, wait)
+        result = await self.answers.follow(ctx, run, wait, asker(ctx, run.session_id))
         return await self.answers.result(key, run, result, None)
 
     async def upload_file(

@@ -154,7 +154,8 @@ class McpTools:
         there are returned with download links). Plots and displayed images come back as images.
         Host tools are callable from the code as tools.NAME(...) (see list_tools). The kernel
         has no network access. A run that outlasts wait_seconds keeps going: the result then has
-        status RUNNING and a run_id for get_run.
+        status RUNNING and a run_id for get_run. A tool that needs a person's approval pauses the
+        code until they answer (a denied call raises ToolDenied).
         """
         svc = self._services()
         key = self.connections.key(ctx)

@@ -5,6 +5,7 @@ its policy; decisions over REST, and over MCP by the real SDK client's elicitati
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import sys
@@ -306,3 +307,21 @@ async def test_mcp_client_without_elicitation_gets_the_pending_answer(gate_serve
                             json={"approve": True}).status_code == 200
         done = await client.call_tool("get_run", {"run_id": run_id, "wait_seconds": 60})
         assert done.structured_content is not None and done.structured_content["status"] == "ok"
+
+
+async def test_mcp_elicitation_over_the_stdio_bridge(gate_server: Server) -> None:
+    """`kernelmode mcp --url` relays the elicitation and its answer unchanged."""
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    from tests.conftest import REPO
+
+    seen: list[str] = []
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "kernelmode.cli", "mcp"], cwd=str(REPO),
+        env={**os.environ, "KERNELMODE_URL": gate_server.url, "KERNELMODE_TOKEN": gate_server.token})
+    async with Client(stdio_client(params), elicitation_callback=answering("accept", {"approve": True}, seen)) as c:
+        result = await c.call_tool("run_python", {"code": 'tools.up.echo(text="over stdio")'})
+        assert result.structured_content is not None and result.structured_content["result"] == "'over stdio'"
+        await c.call_tool("close_session", {})
+    [message] = seen
+    assert "up.echo" in message and "over stdio" in message

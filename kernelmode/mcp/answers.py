@@ -104,7 +104,7 @@ class RunAnswers:
 
         ``ask``: puts the run's approvals to the client meanwhile (elicit.py); while one is being
         asked, the wait goes on past ``wait`` (the person's answer decides what comes next). An
-        approval nobody asks ends the wait at once (status awaiting_approval)."""
+        approval nobody asks ends the wait as soon as it comes (status awaiting_approval)."""
         gate = run.gate if ask is not None else None
         if gate is not None and ask is not None:
             gate.attach(ask)
@@ -119,7 +119,10 @@ class RunAnswers:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         offset = len(run.collector.events)
-        while not run.done and not run.awaiting:
+        # An approval that waits unasked is news once it came after the call started; one that
+        # already waited (a get_run of such a run) waits like output would, for ``wait``.
+        seen = run.gate.version if run.gate is not None else 0
+        while not run.done and not (run.awaiting and run.gate is not None and run.gate.version != seen):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 if run.gate is None or not run.gate.asking:

@@ -73,10 +73,13 @@ class LiveRun:
         )
 
     async def wait_changed(self, offset: int, timeout: float) -> None:
-        """Return when there are events past ``offset``, the run has ended, an approval waits
-        unasked, or ``timeout`` passed."""
+        """Return when there are events past ``offset``, the run has ended, its approvals changed
+        (one came or was decided; one that already waited does not end it: no busy polling), or
+        ``timeout`` passed."""
         deadline = time.monotonic() + timeout
-        while not self.done and len(self.collector.events) <= offset and not self.awaiting:
+        seen = self.gate.version if self.gate is not None else 0
+        while not self.done and len(self.collector.events) <= offset and (
+                self.gate is None or self.gate.version == seen):
             self.changed.clear()
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -85,6 +85,11 @@ class RunGate:
     enabled: bool = True  # False: nobody could answer (one-shot runs): such calls are denied
     asker: Asker | None = None
     pending: dict[str, _Pending] = field(default_factory=dict)
+    version: int = 0  # bumped at every change of what is pending or asked (pollers compare it)
+
+    def _changed(self) -> None:
+        self.version += 1
+        self.on_change()
 
     def listing(self) -> list[PendingApproval]:
         return [p.info for p in self.pending.values()]
@@ -112,7 +117,7 @@ class RunGate:
             if p.asking is not None:
                 p.asking.cancel()
                 p.asking = None
-        self.on_change()
+        self._changed()
 
     def _ask(self, p: _Pending) -> None:
         if self.asker is None or p.asking is not None or p.ask_failed or p.future.done():
@@ -127,7 +132,7 @@ class RunGate:
             except Exception as e:  # the client could not answer: leave it to REST or the timeout
                 log.info("run %s: approval %s could not be asked: %s", self.run_id, p.info.call_id, e)
                 p.ask_failed, p.asking = True, None
-                self.on_change()
+                self._changed()
                 return
             if not p.future.done():
                 p.future.set_result(Decision(approve, reason, "mcp"))
@@ -160,7 +165,7 @@ class RunGate:
         audit("approval_requested", session_id=self.session_id, tenant=self.tenant, run_id=self.run_id,
               call_id=call_id, tool=tool)
         self._ask(p)
-        self.on_change()
+        self._changed()
         decision = Decision(False, "the run ended before an answer (interrupted, timed out, or its "
                             "session closed)", "run_ended")
         try:
@@ -176,7 +181,7 @@ class RunGate:
                 p.asking.cancel()
             self.pending.pop(call_id, None)
             self.owner.record(self, call_id, tool, decision)
-            self.on_change()
+            self._changed()
         return decision
 
 

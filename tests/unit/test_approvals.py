@@ -152,3 +152,23 @@ def test_the_example_policy() -> None:
     assert check("open('/etc/x', 'w')", "s", "admin") == ("ask", "writes to /etc/x, outside /mnt/data")
     assert check("open('/mnt/data/x', 'w'); open('rel.txt', 'a'); open('/etc/passwd')", "s", "admin") == "allow"
     assert check("%pip list", "s", "interns") == "allow"  # not Python: the kernel answers for itself
+
+
+async def test_a_long_poll_returns_when_an_approval_comes_but_not_for_one_already_seen() -> None:
+    from kernelmode.gateway.execution import OutputCollector
+    from kernelmode.sessions.runs import LiveRun
+
+    approvals = Approvals()
+    run = LiveRun(run_id="r1", session_id="s1", collector=OutputCollector(1000))
+    run.gate = approvals.open("r1", "s1", None, run.changed.set)
+    poll = asyncio.create_task(run.wait_changed(0, 60))
+    call = asyncio.create_task(run.gate.request(CALL, "weather", {}, 60))
+    await asyncio.wait_for(poll, 10)  # the approval came during the poll: news
+    assert run.snapshot().status == "awaiting_approval"
+    again = asyncio.create_task(run.wait_changed(0, 60))  # already seen: waits for a change
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not again.done()
+    approvals.decide("r1", CALL, True, None, "rest")
+    await asyncio.wait_for(again, 10)
+    assert (await call).approved and run.snapshot().status == "running"

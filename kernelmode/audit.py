@@ -5,7 +5,8 @@ with ``ts`` (logs.py), so a log shipper can filter on ``"event"``. Events:
 ``session_created``, ``session_closed`` (with ``reason``: closed, expired, lost...),
 ``kernel_died`` (with ``cause``), ``kernel_restarted``, ``kernel_replaced``, ``run``,
 ``console_run``, ``tool_call``, ``quota_refused``, ``approval_requested``, ``approval_decided``
-(with ``approved``, ``by``: rest | mcp | timeout | run_ended | interrupt, ``reason``), ``policy``.
+(with ``approved``, ``by``: rest | mcp | timeout | run_ended | interrupt | no_gate, ``reason``),
+``policy``.
 """
 
 from __future__ import annotations

@@ -133,6 +133,8 @@ class ToolBroker:
         """Wait for the call's approval (the gate of its run); raise ToolDenied unless approved."""
         gate = self.approvals.gate(run_id)
         if gate is None or gate.session_id != session_id:
+            audit("approval_decided", session_id=session_id, run_id=run_id, tool=name, approved=False,
+                  by="no_gate", reason="a console cell cannot wait for approval")
             raise ToolDenied(f"{name} requires approval, which only a run started through REST or MCP "
                              "can wait for (not a console cell)")
         decision = await gate.request(call_id if isinstance(call_id, str) else None, name, arguments,

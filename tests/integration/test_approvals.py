@@ -358,3 +358,28 @@ def test_a_console_cell_cannot_wait_for_approval(gate_server: Server, api: httpx
     printed = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
     assert printed == ("denied: weather: weather requires approval, which only a run started through REST or "
                        "MCP can wait for (not a console cell) True\n"), printed
+
+
+def test_serve_refuses_a_policy_it_cannot_load(tmp_path: Any) -> None:
+    import subprocess
+
+    from tests.conftest import REPO
+
+    cfg = tmp_path / "kernelmode.yaml"
+    cfg.write_text('policy: {module: "no_such_policy_pkg.rules:check"}\n')
+    proc = subprocess.run([sys.executable, "-m", "kernelmode.cli", "serve", "--port", "0", "--data-dir",
+                           str(tmp_path / "data"), "--config", str(cfg)], capture_output=True, text=True,
+                          timeout=120, cwd=str(REPO), env={**os.environ, "KERNELMODE_TOKEN": secrets.token_urlsafe(16)})
+    assert proc.returncode != 0
+    assert "policy.module: cannot load 'no_such_policy_pkg.rules:check': ModuleNotFoundError" in proc.stderr
+
+
+async def test_mcp_elicitation_answers_the_code_policy(gate_server: Server) -> None:
+    seen: list[str] = []
+    code = 'open("/tmp/mcp.txt", "w").write("abc")'
+    async with mcp(gate_server, answering("accept", {"approve": True}, seen)) as client:
+        result = await client.call_tool("run_python", {"code": code})
+    assert result.structured_content is not None and result.structured_content["result"] == "3", result
+    [message] = seen
+    assert message.startswith("The code policy asks whether this code may run") and code in message
+    assert "writes to /tmp/mcp.txt, outside /mnt/data" in message

@@ -248,6 +248,16 @@ def test_policy_ask_goes_through_the_gate(api: httpx.Client, sid: str) -> None:
     assert result["error"]["evalue"].endswith("was denied (rest): no")
 
 
+def test_interrupt_refuses_a_run_waiting_for_the_policy(api: httpx.Client, sid: str) -> None:
+    body = awaiting(api, sid, 'x_interrupted = 1\nopen("/etc/km-test", "w")')
+    assert api.post(f"/v1/sessions/{sid}/interrupt").status_code == 200
+    result = finish(api, body["run_id"])
+    assert result["status"] == "error" and result["error"]["ename"] == "PolicyDenied"
+    assert result["error"]["evalue"].endswith("was denied (interrupt): interrupted")
+    after = api.post(f"/v1/sessions/{sid}/execute", json={"code": "'x_interrupted' in dir()"}).json()
+    assert after["result"] == "False"  # it never ran
+
+
 # -- MCP: elicitation --------------------------------------------------------------------------------
 
 @asynccontextmanager

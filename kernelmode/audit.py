@@ -4,7 +4,9 @@ Each line has ``ts`` (UTC, ISO 8601), ``level``, ``event`` and the ids it concer
 with ``ts`` (logs.py), so a log shipper can filter on ``"event"``. Events:
 ``session_created``, ``session_closed`` (with ``reason``: closed, expired, lost...),
 ``kernel_died`` (with ``cause``), ``kernel_restarted``, ``kernel_replaced``, ``run``,
-``console_run``, ``tool_call``, ``quota_refused``.
+``console_run``, ``tool_call``, ``quota_refused``, ``approval_requested``, ``approval_decided``
+(with ``approved``, ``by``: rest | mcp | timeout | run_ended | interrupt | no_gate, ``reason``),
+``policy``.
 """
 
 from __future__ import annotations

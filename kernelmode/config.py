@@ -198,6 +198,8 @@ class ToolSettings(_Section):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
     function: str = Field(description="'package.module:callable'", pattern=r"^[\w.]+:[\w.]+$")
     description: str | None = None
+    requires_approval: bool = Field(False, description="Each call waits for a person's yes/no "
+                                    "(REST approvals route or MCP elicitation); no answer: denied.")
 
 
 class McpServerSettings(_Section):
@@ -211,6 +213,9 @@ class McpServerSettings(_Section):
     url: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     connect_timeout_seconds: float = Field(30.0, gt=0)
+    requires_approval: bool | list[str] = Field(
+        False, description="true: every tool of this server waits for approval; a list: only the "
+        "named tools (the server's own names, without the 'NAME.' prefix).")
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerSettings:
@@ -226,6 +231,17 @@ class ToolBrokerSettings(_Section):
     max_argument_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_result_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_recorded_calls: int = Field(1000, ge=1, description="Calls listed in one RunResult.")
+    approval_timeout_seconds: float = Field(
+        300.0, gt=0, le=86_400, description="A call that requires approval and gets no answer within "
+        "this long is denied.")
+
+
+class PolicySettings(_Section):
+    """The code policy hook, called before each run (REST and MCP)."""
+
+    module: str | None = Field(
+        None, pattern=r"^[\w.]+:[\w.]+$", description="'package.module:callable' given code, "
+        "session_id and tenant; answers 'allow', ('deny', reason) or ('ask', reason). Null: off.")
 
 
 class ArtifactSettings(_Section):
@@ -294,6 +310,7 @@ class Settings(_Section):
     tool_calls: ToolBrokerSettings = Field(default_factory=ToolBrokerSettings)
     artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
     mcp: McpFrontSettings = Field(default_factory=McpFrontSettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
 
     @model_validator(mode="after")
     def _tenant_ceilings(self) -> Settings:

@@ -13,11 +13,13 @@
     ├── NotFound                     (404 not_found)
     │   ├── SessionNotFound          (404 session_not_found)
     │   ├── RunNotFound              (404 run_not_found)
+    │   ├── ApprovalNotFound         (404 approval_not_found) tools/approvals.py: no such pending call
     │   ├── FileNotFound             (404 file_not_found)     artifacts/workspace.py
     │   └── KernelSpecNotFound       (404 kernelspec_not_found) api/jupyter_api.py: the Jupyter API
     ├── Conflict                     (409 conflict)
     │   ├── SessionExists            (409 session_exists)
     │   ├── FileExists               (409 file_exists)        artifacts/workspace.py
+    │   ├── ApprovalDecided          (409 approval_decided)   tools/approvals.py: answered, timed out or withdrawn
     │   └── WorkspaceChanged         (409 workspace_changed)  artifacts/workspace.py: kernel code moved the folder
     ├── PayloadTooLarge              (413 payload_too_large)
     │   ├── WorkspaceFull            (413 workspace_full)     artifacts/workspace.py
@@ -30,6 +32,7 @@
     ├── KernelUnavailable            (503 kernel_unavailable) the session's kernel cannot run code
     ├── StoreError                   (502 store_error)        artifacts/base.py: the artifact store failed
     ├── ToolFailed                   (502 tool_failed)        tools/base.py: a host tool gave no result
+    │   └── ToolDenied               (403 tool_denied)        tools/broker.py: a call needing approval was denied
     ├── MessageTooLarge              (500 message_too_large)  mcp/budget.py: an MCP answer over the cap
     ├── FrameError                   (400 bad_frame)          gateway/frames.py: a refused websocket frame
     ├── BridgeError                  (502 bridge_error)       console/bridge.py: the console's websocket
@@ -38,7 +41,8 @@
 Each class lives next to the code that raises it (the module named); this module holds the
 ones every room shares. Nothing else is raised on purpose, with one exception by design: the
 kernel side (``kernel/preamble.py``, stdlib only, runs where kernelmode is not installed) raises
-its own ``tools.ToolError`` inside kernels, the in-kernel face of ``ToolFailed``.
+its own ``tools.ToolError`` (and its subclass ``ToolDenied``) inside kernels, the in-kernel face
+of ``ToolFailed``.
 
 A failure of user code is never an exception: it is a RunResult with ``status="error"``.
 Front doors map these to their own wire format at one point each: REST in

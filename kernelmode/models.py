@@ -11,7 +11,7 @@ from .tools.base import ToolInfo, ToolMatch
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
-RunStatus = Literal["ok", "error", "timeout", "kernel_died", "running", "interrupted"]
+RunStatus = Literal["ok", "error", "timeout", "kernel_died", "running", "interrupted", "awaiting_approval"]
 SessionStatus = Literal["starting", "idle", "busy", "restarting", "dead", "lost"]
 
 
@@ -150,6 +150,30 @@ class ToolCall(BaseModel):
     bytes_out: int = Field(description="Size of the reply (result or error).")
 
 
+class PendingApproval(BaseModel):
+    """A call (or, for the code policy, a whole run) waiting for a person's yes/no."""
+
+    call_id: str = Field(description="POST /v1/runs/{run_id}/approvals/{call_id} decides it.")
+    tool: str = Field(description="The tool's name; 'policy:run' when the code policy asks about the run.")
+    arguments: dict[str, Any] = Field(description="The call's arguments (cut when very large).")
+
+
+class ApprovalRequest(BaseModel):
+    """``POST /v1/runs/{run_id}/approvals/{call_id}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    approve: bool
+    reason: str | None = Field(None, max_length=2000, description="Shown to the code (ToolDenied) and audited.")
+
+
+class ApprovalAnswer(BaseModel):
+    run_id: str
+    call_id: str
+    approved: bool
+    reason: str | None = None
+    by: str = Field(description="Who decided: rest, mcp, timeout, run_ended, policy.")
+
+
 class Artifact(BaseModel):
     """A file the run created or changed, or a rich output it displayed, kept in the store."""
 
@@ -205,6 +229,8 @@ class RunResult(BaseModel):
     cause: DeathCause | None = Field(None, description="Why the kernel died (status kernel_died).")
     tool_calls: list[ToolCall] = Field(default_factory=list, description="Host tools the code called.")
     tool_calls_truncated: bool = Field(False, description="More calls were made than are listed.")
+    pending_approvals: list[PendingApproval] = Field(
+        default_factory=list, description="Status awaiting_approval: what waits for a yes/no.")
     artifacts: list[Artifact] = Field(default_factory=list, description="Files and outputs kept.")
     artifacts_truncated: bool = Field(False, description="Some were left out (count or size cap).")
     artifact_error: str | None = Field(
@@ -232,6 +258,8 @@ class RunProgress(BaseModel):
         description="Output in arrival order: {type: stream, name, text}, {type: display_data | "
         "execute_result, data, metadata}, {type: error, ename, evalue, traceback}.",
     )
+    pending_approvals: list[PendingApproval] = Field(
+        default_factory=list, description="Status awaiting_approval: what waits for a yes/no.")
     result: RunResult | None = Field(None, description="The final RunResult, once done.")
     failure: ErrorDetail | None = Field(None, description="The run could not complete (not a code error).")
 

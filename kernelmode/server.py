@@ -33,6 +33,7 @@ from .config import Settings
 from .errors import ConfigError, KernelmodeError, SandboxUnavailable
 from .gateway.client import GatewayClient, message_limit
 from .gateway.process import GatewayProcess, raise_open_files_limit
+from .policy import CodePolicy
 from .sandbox import cgroups
 from .sandbox.docker_backend import server_id
 from .sandbox.kernelspec import check_bwrap, install_kernelspec
@@ -76,6 +77,7 @@ class KernelmodeApp:
         self._lease: asyncio.Task[None] | None = None
         self._stopping = False
         self._tools_started = False
+        self.policy: CodePolicy | None = None  # policy.module, loaded with the tools
         self._starting: asyncio.Task[None] | None = None  # start_in_background's
         self.gateway_restarts = 0
         self._lock_fd: int | None = None
@@ -153,6 +155,8 @@ class KernelmodeApp:
             return
         s = self.settings
         self.tools.add_from_settings(s.tools, s.mcp_servers)  # a bad tool fails before anything runs
+        if s.policy.module:  # so does a bad policy path (a ConfigError naming policy.module)
+            self.policy = CodePolicy.load(s.policy.module)
         await self.tools.start()
         self._tools_started = True
 
@@ -219,7 +223,7 @@ class KernelmodeApp:
         self.harvester = Harvester(self.artifact_store, s.artifacts, scratch)
         self.sessions = SessionManager(s, self.gateway, self.store, self.data_dir, dirs["state"],
                                        s.sandbox.backend, ToolBroker(self.tools, s.tool_calls),
-                                       self.harvester)
+                                       self.harvester, self.policy)
         await self.sessions.start(set(adopted or ()))
         self._gateway_watch = asyncio.create_task(self._watch_gateway(), name="gateway-watch")
         self.services = services = Services(

@@ -31,6 +31,7 @@ from ..errors import (
 )
 from ..models import (
     SESSION_ID_PATTERN,
+    ApprovalRequest,
     ArtifactList,
     ExecuteRequest,
     Health,
@@ -238,7 +239,7 @@ class ExecuteHandler(BaseHandler):
         req = self.body_model(ExecuteRequest)
         self.services.tenants.count_run(self.principal)
         result = await self.services.sessions.execute(session_id, req.code, req.timeout_seconds, req.wait_seconds)
-        if result.status == "running":
+        if result.status in ("running", "awaiting_approval"):
             self.set_header("Location", f"/v1/runs/{result.run_id}")
             self.send(result, 202)
         else:
@@ -261,6 +262,16 @@ class RunHandler(BaseHandler):
         if wait:
             await run.wait_changed(offset, wait)
         self.send(run.progress(offset))
+
+
+class ApprovalHandler(BaseHandler):
+    """Approve or deny a tool call (or a run, for the code policy) that waits for approval."""
+
+    async def post(self, run_id: str, call_id: str) -> None:
+        self.services.sessions.get_run(run_id, self.principal)  # 404 (another tenant's too) first
+        req = self.body_model(ApprovalRequest)
+        self.send(self.services.sessions.decide_approval(run_id, call_id, req.approve, req.reason,
+                                                         self.principal))
 
 
 class OneShotHandler(BaseHandler):
@@ -459,6 +470,7 @@ routes: list[tuple[str, type[web.RequestHandler]]] = [
     (rf"/v1/sessions/({SID})/artifacts", ArtifactsHandler),
     (rf"/v1/sessions/({SID})/notebook", NotebookHandler),
     (r"/v1/runs/([0-9a-f]{32})", RunHandler),
+    (r"/v1/runs/([0-9a-f]{32})/approvals/([0-9a-f]{32})", ApprovalHandler),
     (r"/v1/artifacts/(.+)", PublicArtifactHandler),
 ]
 

@@ -13,6 +13,8 @@ from pydantic.json_schema import models_json_schema
 from .. import __version__
 from ..models import (
     SESSION_ID_PATTERN,
+    ApprovalAnswer,
+    ApprovalRequest,
     ArtifactList,
     ErrorBody,
     ExecuteRequest,
@@ -31,7 +33,8 @@ from ..models import (
 from . import jupyter_openapi
 
 _MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health, ToolList,
-           FileList, ToolMatches, ArtifactList, UploadResult, RunProgress, OneShotRequest]
+           FileList, ToolMatches, ArtifactList, UploadResult, RunProgress, OneShotRequest, ApprovalRequest,
+           ApprovalAnswer]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -71,6 +74,7 @@ _OPERATIONS = {
     ("/v1/sessions/{session_id}", "delete"): ("deleteSession", "sessions"),
     ("/v1/sessions/{session_id}/execute", "post"): ("execute", "runs"),
     ("/v1/runs/{run_id}", "get"): ("getRun", "runs"),
+    ("/v1/runs/{run_id}/approvals/{call_id}", "post"): ("decideApproval", "runs"),
     ("/v1/sessions/{session_id}/interrupt", "post"): ("interruptSession", "sessions"),
     ("/v1/sessions/{session_id}/restart", "post"): ("restartSession", "sessions"),
     ("/v1/sessions/{session_id}/files", "get"): ("listFiles", "files"),
@@ -154,7 +158,8 @@ def openapi_document() -> dict[str, Any]:
             "post": {"summary": "Run code in the session", "requestBody": {**body("ExecuteRequest"), "required": True},
                      "responses": {"200": _json("RunResult", "The run (user-code errors are status=error)"),
                                    "202": _json("RunResult", "Still running after wait_seconds: status=running, "
-                                                "output so far; poll GET /v1/runs/{run_id}"),
+                                                "output so far; poll GET /v1/runs/{run_id}. Or status="
+                                                "awaiting_approval: see pending_approvals"),
                                    **_errors(400, 401, 404, 413, 422, 429, 503)}},
         },
         "/v1/runs/{run_id}": {
@@ -167,6 +172,16 @@ def openapi_document() -> dict[str, Any]:
                          "schema": {"type": "number", "minimum": 0, "maximum": 60},
                          "description": "Hold the answer until there is new output or the run ends"}],
                     "responses": {"200": _json("RunProgress", "Progress"), **_errors(401, 404, 422)}},
+        },
+        "/v1/runs/{run_id}/approvals/{call_id}": {
+            "parameters": [{"name": n, "in": "path", "required": True,
+                            "schema": {"type": "string", "pattern": "^[0-9a-f]{32}$"}} for n in ("run_id", "call_id")],
+            "post": {"summary": "Approve or deny a call listed in the run's pending_approvals (status "
+                                "awaiting_approval); a denied call raises ToolDenied in the code",
+                     "requestBody": {**body("ApprovalRequest"), "required": True},
+                     "responses": {"200": _json("ApprovalAnswer", "Decided"),
+                                   "409": _json("ErrorBody", "Already decided (or timed out, or the run ended)"),
+                                   **_errors(400, 401, 404, 422)}},
         },
         "/v1/sessions/{session_id}/interrupt": {
             "parameters": [sid],

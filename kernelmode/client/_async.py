@@ -15,6 +15,7 @@ import httpx
 
 from .. import errors
 from ..models import (
+    ApprovalAnswer,
     Artifact,
     Health,
     RunProgress,
@@ -119,6 +120,12 @@ class AsyncClient(BaseClient):
     async def get_run(self, run_id: str, *, offset: int = 0, wait_seconds: float = 0) -> RunProgress:
         """A run's output events from ``offset`` on, waiting up to ``wait_seconds`` for news."""
         return await self._send(routes.get_run(run_id, offset, wait_seconds))
+
+    async def approve(self, run_id: str, call_id: str, approve: bool = True, *,
+                      reason: str | None = None) -> ApprovalAnswer:
+        """Decide a call of the run's ``pending_approvals`` (status ``awaiting_approval``);
+        ``approve=False`` makes it raise ToolDenied (with ``reason``) in the code."""
+        return await self._send(routes.approve(run_id, call_id, approve, reason))
 
     async def stream(self, run_id: str, *, offset: int = 0, poll_seconds: float = 30) -> AsyncIterator[dict[str, Any]]:
         """Yield a run's output events as they arrive (long-polling) until it ends."""

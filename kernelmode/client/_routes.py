@@ -21,6 +21,7 @@ import httpx
 from pydantic import BaseModel
 
 from ..models import (
+    ApprovalAnswer,
     ArtifactList,
     FileList,
     Health,
@@ -107,6 +108,7 @@ ARTIFACTS = Route("GET", f"{_S}/artifacts", _model(ArtifactList), retry_safe=Tru
 NOTEBOOK = Route("GET", f"{_S}/notebook", _raw, retry_safe=True)
 ONE_SHOT = Route("POST", "/v1/execute", _model(RunResult))
 GET_RUN = Route("GET", "/v1/runs/{run_id}", _model(RunProgress), retry_safe=True)
+APPROVE = Route("POST", "/v1/runs/{run_id}/approvals/{call_id}", _model(ApprovalAnswer))
 TOOLS = Route("GET", "/v1/tools", _model(ToolList), retry_safe=True)
 SEARCH_TOOLS = Route("GET", "/v1/tools", _model(ToolMatches), retry_safe=True)  # with ?q=
 HEALTH = Route("GET", "/healthz", _model(Health), retry_safe=True)
@@ -115,7 +117,7 @@ READY = Route("GET", "/readyz", _model(Health), ok=(200, 503))  # 503 is an answ
 ROUTES: tuple[Route[Any], ...] = (
     CREATE_SESSION, LIST_SESSIONS, GET_SESSION, DELETE_SESSION, EXECUTE, INTERRUPT, RESTART, UPLOAD,
     DOWNLOAD, LIST_FILES, ARTIFACTS, NOTEBOOK, ONE_SHOT, GET_RUN, TOOLS, HEALTH, READY,
-    SEARCH_TOOLS,
+    SEARCH_TOOLS, APPROVE,
 )
 
 
@@ -162,6 +164,11 @@ def search_tools(query: str, limit: int) -> Call[ToolMatches]:
 def get_run(run_id: str, offset: int, wait_seconds: float) -> Call[RunProgress]:
     return GET_RUN.call(run_id=run_id, params={"offset": offset, "wait_seconds": wait_seconds},
                         timeout=wait_seconds + 30)
+
+
+def approve(run_id: str, call_id: str, approve: bool, reason: str | None) -> Call[ApprovalAnswer]:
+    body: dict[str, Any] = {"approve": approve, **({"reason": reason} if reason is not None else {})}
+    return APPROVE.call(run_id=run_id, call_id=call_id, json=body)
 
 
 def upload(session_id: str, path: str, content: Any, overwrite: bool,

@@ -33,6 +33,10 @@ class ToolError(Exception):
     """A host tool failed, does not exist, or is not allowed in this session."""
 
 
+class ToolDenied(ToolError):
+    """A tool call that required a person's approval was denied (or got no answer in time)."""
+
+
 class UnknownToolError(ToolError, AttributeError):
     """No such tool in this session (also an AttributeError, so hasattr() works)."""
 
@@ -76,6 +80,8 @@ class _Bridge:
             raise ToolError(f"{name}: the manager's reply does not match this call")
         if reply.get("ok"):
             return reply.get("result")
+        if reply.get("denied"):
+            raise ToolDenied(f"{name}: {reply.get('error', 'denied')}")
         raise ToolError(f"{name}: {reply.get('error', 'failed')}")
 
 
@@ -243,7 +249,8 @@ class _Group(types.ModuleType):
             desc = (t.spec.get("description") or "").strip()
             if desc:
                 lines.extend("      " + line for line in desc.splitlines())
-        lines += ["", "A failing or unknown tool raises ToolError. Find tools for a need with "
+        lines += ["", "A failing or unknown tool raises ToolError (ToolDenied when a call that "
+                  "needed a person's approval was refused). Find tools for a need with "
                   "tools.search('what to do'); import them with `from tools.NAME import TOOL`."]
         return "\n".join(lines)
 
@@ -351,6 +358,7 @@ def install(specs_json: str, namespace: dict[str, Any]) -> None:
     namespace["tools"] = build(json.loads(specs_json), original)
     register_modules(namespace["tools"])
     namespace["ToolError"] = ToolError
+    namespace["ToolDenied"] = ToolDenied
     # exit()/quit() would stop the kernel's loop: the session's kernel is not the code's to end.
     # It still tells a console to leave (the ask_exit payload), keeping the kernel.
     shell.ask_exit = lambda: _ask_exit_keeping_kernel(shell)

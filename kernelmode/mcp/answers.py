@@ -16,6 +16,7 @@ from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 from ..config import McpFrontSettings
 from ..models import RunResult
 from ..sessions.runs import LiveRun
+from ..tools.approvals import Asker
 from .budget import lean_record, take_page, wire_bytes
 from .images import ImageTooLarge, fit_image
 from .render import clip, run_text, size_text
@@ -98,15 +99,35 @@ class RunAnswers:
         )
 
     @staticmethod
-    async def follow(ctx: Context[Any], run: LiveRun, wait: float) -> RunResult:
-        """Wait up to ``wait`` seconds for the run to end, sending its output as progress."""
+    async def follow(ctx: Context[Any], run: LiveRun, wait: float, ask: Asker | None = None) -> RunResult:
+        """Wait up to ``wait`` seconds for the run to end, sending its output as progress.
+
+        ``ask``: puts the run's approvals to the client meanwhile (elicit.py); while one is being
+        asked, the wait goes on past ``wait`` (the person's answer decides what comes next). An
+        approval nobody asks ends the wait as soon as it comes (status awaiting_approval)."""
+        gate = run.gate if ask is not None else None
+        if gate is not None and ask is not None:
+            gate.attach(ask)
+        try:
+            return await RunAnswers._follow(ctx, run, wait)
+        finally:
+            if gate is not None and ask is not None:
+                gate.detach(ask)
+
+    @staticmethod
+    async def _follow(ctx: Context[Any], run: LiveRun, wait: float) -> RunResult:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         offset = len(run.collector.events)
-        while not run.done:
+        # An approval that waits unasked is news once it came after the call started; one that
+        # already waited (a get_run of such a run) waits like output would, for ``wait``.
+        seen = run.gate.version if run.gate is not None else 0
+        while not run.done and not (run.awaiting and run.gate is not None and run.gate.version != seen):
             remaining = deadline - loop.time()
             if remaining <= 0:
-                break
+                if run.gate is None or not run.gate.asking:
+                    break
+                remaining = 1.0  # a person is being asked: wait for the answer
             await run.wait_changed(offset, remaining)
             new = run.collector.events[offset:]
             offset += len(new)

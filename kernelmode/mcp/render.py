@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +103,7 @@ def _status_line(r: RunResult) -> str:
         "kernel_died": "status: KERNEL DIED (the Python process was lost; variables are gone)",
         "interrupted": "status: INTERRUPTED",
         "running": "status: RUNNING (still going in the background)",
+        "awaiting_approval": "status: AWAITING APPROVAL (paused until a person allows or denies a call)",
     }[r.status]
 
 
@@ -112,6 +114,12 @@ def run_text(r: RunResult, page: Page, budget: int, page_chars: int) -> str:
     if r.status == "running":
         fixed.append(f"Call get_run(run_id={r.run_id!r}) to wait for more output and the result, "
                      "or interrupt() to stop it.")
+    for p in r.pending_approvals:
+        fixed.append(f"waiting for approval: {p.tool} {clip(json.dumps(p.arguments, default=str), 1_000, 'arguments')}"
+                     f"\n  (call_id {p.call_id}: a person approves it with POST /v1/runs/{r.run_id}/approvals/"
+                     f"{p.call_id} {{\"approve\": true}}; no answer in time means denied, raising ToolDenied)")
+    if r.pending_approvals:
+        fixed.append(f"Call get_run(run_id={r.run_id!r}) to follow the run once it is decided.")
     if r.state_lost and r.status != "kernel_died":
         fixed.append("NOTE: the kernel was restarted, so variables and imports from earlier runs are gone.")
     if r.cause is not None:

@@ -41,6 +41,7 @@ from ..tools.search import MAX_LIMIT, MAX_QUERY_CHARS
 from .answers import RunAnswers
 from .budget import McpRunResult
 from .connections import Connections
+from .elicit import asker
 from .images import INLINE_TYPES, ImageTooLarge, fit_image
 from .render import clip, size_text
 
@@ -169,14 +170,15 @@ class McpTools:
         there are returned with download links). Plots and displayed images come back as images.
         Host tools are callable from the code as tools.NAME(...) (see list_tools). The kernel
         has no network access. A run that outlasts wait_seconds keeps going: the result then has
-        status RUNNING and a run_id for get_run.
+        status RUNNING and a run_id for get_run. A tool that needs a person's approval pauses the
+        code until they answer (a denied call raises ToolDenied).
         """
         svc = self._services()
         key = self.connections.key(ctx)
         sid, note = await self.connections.session(ctx, session_id)
         svc.tenants.count_run(self.connections.principal(ctx))
         run = svc.sessions.submit(sid, code, timeout_seconds)
-        result = await self.answers.follow(ctx, run, self._wait(wait_seconds))
+        result = await self.answers.follow(ctx, run, self._wait(wait_seconds), asker(ctx, sid))
         return await self.answers.result(key, run, result, note)
 
     async def get_run(
@@ -192,7 +194,7 @@ class McpTools:
         key = self.connections.key(ctx)
         # More than a page waits for this reader (paging): answer with the next one at once.
         wait = 0 if self.answers.backlog(key, run) else self._wait(wait_seconds)
-        result = await self.answers.follow(ctx, run, wait)
+        result = await self.answers.follow(ctx, run, wait, asker(ctx, run.session_id))
         return await self.answers.result(key, run, result, None)
 
     async def upload_file(

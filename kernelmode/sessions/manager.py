@@ -34,7 +34,16 @@ from ..errors import (
 from ..gateway.client import KERNEL_DEAD, GatewayClient
 from ..gateway.exchange import KERNEL_STATUS_EVENT, RESTARTED
 from ..metrics import Metrics
-from ..models import Artifact, FileList, RunResult, SessionCreate, SessionInfo, UploadResult
+from ..models import (
+    ApprovalAnswer,
+    Artifact,
+    FileList,
+    RunResult,
+    SessionCreate,
+    SessionInfo,
+    UploadResult,
+)
+from ..policy import CodePolicy
 from ..sandbox import cgroups
 from ..tenants import ADMIN, Principal
 from ..tools.broker import ToolBroker
@@ -55,7 +64,8 @@ __all__ = ["LiveSession", "SessionManager"]
 
 class SessionManager:
     def __init__(self, settings: Settings, gateway: GatewayClient, store: SessionStore, data_dir: Path,
-                 state_dir: Path, sandbox: str, broker: ToolBroker, harvester: Harvester | None = None) -> None:
+                 state_dir: Path, sandbox: str, broker: ToolBroker, harvester: Harvester | None = None,
+                 policy: CodePolicy | None = None) -> None:
         self.settings = settings
         self.broker = broker
         self.harvester = harvester
@@ -72,7 +82,8 @@ class SessionManager:
         self.metrics = Metrics()
         self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker)
         self.pool = WarmPool(settings, self.kernels, sandbox)
-        self.runner = Runner(settings, store, harvester, self.metrics, self._live, self.kernels.collector)
+        self.runner = Runner(settings, store, harvester, self.metrics, self._live, self.kernels.collector,
+                             broker.approvals, policy)
         self.runs = self.runner.runs
         self.files = SessionFiles(settings, store, harvester, self._live.get)
         self.reaper = Reaper(settings.sessions.reap_interval_seconds, self.reap_expired)
@@ -301,14 +312,16 @@ class SessionManager:
               status=result.status)
 
     # -- running code (runner) ---------------------------------------------------------------------
-    def submit(self, session_id: str, code: str, timeout_seconds: float | None = None) -> LiveRun:
+    def submit(self, session_id: str, code: str, timeout_seconds: float | None = None,
+               approvals: bool = True) -> LiveRun:
         """Start a run in its own task and return it at once (it queues behind earlier runs)."""
-        return self.runner.submit(self.live_session(session_id), code, timeout_seconds)
+        return self.runner.submit(self.live_session(session_id), code, timeout_seconds, approvals)
 
     async def execute(self, session_id: str, code: str, timeout_seconds: float | None = None,
-                      wait_seconds: float | None = None) -> RunResult:
-        """Run code; wait for the end, or at most ``wait_seconds`` (then status ``running``)."""
-        return await self.wait(self.submit(session_id, code, timeout_seconds), wait_seconds)
+                      wait_seconds: float | None = None, approvals: bool = True) -> RunResult:
+        """Run code; wait for the end, or at most ``wait_seconds`` (then status ``running``), or
+        until an approval waits (status ``awaiting_approval``)."""
+        return await self.wait(self.submit(session_id, code, timeout_seconds, approvals), wait_seconds)
 
     @staticmethod
     async def wait(run: LiveRun, wait_seconds: float | None = None) -> RunResult:
@@ -328,7 +341,8 @@ class SessionManager:
         try:
             for path, data in files:
                 await self.upload(sid, path, io.BytesIO(data), len(data), overwrite=False)
-            return await self.execute(sid, code, timeout_seconds)
+            # Nobody could answer an approval of a throw-away run: such calls are denied.
+            return await self.execute(sid, code, timeout_seconds, approvals=False)
         finally:
             with contextlib.suppress(SessionNotFound):
                 await self.delete(sid)
@@ -341,9 +355,21 @@ class SessionManager:
                               f"{self.settings.sessions.run_retention_seconds:g} s)")
         return run
 
+    def decide_approval(self, run_id: str, call_id: str, approve: bool, reason: str | None,
+                        principal: Principal = ADMIN, by: str = "rest") -> ApprovalAnswer:
+        """Answer a pending approval of a run ``principal`` may see (another tenant's: 404)."""
+        run = self.get_run(run_id, principal)
+        d = self.broker.approvals.decide(run.run_id, call_id, approve, reason, by)
+        return ApprovalAnswer(run_id=run_id, call_id=call_id, approved=d.approved, reason=d.reason, by=d.by)
+
     # -- interrupt / restart -----------------------------------------------------------------------
     async def interrupt(self, session_id: str) -> SessionInfo:
+        """Interrupt the running code. A run still waiting for the code policy's approval is
+        refused; a tool call waiting for approval ends with the cell (KeyboardInterrupt)."""
         s = self.live_session(session_id)
+        for run in self.runs.in_flight(session_id):
+            if run.gate is not None:
+                run.gate.deny_pending("interrupted", "interrupt", tool="policy:run")
         if s.kernel.latch.request(console_busy=s.console_cells > 0):
             await s.kernel.interrupt()
         return s.info

@@ -23,6 +23,8 @@ from ..gateway.exchange import ExecuteExchange, Outcome
 from ..gateway.execution import OutputCollector
 from ..metrics import Metrics
 from ..models import DeathCause, RunError, RunResult, RunStatus, ToolCall
+from ..policy import CodePolicy
+from ..tools.approvals import Approvals
 from .kernels import Kernel
 from .live import LiveSession
 from .runs import LiveRun, RunRegistry
@@ -36,8 +38,11 @@ class Runner:
 
     def __init__(self, settings: Settings, store: SessionStore, harvester: Harvester | None,
                  metrics: Metrics, live: Mapping[str, LiveSession],
-                 collector: Callable[[], OutputCollector]) -> None:
+                 collector: Callable[[], OutputCollector], approvals: Approvals | None = None,
+                 policy: CodePolicy | None = None) -> None:
         self.settings = settings
+        self.approvals = approvals or Approvals()  # the broker's: tool calls park in a run's gate
+        self.policy = policy
         self.collector = collector  # a new output collector with the server's caps
         self.store = store
         self.harvester = harvester
@@ -55,8 +60,12 @@ class Runner:
             )
         return timeout
 
-    def submit(self, s: LiveSession, code: str, timeout_seconds: float | None = None) -> LiveRun:
-        """Start a run in its own task and return it at once (it queues behind earlier runs)."""
+    def submit(self, s: LiveSession, code: str, timeout_seconds: float | None = None,
+               approvals: bool = True) -> LiveRun:
+        """Start a run in its own task and return it at once (it queues behind earlier runs).
+
+        ``approvals``: False when nobody could answer an approval (a one-shot run): such calls
+        are denied at once."""
         if len(code.encode("utf-8", errors="replace")) > self.settings.sessions.max_code_bytes:
             raise PayloadTooLarge(
                 f"code is larger than this server's limit of {self.settings.sessions.max_code_bytes} bytes; "
@@ -66,6 +75,7 @@ class Runner:
         run = LiveRun(run_id=uuid.uuid4().hex, session_id=s.info.session_id, code=code,
                       collector=self.collector())
         run.collector.on_change = run.changed.set
+        run.gate = self.approvals.open(run.run_id, s.info.session_id, s.info.tenant, run.changed.set, approvals)
         run.task = asyncio.create_task(self._execute(s, run, timeout), name=f"run-{run.run_id}")
         # A run nobody waits for any more still has its failure read (kept in run.failure).
         run.task.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -79,9 +89,20 @@ class Runner:
         The run's task is shielded: a caller that gives up (or is cancelled) does not stop it.
         """
         assert run.task is not None
-        if wait_seconds is None:
-            return await asyncio.shield(run.task)
-        await asyncio.wait({run.task}, timeout=wait_seconds)
+        loop = asyncio.get_running_loop()
+        deadline = None if wait_seconds is None else loop.time() + wait_seconds
+        # Also answered early when an approval waits that nobody is asking (MCP elicitation
+        # asks itself): the caller has to hear of it, or the run waits for the timeout.
+        while not run.task.done() and not run.awaiting:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                break
+            run.changed.clear()
+            changed = asyncio.ensure_future(run.changed.wait())
+            try:
+                await asyncio.wait({run.task, changed}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
         return run.task.result() if run.task.done() else run.snapshot()
 
     def find(self, run_id: str) -> LiveRun | None:
@@ -103,6 +124,9 @@ class Runner:
             async with s.lock:
                 if session_id not in self.live:  # deleted while we waited for the lock
                     raise SessionNotFound(f"no session {session_id!r}")
+                refusal = await self._policy(s, run)  # may wait for a person's approval
+                if refusal is not None:
+                    return refusal
                 started = time.monotonic()
                 s.info.status = "busy"
                 k = s.kernel
@@ -136,6 +160,7 @@ class Runner:
             self.store.forget_run_if_running(run.run_id)  # it failed as a request, not as code
             raise
         finally:
+            self.approvals.close(run.run_id)
             self.runs.finished(run)
         run.result = result
         self.metrics.observe_run(result, s.info.tenant or ADMIN_TENANT)
@@ -143,6 +168,32 @@ class Runner:
               duration_ms=result.duration_ms, state_lost=result.state_lost,
               cause=result.cause.model_dump() if result.cause else None,
               tool_calls=len(result.tool_calls), artifacts=len(result.artifacts))
+        return result
+
+    async def _policy(self, s: LiveSession, run: LiveRun) -> RunResult | None:
+        """The code policy's verdict on the run: None (run it), or the error result that refuses
+        it (recorded like a run; the kernel is not touched)."""
+        if self.policy is None:
+            return None
+        sid, tenant = s.info.session_id, s.info.tenant or ADMIN_TENANT
+        verdict = await self.policy.check(run.code, sid, tenant)
+        audit("policy", session_id=sid, tenant=tenant, run_id=run.run_id, decision=verdict.decision,
+              reason=verdict.reason)
+        reason = verdict.reason
+        if verdict.decision == "ask" and run.gate is not None:
+            code = run.code if len(run.code) <= 4_000 else run.code[:4_000] + "\n# [... cut ...]"
+            decision = await run.gate.request(None, "policy:run", {"code": code, "reason": reason},
+                                              self.settings.tool_calls.approval_timeout_seconds)
+            if decision.approved:
+                return None
+            reason = f"the code policy asked for approval ({reason or 'no reason given'}), and it " \
+                     f"was denied ({decision.by})" + (f": {decision.reason}" if decision.reason else "")
+        elif verdict.decision != "deny":
+            return None
+        result = run.collector.to_result(run.run_id, sid, "error", error=RunError(
+            ename="PolicyDenied", evalue=reason or "the code policy refused this code", traceback=""))
+        self.store.add_run(run.code, result, [])
+        run.result = result
         return result
 
     async def _run(self, k: Kernel, run: LiveRun, timeout: float) -> RunResult:

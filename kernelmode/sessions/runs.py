@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import KernelmodeError
 from ..gateway.execution import OutputCollector
 from ..models import ErrorDetail, RunProgress, RunResult
+from ..tools.approvals import RunGate
 
 
 @dataclass
@@ -32,6 +33,12 @@ class LiveRun:
     finished_at: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     stored: bool = False  # a finished run's stub: its result and events are in the session store
+    gate: RunGate | None = None  # its calls waiting for approval (tools/approvals.py)
+
+    @property
+    def awaiting(self) -> bool:
+        """A pending approval that no asker (MCP elicitation) is working on: callers must hear it."""
+        return not self.done and self.gate is not None and self.gate.unasked
 
     @property
     def done(self) -> bool:
@@ -46,24 +53,33 @@ class LiveRun:
         """The run as a RunResult: the final one, or ``running`` with the output so far."""
         if self.result is not None:
             return self.result
-        return self.collector.to_result(self.run_id, self.session_id, "running", error=None)
+        pending = self.gate.listing() if self.gate is not None else []
+        result = self.collector.to_result(self.run_id, self.session_id,
+                                          "awaiting_approval" if pending else "running", error=None)
+        result.pending_approvals = pending
+        return result
 
     def progress(self, offset: int) -> RunProgress:
         events = self.collector.events
         offset = min(max(offset, 0), len(events))
+        pending = self.gate.listing() if self.gate is not None and not self.done else []
         status: Any = self.result.status if self.result is not None else (
-            "error" if self.failure is not None else "running")
+            "error" if self.failure is not None else "awaiting_approval" if pending else "running")
         return RunProgress(
             run_id=self.run_id, session_id=self.session_id, status=status, done=self.done,
             offset=offset, next_offset=len(events), events=events[offset:],
-            result=self.result,
+            result=self.result, pending_approvals=pending,
             failure=ErrorDetail(**self.failure.to_dict()) if self.failure is not None else None,
         )
 
     async def wait_changed(self, offset: int, timeout: float) -> None:
-        """Return when there are events past ``offset``, the run has ended, or ``timeout`` passed."""
+        """Return when there are events past ``offset``, the run has ended, its approvals changed
+        (one came or was decided; one that already waited does not end it: no busy polling), or
+        ``timeout`` passed."""
         deadline = time.monotonic() + timeout
-        while not self.done and len(self.collector.events) <= offset:
+        seen = self.gate.version if self.gate is not None else 0
+        while not self.done and len(self.collector.events) <= offset and (
+                self.gate is None or self.gate.version == seen):
             self.changed.clear()
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -19,6 +19,7 @@ from ..errors import InvalidRequest
 from ..gateway.frames import json_shape_error
 from ..kernel.preamble import PING, SEARCH
 from ..models import ToolCall
+from .approvals import Approvals
 from .base import ToolFailed
 from .registry import ToolRegistry, allowed
 
@@ -54,10 +55,18 @@ class RateLimiter:
         return False
 
 
+class ToolDenied(ToolFailed):
+    """A call that required approval was denied (by a person, the timeout, or the run's end)."""
+
+    code = "tool_denied"
+    http_status = 403
+
+
 class ToolBroker:
     def __init__(self, registry: ToolRegistry, settings: ToolBrokerSettings) -> None:
         self.registry = registry
         self.settings = settings
+        self.approvals = Approvals()
         self._limiters: dict[str, RateLimiter] = {}
 
     def forget_session(self, session_id: str) -> None:
@@ -104,6 +113,8 @@ class ToolBroker:
             if not limiter.take():
                 raise ToolFailed(f"rate limit: at most {self.settings.rate_per_second:g} tool calls "
                                  "per second in a session; batch the work into fewer calls")
+            if self.registry.requires_approval(name):
+                await self._approve(session_id, run_id, call_id, name, arguments)
             result = await tool.call(arguments, self.settings.call_timeout_seconds)
             try:
                 reply = json.dumps({"id": call_id, "ok": True, "result": result})
@@ -115,7 +126,9 @@ class ToolBroker:
             error = None
         except ToolFailed as e:
             error = str(e) or "failed"
-            reply = json.dumps({"id": call_id, "ok": False, "error": error})
+            # denied: the kernel raises ToolDenied (a ToolError) rather than ToolError
+            reply = json.dumps({"id": call_id, "ok": False, "error": error,
+                                **({"denied": True} if isinstance(e, ToolDenied) else {})})
         return reply, self._record(session_id, run_id, name, error, started, bytes_in, len(reply))
 
     def _search(self, session_id: str, call_id: Any, arguments: dict[str, Any], allow: list[str] | None) -> str:
@@ -129,6 +142,21 @@ class ToolBroker:
         except InvalidRequest as e:
             raise ToolFailed(e.message) from None
         return json.dumps({"id": call_id, "ok": True, "result": [m.model_dump() for m in matches]})
+
+    async def _approve(self, session_id: str, run_id: str, call_id: Any, name: str,
+                       arguments: dict[str, Any]) -> None:
+        """Wait for the call's approval (the gate of its run); raise ToolDenied unless approved."""
+        gate = self.approvals.gate(run_id)
+        if gate is None or gate.session_id != session_id:
+            audit("approval_decided", session_id=session_id, run_id=run_id, tool=name, approved=False,
+                  by="no_gate", reason="a console cell cannot wait for approval")
+            raise ToolDenied(f"{name} requires approval, which only a run started through REST or MCP "
+                             "can wait for (not a console cell)")
+        decision = await gate.request(call_id if isinstance(call_id, str) else None, name, arguments,
+                                      self.settings.approval_timeout_seconds)
+        if not decision.approved:
+            raise ToolDenied(f"{name} was denied ({decision.by})"
+                             + (f": {decision.reason}" if decision.reason else ""))
 
     def refuse_unread(self, session_id: str, run_id: str, note: dict[str, Any]) -> tuple[str, ToolCall]:
         """Answer a request too large to be read at all (its message arrived without it, see

@@ -24,10 +24,11 @@ class ToolRegistry:
         self._python: dict[str, PythonTool] = {}
         self._servers: dict[str, UpstreamMcpServer] = {}
         self._search = ToolSearch()
+        self._approval: set[str] = set()  # tools, or whole servers, whose calls wait for a yes/no
 
     # -- registration ------------------------------------------------------------------------------
     def register(self, func: Callable[..., Any] | None = None, *, name: str | None = None,
-                 description: str | None = None) -> Any:
+                 description: str | None = None, requires_approval: bool = False) -> Any:
         """Register a Python callable (library mode); usable as a decorator, with or without ().
 
         >>> registry = ToolRegistry()
@@ -40,6 +41,8 @@ class ToolRegistry:
             tool = PythonTool(f, name=name, description=description)
             self._check_free(tool.info.name)
             self._python[tool.info.name] = tool
+            if requires_approval:
+                self._approval.add(tool.info.name)
             return f
 
         return do(func) if func is not None else do
@@ -50,12 +53,22 @@ class ToolRegistry:
 
     def add_from_settings(self, tools: Iterable[ToolSettings], servers: Iterable[McpServerSettings]) -> None:
         for t in tools:
-            self.register(load_callable(t.function), name=t.name, description=t.description)
+            self.register(load_callable(t.function), name=t.name, description=t.description,
+                          requires_approval=t.requires_approval)
         for s in servers:
             from .mcp_upstream import UpstreamMcpServer
 
             self._check_free(s.name)
             self._servers[s.name] = UpstreamMcpServer(s)
+            if s.requires_approval is True:
+                self._approval.add(s.name)
+            elif s.requires_approval:
+                self._approval.update(f"{s.name}.{t}" for t in s.requires_approval)
+
+    def requires_approval(self, name: str) -> bool:
+        """The tool's calls wait for a person's yes/no (the approval gate)."""
+        return name in self._approval or (
+            name.partition(".")[0] in self._servers and name.partition(".")[0] in self._approval)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:

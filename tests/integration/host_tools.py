@@ -41,3 +41,17 @@ def secret() -> str:
 async def slow_async(seconds: float) -> str:
     await asyncio.sleep(seconds)
     return "done"
+
+
+_bumps = [0]
+
+
+def bump() -> int:
+    """Counts its calls (a side effect the approval gate's attack tests look for)."""
+    _bumps[0] += 1
+    return _bumps[0]
+
+
+def bumps() -> int:
+    """How many times bump() ran."""
+    return _bumps[0]

@@ -95,6 +95,7 @@ _ANSWERS: dict[_routes.Route[Any], tuple[int, Any]] = {
     _routes.SEARCH_TOOLS: (200, {"tools": [{"name": "gh.list_commits", "signature": "list_commits()", "score": 2.5}]}),
     _routes.HEALTH: (200, {"status": "ok"}),
     _routes.READY: (503, {"status": "unavailable"}),
+    _routes.APPROVE: (200, {"run_id": RID, "call_id": RID, "approved": False, "reason": "no", "by": "rest"}),
 }
 
 
@@ -133,6 +134,8 @@ CLIENT_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("run_once", ("6 * 7",), {"files": {"in/a.txt": b"abc"}, "timeout_seconds": 9, "tools": []}),
     ("get_run", (RID,), {"offset": 3, "wait_seconds": 1.5}),
     ("follow", (RID,), {"on_event": lambda e: None, "poll_seconds": 4}),
+    ("approve", (RID, RID), {}),
+    ("approve", (RID, RID, False), {"reason": "no"}),
     ("interrupt", (SID,), {}),
     ("restart", (SID,), {}),
     ("upload", (SID, "/mnt/data/dir/a b.txt", b"hello"), {"overwrite": True}),

@@ -27,7 +27,7 @@ def test_every_operation_has_a_unique_operation_id_and_a_declared_tag() -> None:
 
 def test_every_route_is_documented() -> None:
     """Each URL pattern of the app matches a documented path (its {params} as regex groups)."""
-    samples = {"run_id": "0" * 32, "kernel_id": "00000000-0000-0000-0000-000000000000"}
+    samples = {"run_id": "0" * 32, "call_id": "0" * 32, "kernel_id": "00000000-0000-0000-0000-000000000000"}
     documented = [re.sub(r"\{([^}]+)\}", lambda m: samples.get(m.group(1), "x"), p)
                   for p in openapi_document()["paths"]]
     for pattern, _handler in [*all_routes(), *jupyter_routes()]:

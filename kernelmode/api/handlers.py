@@ -453,8 +453,10 @@ routes: list[tuple[str, type[web.RequestHandler]]] = [
 def all_routes() -> list[tuple[str, type[web.RequestHandler]]]:
     """(URL pattern, handler) of every REST route, the console websocket included."""
     from .channels import ChannelsHandler
+    from .packages import PackagesHandler
 
-    return [*routes, (rf"/v1/sessions/({SID})/channels", ChannelsHandler)]
+    return [*routes, (rf"/v1/sessions/({SID})/channels", ChannelsHandler),
+            (rf"/v1/sessions/({SID})/packages", PackagesHandler)]
 
 
 def route_table(services: Services) -> list[tuple[str, type[web.RequestHandler], dict[str, Any]]]:

@@ -10,7 +10,8 @@ What it holds (each a case the issue names):
 - ``kmtest-denied`` 1.0 (deny-listed by name) and ``kmtest-usesevil`` 1.0, whose dependency
   ``kmtest-evil`` is deny-listed by a glob;
 - ``kmtest-conflict`` 1.0, which depends on ``tornado<5`` (the kernel's ipykernel needs its own);
-- ``kmtest-big`` 1.0, a wheel of 1.5 MB of random bytes (over a 1 MB download cap).
+- ``kmtest-big`` 1.0, a wheel of 1.5 MB of random bytes (over a 1 MB download cap);
+- ``kmtest-traversal`` 1.0, a wheel with a ``../../`` member (refused at unpacking).
 """
 
 from __future__ import annotations
@@ -58,10 +59,12 @@ def build_wheel(out: Path, name: str, version: str, files: dict[str, bytes], req
     return path
 
 
-def build_sdist(out: Path, name: str, version: str) -> Path:
+def build_sdist(out: Path, name: str, version: str, canary: Path) -> Path:
+    """An sdist whose setup.py, if anything ever ran it on the host, would leave ``canary``."""
     dist = name.replace("-", "_")
     path = out / f"{dist}-{version}.tar.gz"
-    setup = (b"raise SystemExit('this setup.py must never run on the kernelmode host')\n")
+    setup = (f"open({str(canary)!r}, 'w').write('ran')\n"
+             "raise SystemExit('this setup.py must never run on the kernelmode host')\n").encode()
     pkg_info = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
     with tarfile.open(path, "w:gz") as tf:
         for member, data in ((f"{dist}-{version}/setup.py", setup), (f"{dist}-{version}/PKG-INFO", pkg_info)):
@@ -71,7 +74,15 @@ def build_sdist(out: Path, name: str, version: str) -> Path:
     return path
 
 
-def build_all(out: Path) -> list[Path]:
+def build_traversal_wheel(out: Path) -> Path:
+    """A wheel with a member that climbs out of the install directory."""
+    path = build_wheel(out, "kmtest-traversal", "1.0", {"kmtest_traversal.py": b"X = 1\n"})
+    with zipfile.ZipFile(path, "a") as zf:
+        zf.writestr("../../kmtest_escaped.py", b"ESCAPED = True\n")
+    return path
+
+
+def build_all(out: Path, canary: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     mod = lambda text: text.encode()  # noqa: E731
     return [
@@ -82,7 +93,8 @@ def build_all(out: Path) -> list[Path]:
                     tag="cp311-cp311-manylinux_2_17_x86_64", purelib=False),
         build_wheel(out, "kmtest-maconly", "1.0", {"kmtest_maconly.py": mod("X = 1\n")},
                     tag="cp311-cp311-macosx_11_0_arm64"),
-        build_sdist(out, "kmtest-sdist-only", "1.0"),
+        build_sdist(out, "kmtest-sdist-only", "1.0", canary),
+        build_traversal_wheel(out),
         build_wheel(out, "kmtest-denied", "1.0", {"kmtest_denied.py": mod("X = 1\n")}),
         build_wheel(out, "kmtest-evil", "1.0", {"kmtest_evil.py": mod("X = 1\n")}),
         build_wheel(out, "kmtest-usesevil", "1.0", {"kmtest_usesevil.py": mod("import kmtest_evil\n")},
@@ -120,6 +132,8 @@ def write_simple_index(files: list[Path], root: Path) -> None:
 class PackageIndex:
     url: str  # .../simple
     requests: list[str] = field(default_factory=list)  # paths asked for, in order
+    tmp: Path = Path()  # where it was built
+    canary: Path = Path()  # appears if the sdist's setup.py ever ran on the host
 
 
 @contextmanager
@@ -152,8 +166,10 @@ def serve_index(root: Path) -> Iterator[PackageIndex]:
 @contextmanager
 def local_index(tmp: Path) -> Iterator[PackageIndex]:
     """Build every test package under ``tmp`` and serve them as an index."""
-    write_simple_index(build_all(tmp / "dist"), tmp / "index")
+    canary = tmp / "HOST-RAN-SETUP-PY"
+    write_simple_index(build_all(tmp / "dist", canary), tmp / "index")
     with serve_index(tmp / "index") as index:
+        index.tmp, index.canary = tmp, canary
         yield index
 
 

@@ -35,6 +35,7 @@ from ..models import (
     ExecuteRequest,
     Health,
     OneShotRequest,
+    PackagesRequest,
     SessionCreate,
     SessionList,
     ToolList,
@@ -283,6 +284,14 @@ class RestartHandler(BaseHandler):
         self.send(await self.services.sessions.restart(self.own(session_id)))
 
 
+class PackagesHandler(BaseHandler):
+    """Install packages into the session (kernelmode/packages/): the kernel stays offline."""
+
+    async def post(self, session_id: str) -> None:
+        req = self.body_model(PackagesRequest)
+        self.send(await self.services.sessions.install_packages(self.own(session_id), req.packages))
+
+
 class MetricsHandler(BaseHandler):
     """Prometheus text format; behind the token like the rest (scrape with a bearer token)."""
 
@@ -445,6 +454,7 @@ routes: list[tuple[str, type[web.RequestHandler]]] = [
     (rf"/v1/sessions/({SID})/files/(.+)", FileHandler),
     (rf"/v1/sessions/({SID})/artifacts", ArtifactsHandler),
     (rf"/v1/sessions/({SID})/notebook", NotebookHandler),
+    (rf"/v1/sessions/({SID})/packages", PackagesHandler),
     (r"/v1/runs/([0-9a-f]{32})", RunHandler),
     (r"/v1/artifacts/(.+)", PublicArtifactHandler),
 ]
@@ -453,10 +463,8 @@ routes: list[tuple[str, type[web.RequestHandler]]] = [
 def all_routes() -> list[tuple[str, type[web.RequestHandler]]]:
     """(URL pattern, handler) of every REST route, the console websocket included."""
     from .channels import ChannelsHandler
-    from .packages import PackagesHandler
 
-    return [*routes, (rf"/v1/sessions/({SID})/channels", ChannelsHandler),
-            (rf"/v1/sessions/({SID})/packages", PackagesHandler)]
+    return [*routes, (rf"/v1/sessions/({SID})/channels", ChannelsHandler)]
 
 
 def route_table(services: Services) -> list[tuple[str, type[web.RequestHandler], dict[str, Any]]]:

@@ -239,3 +239,21 @@ def test_every_install_is_audited(api, new_session, pkg_server) -> None:
              if '"event": "package_install"' in line and sid in line]
     assert [(x["ok"], x.get("code")) for x in lines] == [(True, None), (False, "package_refused")]
     assert lines[0]["installed"] or lines[0]["already"]
+
+
+async def test_mcp_install_packages(pkg_server) -> None:
+    from mcp_types import TextContent
+
+    from tests.mcp.conftest import mcp_client
+
+    async with mcp_client(pkg_server) as client:
+        r = await client.call_tool("install_packages", {"packages": ["kmtest-app"]})
+        assert not r.is_error, r
+        assert {p["name"] for p in r.structured_content["installed"]} == {"kmtest-app", "kmtest-lib"}
+        assert "installed kmtest-app 1.0" in "".join(b.text for b in r.content if isinstance(b, TextContent))
+        run = await client.call_tool("run_python", {"code": "import kmtest_app; kmtest_app.answer()"})
+        assert not run.is_error and run.structured_content["result"] == "42"
+        refused = await client.call_tool("install_packages", {"packages": ["kmtest-denied"]})
+        assert refused.is_error and refused.structured_content["error"]["code"] == "package_refused"
+        bad = await client.call_tool("install_packages", {"packages": []})
+        assert bad.is_error

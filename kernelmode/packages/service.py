@@ -130,13 +130,18 @@ class PackageService:
 
     async def _resolve(self, pending: list[Requirement], target: KernelTarget,
                        present: dict[str, tuple[str, str]]) -> list[CachedWheel]:
-        """The wheels ``pending`` resolves to: remembered, or downloaded now."""
-        pins = sorted({f"{n}=={v}" for n, v in [*target.dists.values(), *present.values()] if _valid(v)})
+        """The wheels ``pending`` resolves to: remembered, or downloaded now.
+
+        A resolution is remembered for the kernel's own packages (the key); it is reused in a
+        session only if it agrees with what that session already has, else pip resolves anew
+        with the session's packages pinned too."""
+        own = sorted({f"{n}=={v}" for n, v in target.dists.values() if _valid(v)})
         key = resolution_key(sorted(str(r) for r in pending), target.key(), self.options.index_url,
-                             list(self.options.extra_index_urls), pins)
+                             list(self.options.extra_index_urls), own)
         cached = await asyncio.to_thread(self.cache.lookup, key)
-        if cached is not None:
+        if cached is not None and all(present.get(w.key, (w.name, w.version))[1] == w.version for w in cached):
             return cached
+        pins = sorted({*own, *(f"{n}=={v}" for n, v in present.values() if _valid(v))})
         staging = await asyncio.to_thread(self.cache.staging)
         try:
             constraints = staging / "constraints.txt"
@@ -147,6 +152,7 @@ class PackageService:
             wheels = [await asyncio.to_thread(self.cache.add, f) for f in files]
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)
+        # Valid against the kernel's packages whatever the session had (its pins only narrowed it).
         await asyncio.to_thread(self.cache.remember, key, wheels)
         return wheels
 

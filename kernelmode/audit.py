@@ -4,7 +4,8 @@ Each line has ``ts`` (UTC, ISO 8601), ``level``, ``event`` and the ids it concer
 with ``ts`` (logs.py), so a log shipper can filter on ``"event"``. Events:
 ``session_created``, ``session_closed`` (with ``reason``: closed, expired, lost...),
 ``kernel_died`` (with ``cause``), ``kernel_restarted``, ``kernel_replaced``, ``run``,
-``console_run``, ``tool_call``, ``quota_refused``.
+``console_run``, ``tool_call``, ``quota_refused``, ``package_install`` (with ``source``,
+``requested``, ``ok``, and ``installed``/``already`` or the refusal's ``code`` and ``error``).
 """
 
 from __future__ import annotations

@@ -57,6 +57,15 @@ def new_session(api: httpx.Client) -> Iterator[object]:
         api.delete(f"/v1/sessions/{sid}")
 
 
+@pytest.fixture(scope="module")
+def shared_sid(pkg_server: Server) -> Iterator[str]:
+    """One session for the checks that install nothing."""
+    with pkg_server.client() as c:
+        sid = c.post("/v1/sessions", json={}).json()["session_id"]
+        yield sid
+        c.delete(f"/v1/sessions/{sid}")
+
+
 def run(api: httpx.Client, sid: str, code: str) -> dict:
     r = api.post(f"/v1/sessions/{sid}/execute", json={"code": code, "timeout_seconds": 120})
     assert r.status_code == 200, r.text
@@ -153,6 +162,14 @@ def test_the_kernels_own_packages_are_never_replaced(api, new_session, package) 
     assert run(api, sid, "1 + 1")["result"] == "2"
 
 
+def test_packages_survive_a_kernel_restart(api, new_session) -> None:
+    sid = new_session()
+    assert install(api, sid, "kmtest-app").status_code == 200
+    assert api.post(f"/v1/sessions/{sid}/restart").status_code == 200
+    out = run(api, sid, "import kmtest_app; print(kmtest_app.answer())")
+    assert out["status"] == "ok" and out["stdout"].strip() == "42", out
+
+
 def test_a_package_the_kernel_has_is_already_there(api, new_session) -> None:
     sid = new_session()
     version = run(api, sid, "import ipykernel; print(ipykernel.__version__)")["stdout"].strip()
@@ -174,9 +191,8 @@ def test_the_download_cap_refuses_a_big_package(api, new_session) -> None:
     {"packages": ["../etc"]}, {"packages": ["kmtest-app; python_version<'3'"]}, {"packages": [""]},
     {"packages": ["x" * 300]}, {"packages": ["kmtest-app"], "extra": 1}, {},
 ])
-def test_bad_requests_are_422(api, new_session, body) -> None:
-    sid = new_session()
-    r = api.post(f"/v1/sessions/{sid}/packages", json=body)
+def test_bad_requests_are_422(api, shared_sid, body) -> None:
+    r = api.post(f"/v1/sessions/{shared_sid}/packages", json=body)
     assert r.status_code == 422, r.text
     assert r.json()["error"]["code"] == "invalid_request"
 

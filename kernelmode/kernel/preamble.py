@@ -24,7 +24,7 @@ from typing import Any
 MARKER = "\x00kernelmode-tool-call\x00"
 PING = "__kernelmode_ping__"  # answered by the manager itself: proves the stdin path works
 PIP = "__kernelmode_pip__"  # answered by the manager itself: installs packages into this session
-PACKAGES_ENV = "KERNELMODE_PACKAGES"  # where the session's package layer is mounted
+PACKAGES_ENV = "KM_PACKAGES_DIR"  # where the session's package layer is mounted
 NO_INPUT_MESSAGE = (
     "no interactive input: kernelmode runs code unattended, so input() and getpass() are not "
     "available. Put the values in the code, or upload a file to /mnt/data and read it."

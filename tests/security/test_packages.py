@@ -85,7 +85,7 @@ print(json.dumps({"ifaces": [n for _, n in socket.if_nameindex()],
 def test_the_layer_is_read_only_and_after_the_kernels_packages(api, two) -> None:
     r = probe(api, two[0], """
 import errno, json, os, sys, kmtest_app
-layer = os.environ["KERNELMODE_PACKAGES"]
+layer = os.environ["KM_PACKAGES_DIR"]
 site = [i for i, p in enumerate(sys.path) if p.endswith("site-packages")]
 out = {"layer_last": sys.path.index(layer) > max(site), "writes": {}}
 for target in (os.path.join(layer, "new.py"), kmtest_app.__file__, os.path.join(layer, "kmtest_app", "x.py")):
@@ -112,7 +112,7 @@ def test_another_session_sees_none_of_them(api, two, srv) -> None:
     assert layers  # the host side exists...
     r = probe(api, two[1], f"""
 import importlib.util, json, os
-layer = os.environ.get("KERNELMODE_PACKAGES", "")
+layer = os.environ.get("KM_PACKAGES_DIR", "")
 print(json.dumps({{"specs": [importlib.util.find_spec(m) is not None for m in ("kmtest_app", "kmtest_lib", "kmtest_native")],
                   "layer": sorted(os.listdir(layer)) if layer else None,
                   "host_paths": [os.path.exists(p) for p in {layers!r}]}}))

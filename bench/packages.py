@@ -182,7 +182,7 @@ Machine: {', '.join(f'{k}: {v}' for k, v in info.items() if k != 'date')}.
 """
     print(body)
     if not args.no_write:
-        write_section(BENCH / "RESULTS.md", SECTION, body)
+        write_section(BENCH / "RESULTS.md", f"{SECTION}-{args.sandbox}", body)
     print(f"SUMMARY cached={m['cached']:.1f}ms json={m['json']:.1f}ms first={m['first']:.1f}ms pip={m['pip']:.1f}ms")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+import weakref
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -23,7 +24,7 @@ from ..config import Settings
 from ..errors import KernelmodeError
 from ..models import PackageRef, PackagesResult
 from .cache import CachedWheel, WheelCache, resolution_key
-from .errors import PackageRefused
+from .errors import PackageFetchFailed, PackageRefused
 from .fetch import FetchOptions, download
 from .layer import PackageLayer
 from .policy import PackagePolicy, TenantRate, parse_requirement
@@ -45,7 +46,8 @@ class PackageService:
                                     cfg.max_download_mb * 1024 * 1024, cfg.timeout_seconds)
         self._target: KernelTarget | None = None
         self._target_lock = asyncio.Lock()
-        self._locks: dict[str, asyncio.Lock] = {}
+        # One install at a time per layer; a lock lives while an install holds or awaits it.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def layer(self, key: str) -> PackageLayer:
         """The layer of the workspace named ``key`` (a session keeps it when its kernel is replaced)."""
@@ -71,9 +73,12 @@ class PackageService:
         fields: dict[str, object] = {"session_id": session_id, "tenant": tenant, "source": source,
                                      "requested": requirements[:100]}
         try:
-            lock = self._locks.setdefault(str(layer.root), asyncio.Lock())
+            lock = self._locks.get(str(layer.root)) or self._locks.setdefault(str(layer.root), asyncio.Lock())
             async with lock:
-                result = await self._install(layer, requirements, tenant)
+                try:
+                    result = await self._install(layer, requirements, tenant)
+                except OSError as e:  # the cache or the layer's disk (full, gone): not a 500
+                    raise PackageFetchFailed(f"the package cache or the session's layer failed: {e}") from e
         except KernelmodeError as e:
             audit("package_install", **fields, ok=False, code=e.code, error=e.message[:500])
             raise

@@ -7,6 +7,7 @@ channel's, never one named in the request.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,8 @@ from ..models import PackagesRequest, PackagesResult
 from ..packages.service import PackageService
 from ..tools.base import ToolFailed
 from .live import LiveSession
+
+log = logging.getLogger("kernelmode.sessions")
 
 
 class SessionPackages:
@@ -43,4 +46,7 @@ class SessionPackages:
             result = await self.install(s, req.packages, "kernel")
         except KernelmodeError as e:
             raise ToolFailed(f"{e.code}: {e.message}") from None
+        except Exception as e:  # the kernel waits for an answer: it must get one, whatever failed
+            log.exception("session %s: %%pip install failed", session_id)
+            raise ToolFailed(f"internal: the install failed ({type(e).__name__})") from None
         return result.model_dump(mode="json")

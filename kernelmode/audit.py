@@ -7,6 +7,8 @@ with ``ts`` (logs.py), so a log shipper can filter on ``"event"``. Events:
 ``console_run``, ``tool_call``, ``quota_refused``, ``approval_requested``, ``approval_decided``
 (with ``approved``, ``by``: rest | mcp | timeout | run_ended | interrupt | no_gate, ``reason``),
 ``policy``.
+``console_run``, ``tool_call``, ``quota_refused``, ``package_install`` (with ``source``,
+``requested``, ``ok``, and ``installed``/``already`` or the refusal's ``code`` and ``error``).
 """
 
 from __future__ import annotations

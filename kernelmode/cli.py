@@ -156,7 +156,8 @@ def _setup(args: argparse.Namespace) -> int:
     target = Path(args.kernel_env).absolute() if args.kernel_env else configured
     try:
         python = build_kernel_env(target, args.python, Path(args.requirements) if args.requirements
-                                  else REQUIREMENTS, force=args.force, quiet=args.quiet)
+                                  else REQUIREMENTS, force=args.force, quiet=args.quiet,
+                                  extra=settings.kernel.extra_requirements)
     except SetupFailed as e:
         print(f"kernelmode setup: {e.message}", file=sys.stderr)
         return 1
@@ -232,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "sandboxed kernels run as other users and must be able to read it)")
     setup.add_argument("--requirements", help="a requirements file (default: the one shipped with "
                        "kernelmode, the same list the Docker kernel image installs)")
-    setup.add_argument("--config", help="kernelmode.yaml (for sandbox.kernel_python)")
+    setup.add_argument("--config", help="kernelmode.yaml (for sandbox.kernel_python and "
+                       "kernel.extra_requirements)")
     setup.add_argument("--force", action="store_true", help="rebuild even when it is up to date")
     setup.add_argument("--quiet", action="store_true", help="no pip progress")
     setup.set_defaults(func=_setup)

@@ -300,6 +300,30 @@ class McpFrontSettings(_Section):
         "another answers 503 until one closes or idles out (30 min).")
 
 
+class PackageSettings(_Section):
+    """Packages on demand (kernelmode/packages/): the manager downloads wheels, never runs them."""
+
+    index_url: str | None = Field(None, description="Index to download wheels from (pip's "
+                                  "--index-url); unset: the host's pip configuration.")
+    extra_index_urls: list[str] = Field(default_factory=list, description="More indexes (--extra-index-url).")
+    allow: list[str] | None = Field(None, description="Only these may be installed (names, globs, "
+                                    "version specifiers: 'requests', 'django-*', 'numpy<3'); "
+                                    "unset: any not denied.")
+    deny: list[str] = Field(default_factory=list, description="Never installed, even as a dependency "
+                            "(same forms as allow).")
+    max_download_mb: int = Field(200, ge=1, description="Largest total download of one install.")
+    cache_dir: Path | None = Field(None, description="The wheel cache shared by all sessions; unset: "
+                                   "DATA_DIR/package-cache.")
+    installs_per_minute: int = Field(30, ge=1, description="Install requests per tenant per minute.")
+    timeout_seconds: float = Field(300.0, gt=0, description="Deadline of one download (pip).")
+
+
+class KernelSettings(_Section):
+    extra_requirements: list[str] = Field(
+        default_factory=list, description="Packages baked into every kernel by `kernelmode setup` "
+        "(`make setup`) and the image build, on top of kernel-image/requirements.txt.")
+
+
 class Settings(_Section):
     server: ServerSettings = Field(default_factory=ServerSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
@@ -311,6 +335,8 @@ class Settings(_Section):
     artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
     mcp: McpFrontSettings = Field(default_factory=McpFrontSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
+    packages: PackageSettings = Field(default_factory=PackageSettings)
+    kernel: KernelSettings = Field(default_factory=KernelSettings)
 
     @model_validator(mode="after")
     def _tenant_ceilings(self) -> Settings:

@@ -7,9 +7,11 @@
     ├── SetupFailed                  (500 setup_failed)       `kernelmode setup` could not build
     ├── InvalidRequest               (422 invalid_request)    a request that fails validation
     │   ├── BadJSON                  (400 bad_json)
-    │   └── LimitExceeded            (422 limit_exceeded)     a limit asked above its ceiling
+    │   ├── LimitExceeded            (422 limit_exceeded)     a limit asked above its ceiling
+    │   └── NoWheel                  (422 no_wheel)           packages/errors.py: no wheel for the kernel
     ├── Unauthorized                 (401 unauthorized)
     ├── Forbidden                    (403 forbidden)          a bad or expired download link
+    │   └── PackageRefused           (403 package_refused)    packages/errors.py: the policy, or a kernel package
     ├── NotFound                     (404 not_found)
     │   ├── SessionNotFound          (404 session_not_found)
     │   ├── RunNotFound              (404 run_not_found)
@@ -33,6 +35,7 @@
     ├── StoreError                   (502 store_error)        artifacts/base.py: the artifact store failed
     ├── ToolFailed                   (502 tool_failed)        tools/base.py: a host tool gave no result
     │   └── ToolDenied               (403 tool_denied)        tools/broker.py: a call needing approval was denied
+    ├── PackageFetchFailed           (502 package_fetch_failed) packages/errors.py: the index or pip failed
     ├── MessageTooLarge              (500 message_too_large)  mcp/budget.py: an MCP answer over the cap
     ├── FrameError                   (400 bad_frame)          gateway/frames.py: a refused websocket frame
     ├── BridgeError                  (502 bridge_error)       console/bridge.py: the console's websocket

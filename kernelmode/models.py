@@ -68,6 +68,11 @@ class SessionCreate(_Strict):
         description="Allow-list of host tools (names, or MCP server names for all their tools); "
         "default: all.",
     )
+    packages: list[str] | None = Field(
+        None, max_length=100,
+        description="Packages installed before the first run (requirement strings, as for "
+        "POST /v1/sessions/{id}/packages).",
+    )
 
 
 class SessionInfo(BaseModel):
@@ -281,3 +286,22 @@ class ToolMatches(BaseModel):
     """``GET /v1/tools?q=...``: the tools that best fit the intent, best first."""
 
     tools: list[ToolMatch]
+class PackagesRequest(_Strict):
+    """Body of ``POST /v1/sessions/{id}/packages``."""
+
+    packages: list[str] = Field(
+        min_length=1, max_length=100,
+        description="Requirements: 'name', 'name==1.2', 'name>=1,<2', 'name[extra]'.")
+
+
+class PackageRef(BaseModel):
+    name: str
+    version: str
+
+
+class PackagesResult(BaseModel):
+    """What an install did: ``installed`` now, ``already`` there (in the session or the kernel)."""
+
+    installed: list[PackageRef] = Field(default_factory=list)
+    already: list[PackageRef] = Field(default_factory=list)
+    duration_ms: float = 0.0

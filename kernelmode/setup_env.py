@@ -16,7 +16,7 @@ import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .errors import SandboxUnavailable, SetupFailed
@@ -38,10 +38,19 @@ def system_python() -> str:
     return sys.executable
 
 
-def _fingerprint(requirements: Path, python: str) -> str:
+def _fingerprint(requirements: Path, python: str, extra: Sequence[str] = ()) -> str:
     h = hashlib.sha256(requirements.read_bytes())
     h.update(python.encode())
+    if extra:  # kernel.extra_requirements (none: the fingerprint of earlier versions)
+        h.update("\n".join(extra).encode())
     return h.hexdigest()
+
+
+def extra_install_argv(venv_python: Path, requirements: Path, extra: Sequence[str], quiet: bool) -> list[str]:
+    """pip's command for ``kernel.extra_requirements``: the kernel's own list as constraints,
+    so that a team's package can add to the kernel but never replace ipykernel or its stack."""
+    return [str(venv_python), "-m", "pip", "install", "--disable-pip-version-check",
+            *(["-q"] if quiet else []), "--constraint", str(requirements), "--", *extra]
 
 
 def _check_reachable(target: Path) -> None:
@@ -98,6 +107,7 @@ def build_kernel_env(
     force: bool = False,
     quiet: bool = False,
     say: Callable[[str], None] = print,
+    extra: Sequence[str] = (),
 ) -> Path:
     """Create or update the venv at ``target``; return its Python. Raise SetupFailed."""
     target = target.expanduser().absolute()
@@ -106,7 +116,7 @@ def build_kernel_env(
         raise SetupFailed(f"the requirements file {requirements} does not exist")
     venv_python = target / "bin" / "python"
     stamp = target / STAMP
-    fingerprint = _fingerprint(requirements, python)
+    fingerprint = _fingerprint(requirements, python, extra)
     current = stamp.read_text().strip() if stamp.is_file() else ""
     if not force and current == fingerprint and _imports_ipykernel(venv_python):
         stamp.touch()
@@ -124,6 +134,10 @@ def build_kernel_env(
                                                               "time takes minutes)"))
     _run([str(venv_python), "-m", "pip", "install", "--disable-pip-version-check",
           *(["-q"] if quiet else []), "-r", str(requirements)], PIP_TIMEOUT, "pip install", quiet)
+    if extra:
+        say(f"      and kernel.extra_requirements: {' '.join(extra)}")
+        _run(extra_install_argv(venv_python, requirements, extra, quiet), PIP_TIMEOUT,
+             "pip install (kernel.extra_requirements)", quiet)
     say("[4/4] making it readable by the sandbox users and checking ipykernel")
     _open_to_all(target)
     if not _imports_ipykernel(venv_python):

@@ -8,7 +8,11 @@
 #      (no registry reachable), a local substitute: Debian bookworm (python3 is 3.11) made by
 #      debootstrap and imported as kernelmode/base:bookworm;
 #   4. the kernel image $KERNEL_IMAGE (kernelmode/kernel:latest) from kernel-image/, skipped when
-#      an image labelled with the hash of kernel-image/'s files (and the base's name) is there.
+#      an image labelled with the hash of kernel-image/'s files (and the base's name) is there;
+#   5. kernel.extra_requirements (of $CONFIG, default ./kernelmode.yaml, or the environment's
+#      KERNELMODE_KERNEL__EXTRA_REQUIREMENTS): a layer on top of the kernel image
+#      (scripts/kernel-extras.Dockerfile), built only when the list is not empty or changed; the
+#      image without it stays tagged ${KERNEL_IMAGE%:*}:no-extras.
 # Idempotent: when everything is there it only checks (a few seconds).
 #
 # Environment: BASE_IMAGE, KERNEL_IMAGE, DOCKERD_LOG, DOCKERD_TIMEOUT (s, 60), PULL_TIMEOUT
@@ -267,6 +271,52 @@ else
       awk '{printf "%.0f MB", $1/1e6}'))"
 fi
 step_done "kernel image"
+
+# --- 5. kernel.extra_requirements ------------------------------------------------------------
+CONFIG="${CONFIG:-$([ -f kernelmode.yaml ] && echo kernelmode.yaml || true)}"
+kernel_setting() {  # kernel_setting EXPR: a value of the settings (config file + environment)
+  .venv/bin/python -c 'import sys; from kernelmode.config import load_settings
+s = load_settings(sys.argv[1] or None); print(eval(sys.argv[2], {"s": s}) or "")' "$CONFIG" "$1"
+}
+EXTRAS_LABEL="kernelmode.extras-hash"
+extras_label() { docker image inspect -f "{{index .Config.Labels \"$EXTRAS_LABEL\"}}" "$1" 2>/dev/null || true; }
+EXTRA_REQUIREMENTS=""
+if [ -x .venv/bin/python ]; then
+  EXTRA_REQUIREMENTS=$(kernel_setting '"\n".join(s.kernel.extra_requirements)') ||
+    die "cannot read kernel.extra_requirements (${CONFIG:-environment})"
+fi
+if [ -n "$EXTRA_REQUIREMENTS" ] || [ -n "$(extras_label "$KERNEL_IMAGE")" ]; then
+  plain="${KERNEL_IMAGE%:*}:no-extras"
+  [ -n "$(extras_label "$KERNEL_IMAGE")" ] || docker tag "$KERNEL_IMAGE" "$plain"
+  want=""
+  if [ -n "$EXTRA_REQUIREMENTS" ]; then
+    want=$(printf '%s\n%s\n' "$(docker image inspect -f '{{.Id}}' "$plain")" "$EXTRA_REQUIREMENTS" |
+           sha256sum | cut -c1-32)
+  fi
+  if [ "$(extras_label "$KERNEL_IMAGE")" = "$want" ]; then
+    say "kernel.extra_requirements: up to date"
+  elif [ -z "$want" ]; then
+    docker tag "$plain" "$KERNEL_IMAGE"
+    say "kernel.extra_requirements is empty: $KERNEL_IMAGE is the plain image again"
+  else
+    say "kernel.extra_requirements: $(echo "$EXTRA_REQUIREMENTS" | tr '\n' ' ')(log: /tmp/kernelmode-extras.log)"
+    ectx=$(mktemp -d /tmp/kernelmode-extras.XXXXXX)
+    cp "$CONTEXT_DIR/requirements.txt" "$ectx/"
+    printf '%s\n' "$EXTRA_REQUIREMENTS" > "$ectx/extra-requirements.txt"
+    ca="${BUILD_CA:-${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}}"
+    if [ -n "$ca" ] && [ -f "$ca" ]; then cp "$ca" "$ectx/build-ca.crt"; fi
+    index=$(kernel_setting 's.packages.index_url') || index=""
+    if ! DOCKER_BUILDKIT=0 docker build --network host -f scripts/kernel-extras.Dockerfile \
+         --build-arg "KERNEL_IMAGE=$plain" ${index:+--build-arg "PIP_INDEX_URL=$index"} \
+         --label "$EXTRAS_LABEL=$want" -t "$KERNEL_IMAGE" "$ectx" >/tmp/kernelmode-extras.log 2>&1; then
+      rm -rf "$ectx"
+      tail -n 30 /tmp/kernelmode-extras.log >&2
+      die "the kernel.extra_requirements layer failed (log above; $KERNEL_IMAGE is unchanged)"
+    fi
+    rm -rf "$ectx"
+  fi
+  step_done "extra requirements"
+fi
 
 say "done in $(awk -v a="$T_ALL" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}') s: $KERNEL_IMAGE" \
     "($(docker image inspect -f '{{.Id}}' "$KERNEL_IMAGE" | cut -c8-19))"

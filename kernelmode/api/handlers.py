@@ -36,6 +36,7 @@ from ..models import (
     ExecuteRequest,
     Health,
     OneShotRequest,
+    PackagesRequest,
     SessionCreate,
     SessionList,
     ToolList,
@@ -300,6 +301,14 @@ class RestartHandler(BaseHandler):
         self.send(await self.services.sessions.restart(self.own(session_id)))
 
 
+class PackagesHandler(BaseHandler):
+    """Install packages into the session (kernelmode/packages/): the kernel stays offline."""
+
+    async def post(self, session_id: str) -> None:
+        req = self.body_model(PackagesRequest)
+        self.send(await self.services.sessions.install_packages(self.own(session_id), req.packages))
+
+
 class MetricsHandler(BaseHandler):
     """Prometheus text format; behind the token like the rest (scrape with a bearer token)."""
 
@@ -469,6 +478,7 @@ routes: list[tuple[str, type[web.RequestHandler]]] = [
     (rf"/v1/sessions/({SID})/files/(.+)", FileHandler),
     (rf"/v1/sessions/({SID})/artifacts", ArtifactsHandler),
     (rf"/v1/sessions/({SID})/notebook", NotebookHandler),
+    (rf"/v1/sessions/({SID})/packages", PackagesHandler),
     (r"/v1/runs/([0-9a-f]{32})", RunHandler),
     (r"/v1/runs/([0-9a-f]{32})/approvals/([0-9a-f]{32})", ApprovalHandler),
     (r"/v1/artifacts/(.+)", PublicArtifactHandler),

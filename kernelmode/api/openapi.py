@@ -21,6 +21,8 @@ from ..models import (
     FileList,
     Health,
     OneShotRequest,
+    PackagesRequest,
+    PackagesResult,
     RunProgress,
     RunResult,
     SessionCreate,
@@ -34,7 +36,7 @@ from . import jupyter_openapi
 
 _MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health, ToolList,
            FileList, ToolMatches, ArtifactList, UploadResult, RunProgress, OneShotRequest, ApprovalRequest,
-           ApprovalAnswer]
+           ApprovalAnswer, PackagesRequest, PackagesResult]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -84,6 +86,7 @@ _OPERATIONS = {
     ("/v1/artifacts/{key}", "get"): ("downloadArtifact", "artifacts"),
     ("/v1/sessions/{session_id}/notebook", "get"): ("exportNotebook", "sessions"),
     ("/v1/sessions/{session_id}/channels", "get"): ("connectChannels", "console"),
+    ("/v1/sessions/{session_id}/packages", "post"): ("installPackages", "sessions"),
 }
 _TAGS = [
     {"name": "sessions", "description": "Stateful sessions: one sandboxed kernel each"},
@@ -242,6 +245,18 @@ def openapi_document() -> dict[str, Any]:
             "parameters": [sid],
             "post": {"summary": "Restart the kernel (variables are lost)",
                      "responses": {"200": _json("SessionInfo", "Restarted"), **_errors(401, 404, 503)}},
+        },
+        "/v1/sessions/{session_id}/packages": {
+            "parameters": [sid],
+            "post": {"summary": "Install packages into the session (wheels fetched by the manager; the "
+                                "kernel stays offline)", "requestBody": {**body("PackagesRequest"), "required": True},
+                     "responses": {"200": _json("PackagesResult", "Installed (or already there)"),
+                                   **_errors(401, 404, 429, 503),
+                                   "403": _json("ErrorBody", "Refused by the policy or a conflict with the "
+                                                "kernel's own packages (package_refused, naming the rule)"),
+                                   "422": _json("ErrorBody", "No wheel for the kernel's platform (no_wheel), "
+                                                "or a bad requirement (invalid_request)"),
+                                   "502": _json("ErrorBody", "The index or pip failed (package_fetch_failed)")}},
         },
     }
     paths.update(jupyter_openapi.jupyter_paths(_errors))

@@ -15,6 +15,7 @@ import httpx
 
 from .. import errors
 from ..models import RunProgress, RunResult, SessionInfo
+from ..packages import errors as _package_errors  # noqa: F401  (their codes: package_refused, no_wheel)
 from ._routes import Call
 
 T = TypeVar("T")

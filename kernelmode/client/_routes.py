@@ -26,6 +26,7 @@ from ..models import (
     FileList,
     Health,
     LimitsPatch,
+    PackagesResult,
     RunProgress,
     RunResult,
     SessionInfo,
@@ -113,11 +114,13 @@ TOOLS = Route("GET", "/v1/tools", _model(ToolList), retry_safe=True)
 SEARCH_TOOLS = Route("GET", "/v1/tools", _model(ToolMatches), retry_safe=True)  # with ?q=
 HEALTH = Route("GET", "/healthz", _model(Health), retry_safe=True)
 READY = Route("GET", "/readyz", _model(Health), ok=(200, 503))  # 503 is an answer: not ready
+INSTALL_PACKAGES = Route("POST", f"{_S}/packages", _model(PackagesResult))
+INSTALL_TIMEOUT = 900.0  # a first install downloads (packages.timeout_seconds is 300 by default)
 
 ROUTES: tuple[Route[Any], ...] = (
     CREATE_SESSION, LIST_SESSIONS, GET_SESSION, DELETE_SESSION, EXECUTE, INTERRUPT, RESTART, UPLOAD,
     DOWNLOAD, LIST_FILES, ARTIFACTS, NOTEBOOK, ONE_SHOT, GET_RUN, TOOLS, HEALTH, READY,
-    SEARCH_TOOLS, APPROVE,
+    SEARCH_TOOLS, APPROVE, INSTALL_PACKAGES,
 )
 
 
@@ -129,10 +132,17 @@ def workspace_path(path: str) -> str:
 # -- the request of each client method ----------------------------------------------------------
 
 def create_session(session_id: str | None, ttl_seconds: int | None, limits: dict[str, int] | None,
-                   tools: list[str] | None) -> Call[SessionInfo]:
+                   tools: list[str] | None, packages: list[str] | None = None) -> Call[SessionInfo]:
     body: dict[str, Any] = {"session_id": session_id, "ttl_seconds": ttl_seconds, "tools": tools,
-                            "limits": LimitsPatch(**limits).model_dump(exclude_none=True) if limits else None}
-    return CREATE_SESSION.call(json={k: v for k, v in body.items() if v is not None})
+                            "limits": LimitsPatch(**limits).model_dump(exclude_none=True) if limits else None,
+                            "packages": packages}
+    timeout = INSTALL_TIMEOUT if packages else None
+    return CREATE_SESSION.call(json={k: v for k, v in body.items() if v is not None}, timeout=timeout)
+
+
+def install_packages(session_id: str, packages: list[str]) -> Call[PackagesResult]:
+    return INSTALL_PACKAGES.call(session_id=session_id, json={"packages": list(packages)},
+                                 timeout=INSTALL_TIMEOUT)
 
 
 def execute(session_id: str, code: str, timeout_seconds: float | None,

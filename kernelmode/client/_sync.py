@@ -18,6 +18,7 @@ from ..models import (
     ApprovalAnswer,
     Artifact,
     Health,
+    PackagesResult,
     RunProgress,
     RunResult,
     SessionInfo,
@@ -74,9 +75,12 @@ class Client(BaseClient):
 
     # -- sessions ----------------------------------------------------------------------------------
     def create_session(self, session_id: str | None = None, *, ttl_seconds: int | None = None,
-                       limits: dict[str, int] | None = None, tools: list[str] | None = None) -> Session:
-        """A new session; use it as a context manager to delete it at the end of the block."""
-        return Session(self, self._send(routes.create_session(session_id, ttl_seconds, limits, tools)))
+                       limits: dict[str, int] | None = None, tools: list[str] | None = None,
+                       packages: list[str] | None = None) -> Session:
+        """A new session; use it as a context manager to delete it at the end of the block.
+        ``packages``: installed before its first run (see ``install_packages``)."""
+        return Session(self, self._send(routes.create_session(session_id, ttl_seconds, limits, tools,
+                                                              packages)))
 
     def session(self, session_id: str) -> Session:
         """A handle on an existing session (SessionNotFound if there is none)."""
@@ -155,6 +159,11 @@ class Client(BaseClient):
     def restart(self, session_id: str) -> SessionInfo:
         """Restart the session's kernel: variables are gone, files stay."""
         return self._send(routes.session_call(routes.RESTART, session_id, routes.RESTART_TIMEOUT))
+
+    def install_packages(self, session_id: str, packages: list[str]) -> PackagesResult:
+        """Install packages into the session (``["name", "name==1.2"]``): the server downloads
+        wheels, the kernel stays offline. PackageRefused (403), NoWheel (422) on refusal."""
+        return self._send(routes.install_packages(session_id, packages))
 
     # -- files -------------------------------------------------------------------------------------
     def upload(self, session_id: str, path: str, data: UploadData, *,
@@ -254,6 +263,10 @@ class Session(BaseSession):
     def restart(self) -> SessionInfo:
         """Restart the kernel: variables are gone, files stay."""
         return self.client.restart(self.id)
+
+    def install(self, *packages: str) -> PackagesResult:
+        """Install packages into this session: ``session.install("tabulate", "rich==13.7.1")``."""
+        return self.client.install_packages(self.id, list(packages))
 
     def close(self) -> None:
         """Delete the session (a session already gone is fine)."""

@@ -12,8 +12,10 @@ session from the channel the request arrived on, never from anything in the requ
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
+import os
 import sys
 import threading
 import types
@@ -23,6 +25,8 @@ from typing import Any, Literal
 MARKER = "\x00kernelmode-tool-call\x00"
 PING = "__kernelmode_ping__"  # answered by the manager itself: proves the stdin path works
 SEARCH = "__kernelmode_search__"  # answered by the manager: tools.search(), over this session's tools
+PIP = "__kernelmode_pip__"  # answered by the manager itself: installs packages into this session
+PACKAGES_ENV = "KM_PACKAGES_DIR"  # where the session's package layer is mounted
 NO_INPUT_MESSAGE = (
     "no interactive input: kernelmode runs code unattended, so input() and getpass() are not "
     "available. Put the values in the code, or upload a file to /mnt/data and read it."
@@ -364,6 +368,48 @@ def install(specs_json: str, namespace: dict[str, Any]) -> None:
     shell.ask_exit = lambda: _ask_exit_keeping_kernel(shell)
     # IPython builds its display formatters on first use; do it now, not in the user's first run.
     shell.display_formatter.format(0)
+    _install_pip(shell)
+
+
+def _install_pip(shell: Any) -> None:
+    """The session's package layer goes AFTER the kernel's own packages on sys.path (it can add,
+    never shadow), and `%pip install` / `!pip install` ask the manager instead of the network."""
+    layer = os.environ.get(PACKAGES_ENV)
+    if layer and layer not in sys.path:
+        sys.path.append(layer)
+    shell.register_magic_function(pip_magic, "line", "pip")
+    system = getattr(shell.system, "__wrapped__", shell.system)
+
+    def system_with_pip(cmd: str) -> Any:
+        words = cmd.split()
+        for head in (["pip"], ["pip3"], ["python", "-m", "pip"], ["python3", "-m", "pip"]):
+            if words[:len(head)] == head:
+                return pip_magic(" ".join(words[len(head):]))
+        return system(cmd)
+
+    system_with_pip.__wrapped__ = system  # type: ignore[attr-defined]
+    shell.system = system_with_pip
+
+
+def pip_magic(line: str) -> None:
+    """%pip install NAME[==VERSION] ...: the manager downloads wheels, the kernel stays offline."""
+    __tracebackhide__ = True
+    words = [w for w in line.split() if w not in ("-q", "--quiet", "-U", "--upgrade")]
+    if not words or words[0] != "install" or len(words) < 2 or any(w.startswith("-") for w in words[1:]):
+        raise ToolError("only `pip install NAME[==VERSION] ...` works here: the kernel has no network; "
+                        "kernelmode's manager fetches wheels from its index for you")
+    assert _bridge is not None
+    try:
+        result = _bridge.call(PIP, {"packages": words[1:]})
+    except ToolError as e:
+        raise ToolError(str(e).replace(PIP + ": ", "pip install: ", 1)) from None
+    importlib.invalidate_caches()
+    done = ", ".join(f"{p['name']}-{p['version']}" for p in result.get("installed", []))
+    there = ", ".join(f"{p['name']}-{p['version']}" for p in result.get("already", []))
+    if done:
+        print(f"Successfully installed {done}")
+    if there:
+        print(f"Already present: {there}")
 
 
 def _ask_exit_keeping_kernel(shell: Any) -> None:

@@ -100,7 +100,8 @@ def instructions(tools: ToolRegistry) -> str:
         "/mnt/data: upload_file puts data there, and files your code writes there are kept and "
         "listed with download links; read_artifact shows you an image or text file. numpy, pandas "
         "and matplotlib are installed (plots appear as images). A long run keeps going in the "
-        "background: run_python then returns status RUNNING with a run_id for get_run.\n" + host
+        "background: run_python then returns status RUNNING with a run_id for get_run. A package "
+        "the kernel lacks: install_packages (or `%pip install NAME` in code) fetches it for you.\n" + host
     )
 
 
@@ -142,6 +143,8 @@ class McpTools:
             (self.list_sessions, ToolAnnotations(title="List sessions", read_only_hint=True)),
             (self.export_notebook, ToolAnnotations(title="Export the session as a notebook",
                                                    read_only_hint=True)),
+            (self.install_packages, ToolAnnotations(title="Install Python packages", destructive_hint=False,
+                                                    idempotent_hint=True, open_world_hint=True)),
         ]
         for fn, hints in tools:
             name = fn.__name__
@@ -367,3 +370,21 @@ class McpTools:
             rows.append(f"- {s.session_id}: {s.status}, {s.execution_count} runs, "
                         f"last active {s.last_activity:%Y-%m-%d %H:%M:%S} UTC{mark}")
         return "\n".join(rows) if rows else "No sessions."
+
+    async def install_packages(
+        self, ctx: Context[Any],
+        packages: Annotated[list[str], Field(min_length=1, max_length=100, description=(
+            "Requirements as pip takes them: 'tabulate', 'rich==13.7.1', 'pydantic>=2,<3'."))],
+        session_id: SessionArg = None,
+    ) -> CallToolResult:
+        """Install Python packages into the session, then `import` them in run_python. The kernel
+        has no network: the server downloads wheels (never builds) from its package index, within
+        its allow/deny policy, and they stay installed for the session's life. Packages the kernel
+        already has are reported as already installed; another version of one of them is refused."""
+        sid, note = await self.connections.session(ctx, session_id)
+        result = await self._services().sessions.install_packages(sid, packages, "mcp")
+        names = lambda refs: ", ".join(f"{p.name} {p.version}" for p in refs) or "none"  # noqa: E731
+        text = (f"Session {sid}: installed {names(result.installed)}; already there: {names(result.already)} "
+                f"({result.duration_ms:.0f} ms). Import them in run_python.")
+        return CallToolResult(content=[*([TextContent(text=note)] if note else []), TextContent(text=clip(text, 4000, "the package list"))],
+                              structured_content={"session_id": sid, **result.model_dump(mode="json")})

@@ -22,7 +22,7 @@ from traitlets import Integer, Unicode
 from . import cgroups, seccomp
 from .base import KernelmodeProvisioner, kernel_environment, log
 from .launcher import SECCOMP_FD
-from .spec import WORKSPACE_MOUNT
+from .spec import PACKAGES_ENV, PACKAGES_MOUNT, WORKSPACE_MOUNT
 
 LAUNCHER = str(Path(__file__).with_name("launcher.py"))
 SANDBOX_UID = 1000  # the kernel's uid as seen inside the sandbox
@@ -72,6 +72,7 @@ def bwrap_argv(
     env: dict[str, str],
     command: list[str],
     seccomp_filter: bool = True,
+    packages: Path | None = None,
 ) -> list[str]:
     """The bwrap command line for one kernel (a pure function, tested on its own). With
     ``seccomp_filter``, the launcher puts the filter's descriptor in place of ``SECCOMP_FD``."""
@@ -109,6 +110,7 @@ def bwrap_argv(
     argv += [
         "--bind", str(kernel_dir), str(kernel_dir),
         "--bind", str(workspace), WORKSPACE_MOUNT,
+        *(["--ro-bind", str(packages), PACKAGES_MOUNT] if packages is not None else []),
         "--remount-ro", "/",
         "--chdir", WORKSPACE_MOUNT,
         "--clearenv",
@@ -178,6 +180,9 @@ class BwrapProvisioner(KernelmodeProvisioner):
         etc_dir = self._write_etc()
         venv_bin = str(Path(cmd[0]).parent)
         kenv = kernel_environment(f"{venv_bin}:/usr/local/bin:/usr/bin:/bin")
+        packages = self.params.packages_dir()
+        if packages is not None:
+            kenv[PACKAGES_ENV] = PACKAGES_MOUNT
         argv = bwrap_argv(
             bwrap=bwrap,
             kernel_dir=kdir,
@@ -187,6 +192,7 @@ class BwrapProvisioner(KernelmodeProvisioner):
             tmp_bytes=limits.disk_mb * 1024 * 1024,
             env=kenv,
             command=cmd,
+            packages=packages,
         )
         launcher = [sys.executable, "-I", LAUNCHER, json.dumps(spec), "--"]
         # bwrap itself starts from a scrubbed environment: its pid 1 inside the sandbox keeps

@@ -35,7 +35,7 @@ from ..models import LimitCeilings, Limits
 from . import seccomp
 from .base import KernelmodeProvisioner, kernel_environment, log
 from .bwrap import _allocate_uid, _chown_tree, _uids
-from .spec import WORKSPACE_MOUNT
+from .spec import PACKAGES_ENV, PACKAGES_MOUNT, WORKSPACE_MOUNT
 
 LAUNCHER = str(Path(__file__).with_name("docker_launcher.py"))
 LABEL_APP = "app"
@@ -98,6 +98,9 @@ class DockerProvisioner(KernelmodeProvisioner):
         kenv = kernel_environment("/opt/kernel-venv/bin:/usr/local/bin:/usr/bin:/bin")
         # The image is headless (Agg) for scripts; in a kernel, figures are displayed inline.
         kenv["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+        packages = self.params.packages_dir()
+        if packages is not None:
+            kenv[PACKAGES_ENV] = PACKAGES_MOUNT
         create: dict[str, Any] = {
             "image": self.image,
             "command": [IMAGE_PYTHON, *cmd[1:]],
@@ -117,6 +120,7 @@ class DockerProvisioner(KernelmodeProvisioner):
             "volumes": {
                 str(ws): {"bind": WORKSPACE_MOUNT, "mode": "rw"},
                 str(kdir): {"bind": str(kdir), "mode": "rw"},
+                **({str(packages): {"bind": PACKAGES_MOUNT, "mode": "ro"}} if packages is not None else {}),
                 # Not the engine's copies: they would carry the host's name servers.
                 **{str(etc / name): {"bind": f"/etc/{name}", "mode": "ro"} for name in ("hosts", "resolv.conf")},
             },

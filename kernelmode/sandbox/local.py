@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .base import KernelmodeProvisioner, kernel_environment, log
+from .spec import PACKAGES_ENV
 
 
 class UnsandboxedProvisioner(KernelmodeProvisioner):
@@ -22,6 +23,9 @@ class UnsandboxedProvisioner(KernelmodeProvisioner):
         tmp.mkdir(exist_ok=True)
         kenv.update(HOME=str(tmp), TMPDIR=str(tmp), MPLCONFIGDIR=str(tmp / ".matplotlib"),
                     IPYTHONDIR=str(tmp / ".ipython"))
+        packages = self.params.packages_dir()
+        if packages is not None:  # no mount without a sandbox: the host path itself
+            kenv[PACKAGES_ENV] = str(packages)
         # The kernel starts in its workspace, like /mnt/data in the sandbox.
         return cmd, kenv, self.params.workspace
 

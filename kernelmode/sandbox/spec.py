@@ -19,7 +19,13 @@ from ..models import DeathCause, Limits
 ENV_WORKSPACE = "KERNEL_KM_WORKSPACE"
 ENV_LIMITS = "KERNEL_KM_LIMITS"
 ENV_SESSION = "KERNEL_KM_SESSION_ID"
+ENV_PACKAGES = "KERNEL_KM_PACKAGES"
 WORKSPACE_MOUNT = "/mnt/data"
+# The session's package layer (kernelmode/packages/layer.py), mounted read-only; the preamble
+# appends the path the kernel sees (KM_PACKAGES_DIR in its environment; not KERNELMODE_*: no
+# setting of the manager's reaches a kernel) to sys.path.
+PACKAGES_MOUNT = "/opt/kernelmode/packages"
+PACKAGES_ENV = "KM_PACKAGES_DIR"
 
 
 @dataclass(frozen=True)
@@ -27,13 +33,19 @@ class KernelParams:
     workspace: Path
     limits: Limits
     session_id: str = ""
+    packages: Path | None = None  # the host directory of the session's package layer
 
     def to_env(self) -> dict[str, str]:
         return {
             ENV_WORKSPACE: str(self.workspace),
             ENV_LIMITS: self.limits.model_dump_json(),
             ENV_SESSION: self.session_id,
+            **({ENV_PACKAGES: str(self.packages)} if self.packages is not None else {}),
         }
+
+    def packages_dir(self) -> Path | None:
+        """The layer to mount, if the manager gave one and it exists."""
+        return self.packages if self.packages is not None and self.packages.is_dir() else None
 
     @classmethod
     def pop_from_env(cls, env: dict[str, str], default_limits: Limits) -> KernelParams | None:
@@ -41,10 +53,11 @@ class KernelParams:
         workspace = env.pop(ENV_WORKSPACE, None)
         limits = env.pop(ENV_LIMITS, None)
         session_id = env.pop(ENV_SESSION, "")
+        packages = env.pop(ENV_PACKAGES, None)
         if workspace is None:
             return None
         parsed = Limits.model_validate_json(limits) if limits else default_limits
-        return cls(Path(workspace), parsed, session_id)
+        return cls(Path(workspace), parsed, session_id, Path(packages) if packages else None)
 
 
 def death_record_path(state_dir: Path, kernel_id: str) -> Path:

@@ -28,6 +28,8 @@ from ..gateway.exchange import ExecuteExchange, Message, Outcome
 from ..gateway.execution import OutputCollector
 from ..kernel.preamble import MARKER, boot_code
 from ..models import DeathCause, SessionInfo, ToolCall
+from ..packages.layer import PackageLayer
+from ..packages.service import PackageService
 from ..sandbox.spec import KernelParams, pop_death_record
 from ..tools.broker import ToolBroker
 
@@ -83,6 +85,7 @@ class Kernels:
     volumes: WorkspaceVolumes
     state_dir: Path
     broker: ToolBroker
+    packages: PackageService | None = None  # the package layers, mounted into each kernel
 
     @property
     def start_timeout(self) -> float:
@@ -108,6 +111,8 @@ class Kernels:
                 await asyncio.to_thread(self.volumes.destroy, workspace)
             raise
         k = Kernel(self, kernel_id, workspace, info)
+        if k.layer is not None:
+            await asyncio.to_thread(k.layer.create)
         started = False
         try:
             await self.gateway.start_kernel(kernel_id, k.params().to_env(), self.start_timeout)
@@ -144,8 +149,14 @@ class Kernel:
         """Alive, connected and preamble-ready (what a pool kernel must be to be handed out)."""
         return self.state == "alive" and not self.needs_ready and self.conn is not None and self.conn.is_open
 
+    @property
+    def layer(self) -> PackageLayer | None:
+        """The session's package layer (keyed by its workspace, which a replaced kernel keeps)."""
+        return self.env.packages.layer(self.workspace.name) if self.env.packages is not None else None
+
     def params(self) -> KernelParams:
-        return KernelParams(workspace=self.workspace, limits=self.info.limits, session_id=self.info.session_id)
+        return KernelParams(workspace=self.workspace, limits=self.info.limits, session_id=self.info.session_id,
+                            packages=self.layer.site if self.layer is not None else None)
 
     def take_state_lost(self) -> bool:
         """Whether variables were lost since the last result said so (and forget it)."""
@@ -317,3 +328,5 @@ class Kernel:
         await self.shutdown(in_gateway=shutdown)
         with contextlib.suppress(KernelmodeError):
             await asyncio.to_thread(self.env.volumes.destroy, self.workspace)
+        if self.layer is not None:
+            await asyncio.to_thread(self.layer.destroy)

@@ -33,16 +33,20 @@ from ..errors import (
 )
 from ..gateway.client import KERNEL_DEAD, GatewayClient
 from ..gateway.exchange import KERNEL_STATUS_EVENT, RESTARTED
+from ..kernel.preamble import PIP
 from ..metrics import Metrics
 from ..models import (
     ApprovalAnswer,
     Artifact,
     FileList,
+    PackagesResult,
     RunResult,
     SessionCreate,
     SessionInfo,
     UploadResult,
 )
+from ..packages.policy import parse_requirement
+from ..packages.service import PackageService
 from ..policy import CodePolicy
 from ..sandbox import cgroups
 from ..tenants import ADMIN, Principal
@@ -51,6 +55,7 @@ from . import recovery
 from .files import SessionFiles
 from .kernels import Kernels
 from .live import LiveSession, now
+from .packages import SessionPackages
 from .pool import WarmPool
 from .reaper import Reaper, expired
 from .runner import Runner
@@ -80,7 +85,9 @@ class SessionManager:
         self._creating: dict[str, str] = {}  # session id -> tenant, while its kernel starts
         self._strays: asyncio.Task[None] | None = None
         self.metrics = Metrics()
-        self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker)
+        self.packages = SessionPackages(PackageService(settings, data_dir, sandbox), self._live.get)
+        broker.reserved[PIP] = self.packages.from_kernel  # %pip install in a cell
+        self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service)
         self.pool = WarmPool(settings, self.kernels, sandbox)
         self.runner = Runner(settings, store, harvester, self.metrics, self._live, self.kernels.collector,
                              broker.approvals, policy)
@@ -116,6 +123,7 @@ class SessionManager:
         for d in self.workspaces.iterdir():
             if d.suffix != ".img" and d not in keep:
                 await asyncio.to_thread(self.volumes.destroy, d)
+        await asyncio.to_thread(self.packages.service.sweep, {w.name for w in keep})
         self.reaper.start()
         self.pool.refill()
 
@@ -239,6 +247,8 @@ class SessionManager:
         tenant = principal.tenant
         self._check_room(sid, principal)
         self.broker.registry.check_allow_list(req.tools)
+        for r in req.packages or []:
+            parse_requirement(r)  # a bad requirement is refused before a kernel is taken
         limits = principal.limits(req.limits, self.settings.sandbox)  # 422 above a ceiling
         ttl = req.ttl_seconds or self.settings.sessions.ttl_seconds
         t = now()
@@ -272,7 +282,18 @@ class SessionManager:
         log.info("session %s created (kernel %s, tenant %s)", sid, s.kernel_id, tenant)
         audit("session_created", session_id=sid, tenant=tenant, kernel_id=s.kernel_id,
               from_pool=info.from_pool, sandbox=self.sandbox)
+        if req.packages:
+            try:
+                await self.packages.install(s, req.packages, "session_create")
+            except BaseException:  # the session was asked for with them: none without them
+                with contextlib.suppress(KernelmodeError):
+                    await self.delete(sid, keep_notebook=False, reason="packages_refused")
+                raise
         return info
+
+    async def install_packages(self, session_id: str, packages: list[str], source: str = "rest") -> PackagesResult:
+        """Install packages into the session's layer (visible to its kernel at once)."""
+        return await self.packages.install(self.live_session(session_id), packages, source)
 
     async def delete(self, session_id: str, keep_notebook: bool = True, reason: str = "closed") -> None:
         """Stop the session's kernel and remove its workspace; its history is kept as a notebook

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,9 @@ class ToolBroker:
         self.settings = settings
         self.approvals = Approvals()
         self._limiters: dict[str, RateLimiter] = {}
+        # Calls the manager answers itself (name -> handler(session_id, arguments)), e.g. the
+        # preamble's %pip install; they are not tools, so no allow-list or tool rate applies.
+        self.reserved: dict[str, Callable[[str, dict[str, Any]], Awaitable[Any]]] = {}
 
     def forget_session(self, session_id: str) -> None:
         self._limiters.pop(session_id, None)
@@ -104,6 +108,10 @@ class ToolBroker:
                 raise ToolFailed("arguments must be a mapping of parameter names to values")
             if name == SEARCH:
                 return self._search(session_id, call_id, arguments, allow), None
+            handler = self.reserved.get(name)
+            if handler is not None:
+                return self._reply(call_id, await handler(session_id, arguments)), \
+                    self._record(session_id, run_id, name, None, started, bytes_in, 0)
             tool = self.registry.get(name)
             if tool is None or not allowed(name, allow):
                 # The same answer for "does not exist" and "not allowed here".
@@ -157,6 +165,10 @@ class ToolBroker:
         if not decision.approved:
             raise ToolDenied(f"{name} was denied ({decision.by})"
                              + (f": {decision.reason}" if decision.reason else ""))
+
+    @staticmethod
+    def _reply(call_id: Any, result: Any) -> str:
+        return json.dumps({"id": call_id, "ok": True, "result": result})
 
     def refuse_unread(self, session_id: str, run_id: str, note: dict[str, Any]) -> tuple[str, ToolCall]:
         """Answer a request too large to be read at all (its message arrived without it, see

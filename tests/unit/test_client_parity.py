@@ -96,6 +96,8 @@ _ANSWERS: dict[_routes.Route[Any], tuple[int, Any]] = {
     _routes.HEALTH: (200, {"status": "ok"}),
     _routes.READY: (503, {"status": "unavailable"}),
     _routes.APPROVE: (200, {"run_id": RID, "call_id": RID, "approved": False, "reason": "no", "by": "rest"}),
+    _routes.INSTALL_PACKAGES: (200, {"installed": [{"name": "tabulate", "version": "0.9.0"}], "already": [],
+                                     "duration_ms": 1.0}),
 }
 
 
@@ -125,6 +127,8 @@ def _answer(request: httpx.Request, body: bytes, seen: list[tuple[Any, ...]]) ->
 CLIENT_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("create_session", ("mine",), {"ttl_seconds": 60, "limits": {"memory_mb": 512}, "tools": ["add"]}),
     ("create_session", (), {}),
+    ("create_session", (), {"packages": ["tabulate"]}),
+    ("install_packages", (SID, ["tabulate", "rich==13.7.1"]), {}),
     ("session", (SID,), {}),
     ("get_session", ("a/b c",), {}),
     ("list_sessions", (), {}),
@@ -159,6 +163,7 @@ SESSION_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("artifacts", (), {}),
     ("interrupt", (), {}),
     ("restart", (), {}),
+    ("install", ("tabulate", "rich==13.7.1"), {}),
     ("close", (), {}),
 ]
 

@@ -1,0 +1,52 @@
+"""A session's packages: installs from every front door into the layer of the session's kernel
+(REST, MCP, the client, a session created with ``packages``), and ``%pip install`` typed in a
+cell, which the preamble sends over the tool channel as a reserved call (``PIP`` in
+kernel/preamble.py): the manager fetches, the kernel then imports. The calling session is the
+channel's, never one named in the request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..errors import KernelmodeError
+from ..models import PackagesRequest, PackagesResult
+from ..packages.service import PackageService
+from ..tools.base import ToolFailed
+from .live import LiveSession
+
+log = logging.getLogger("kernelmode.sessions")
+
+
+class SessionPackages:
+    def __init__(self, service: PackageService, live: Callable[[str], LiveSession | None]) -> None:
+        self.service = service
+        self._live = live
+
+    async def install(self, s: LiveSession, packages: list[str], source: str) -> PackagesResult:
+        layer = s.kernel.layer
+        assert layer is not None, "the SessionManager always gives kernels a package layer"
+        return await self.service.install(layer, packages, session_id=s.info.session_id,
+                                          tenant=s.info.tenant, source=source)
+
+    async def from_kernel(self, session_id: str, arguments: dict[str, Any]) -> Any:
+        """``%pip install ...`` in a cell: the result as JSON data, or ToolFailed with the reason."""
+        s = self._live(session_id)
+        if s is None:
+            raise ToolFailed("the session is gone")
+        try:
+            req = PackagesRequest.model_validate(arguments)
+        except ValidationError as e:
+            raise ToolFailed(f"invalid_request: {e.errors()[0].get('msg', 'bad request')}") from None
+        try:
+            result = await self.install(s, req.packages, "kernel")
+        except KernelmodeError as e:
+            raise ToolFailed(f"{e.code}: {e.message}") from None
+        except Exception as e:  # the kernel waits for an answer: it must get one, whatever failed
+            log.exception("session %s: %%pip install failed", session_id)
+            raise ToolFailed(f"internal: the install failed ({type(e).__name__})") from None
+        return result.model_dump(mode="json")

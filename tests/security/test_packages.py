@@ -1,0 +1,133 @@
+"""Packages on demand keep every promise of the sandbox (run on bubblewrap and on Docker):
+
+- after an install the kernel still has only ``lo`` and no route: nothing opened a network;
+- the session's layer is read-only inside the kernel and comes AFTER the kernel's own packages
+  on sys.path (it can add modules, never shadow the kernel's);
+- one session's packages are not in another's kernel, and ``%pip`` installs only into the
+  session whose channel asked (a request names no session);
+- nothing of a package runs on the host (an sdist is refused, its setup.py never runs), and a
+  wheel whose members climb out of the layer is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import Server, start_server
+from tests.package_index import PackageIndex, index_env, local_index
+
+from .conftest import report
+
+
+@pytest.fixture(scope="module")
+def index() -> Iterator[PackageIndex]:
+    tmp = Path(tempfile.mkdtemp(prefix="kmtest-index-"))
+    with local_index(tmp) as idx:
+        yield idx
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def srv(index: PackageIndex) -> Iterator[Server]:
+    s = start_server({**index_env(index, index.tmp), "KERNELMODE_SESSIONS__POOL_SIZE": "0"})
+    yield s
+    s.stop()
+    shutil.rmtree(s.data_dir, ignore_errors=True)
+    s.log_path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def api(srv: Server) -> Iterator[httpx.Client]:
+    with srv.client(timeout=300) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def two(api: httpx.Client) -> Iterator[tuple[str, str]]:
+    """Session a (kmtest-app installed over REST, kmtest-native by %pip) and session b (nothing)."""
+    sids = [api.post("/v1/sessions", json={}).json()["session_id"] for _ in range(2)]
+    r = api.post(f"/v1/sessions/{sids[0]}/packages", json={"packages": ["kmtest-app"]})
+    assert r.status_code == 200, r.text
+    out = execute(api, sids[0], "%pip install kmtest-native\nimport kmtest_app, kmtest_native")
+    assert out["status"] == "ok", out
+    yield sids[0], sids[1]
+    for sid in sids:
+        api.delete(f"/v1/sessions/{sid}")
+
+
+def execute(api: httpx.Client, sid: str, code: str) -> dict:
+    r = api.post(f"/v1/sessions/{sid}/execute", json={"code": code, "timeout_seconds": 120})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def probe(api: httpx.Client, sid: str, code: str) -> dict:
+    return report(execute(api, sid, code))
+
+
+def test_no_network_after_an_install(api, two) -> None:
+    r = probe(api, two[0], """
+import json, socket
+print(json.dumps({"ifaces": [n for _, n in socket.if_nameindex()],
+                  "routes": open('/proc/net/route').read().splitlines()[1:],
+                  "routes6": [l for l in open('/proc/net/ipv6_route').read().splitlines() if not l.endswith(' lo')],
+                  "imported": __import__('kmtest_app').answer()}))
+""")
+    assert r == {"ifaces": ["lo"], "routes": [], "routes6": [], "imported": 42}
+
+
+def test_the_layer_is_read_only_and_after_the_kernels_packages(api, two) -> None:
+    r = probe(api, two[0], """
+import errno, json, os, sys, kmtest_app
+layer = os.environ["KM_PACKAGES_DIR"]
+site = [i for i, p in enumerate(sys.path) if p.endswith("site-packages")]
+out = {"layer_last": sys.path.index(layer) > max(site), "writes": {}}
+for target in (os.path.join(layer, "new.py"), kmtest_app.__file__, os.path.join(layer, "kmtest_app", "x.py")):
+    try:
+        with open(target, "a") as f:
+            f.write("hacked = True\\n")
+        out["writes"][target] = "written"
+    except OSError as e:
+        out["writes"][target] = errno.errorcode[e.errno]
+try:
+    os.rename(os.path.join(layer, "kmtest_app"), os.path.join(layer, "moved"))
+    out["rename"] = "renamed"
+except OSError as e:
+    out["rename"] = errno.errorcode[e.errno]
+print(json.dumps(out))
+""")
+    assert r["layer_last"] is True
+    assert set(r["writes"].values()) <= {"EROFS", "EACCES", "EPERM"}, r
+    assert r["rename"] in ("EROFS", "EACCES", "EPERM")
+
+
+def test_another_session_sees_none_of_them(api, two, srv) -> None:
+    layers = [str(p) for p in srv.data_dir.glob("packages/*")]
+    assert layers  # the host side exists...
+    r = probe(api, two[1], f"""
+import importlib.util, json, os
+layer = os.environ.get("KM_PACKAGES_DIR", "")
+print(json.dumps({{"specs": [importlib.util.find_spec(m) is not None for m in ("kmtest_app", "kmtest_lib", "kmtest_native")],
+                  "layer": sorted(os.listdir(layer)) if layer else None,
+                  "host_paths": [os.path.exists(p) for p in {layers!r}]}}))
+""")
+    assert r["specs"] == [False, False, False]
+    assert r["layer"] == []  # its own layer: empty
+    assert not any(r["host_paths"])  # ...and no kernel sees the host's package directories
+
+
+def test_nothing_from_a_package_runs_on_the_host(api, two, index, srv) -> None:
+    r = api.post(f"/v1/sessions/{two[1]}/packages", json={"packages": ["kmtest-sdist-only"]})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "no_wheel"
+    assert not index.canary.exists()
+    r = api.post(f"/v1/sessions/{two[1]}/packages", json={"packages": ["kmtest-traversal"]})
+    assert r.status_code == 403, r.text
+    assert r.json()["error"]["details"]["rule"] == "wheel_format"
+    assert not list(srv.data_dir.rglob("kmtest_escaped.py"))
+    assert not list(srv.data_dir.rglob("kmtest_traversal.py"))  # nothing of it was installed

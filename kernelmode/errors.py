@@ -13,9 +13,11 @@
     ├── NotFound                     (404 not_found)
     │   ├── SessionNotFound          (404 session_not_found)
     │   ├── RunNotFound              (404 run_not_found)
+    │   ├── CheckpointNotFound       (404 checkpoint_not_found) sessions/checkpoints.py
     │   └── FileNotFound             (404 file_not_found)     artifacts/workspace.py
     ├── Conflict                     (409 conflict)
     │   ├── SessionExists            (409 session_exists)
+    │   ├── CheckpointFailed         (409 checkpoint_failed)  sessions/checkpoints.py: nothing was saved
     │   ├── FileExists               (409 file_exists)        artifacts/workspace.py
     │   └── WorkspaceChanged         (409 workspace_changed)  artifacts/workspace.py: kernel code moved the folder
     ├── PayloadTooLarge              (413 payload_too_large)

@@ -12,7 +12,7 @@ from .tools.base import ToolInfo
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
 RunStatus = Literal["ok", "error", "timeout", "kernel_died", "running", "interrupted"]
-SessionStatus = Literal["starting", "idle", "busy", "restarting", "dead", "lost"]
+SessionStatus = Literal["starting", "idle", "busy", "restarting", "dead", "lost", "hibernated"]
 
 
 class _Strict(BaseModel):
@@ -68,6 +68,11 @@ class SessionCreate(_Strict):
         description="Allow-list of host tools (names, or MCP server names for all their tools); "
         "default: all.",
     )
+    fork_of: str | None = Field(
+        None, pattern=SESSION_ID_PATTERN, description="Start as a copy of this session's variables and "
+        "files (checkpointed now); the two are independent afterwards.")
+    from_checkpoint: str | None = Field(
+        None, pattern=r"^[0-9a-f]{32}$", description="Start from this checkpoint's variables and files.")
 
 
 class SessionInfo(BaseModel):
@@ -184,6 +189,11 @@ class UploadResult(BaseModel):
     size_bytes: int
 
 
+class RestoredFrom(BaseModel):
+    checkpoint_id: str
+    age_seconds: float = Field(description="How old the checkpoint was when it was restored.")
+
+
 class RunResult(BaseModel):
     run_id: str
     session_id: str
@@ -203,6 +213,13 @@ class RunResult(BaseModel):
         False, description="The kernel was restarted (timeout, death): variables are gone."
     )
     cause: DeathCause | None = Field(None, description="Why the kernel died (status kernel_died).")
+    restored_from: RestoredFrom | None = Field(
+        None, description="Before this run, a fresh kernel was restored from this checkpoint.")
+    restored_variables: list[str] = Field(default_factory=list, description="Names the restore brought back.")
+    lost_variables: list[str] = Field(
+        default_factory=list, description="Names of the checkpoint that did not come back (or were never saved).")
+    restore_error: str | None = Field(
+        None, description="A restore was tried and failed (damaged or missing checkpoint): the kernel started empty.")
     tool_calls: list[ToolCall] = Field(default_factory=list, description="Host tools the code called.")
     tool_calls_truncated: bool = Field(False, description="More calls were made than are listed.")
     artifacts: list[Artifact] = Field(default_factory=list, description="Files and outputs kept.")
@@ -247,3 +264,27 @@ class Health(BaseModel):
 
 class ToolList(BaseModel):
     tools: list[ToolInfo]
+
+
+# -- checkpoints -----------------------------------------------------------------------------------
+class SkippedVariable(BaseModel):
+    name: str
+    reason: str = Field(description="Why it was not saved (open file, socket, generator, size cap...).")
+
+
+class CheckpointInfo(BaseModel):
+    """Answer of ``POST /v1/sessions/{id}/checkpoint`` (and one entry of the list)."""
+
+    checkpoint_id: str
+    session_id: str
+    saved: list[str] = Field(description="Variables saved (modules by name, re-imported on restore).")
+    skipped: list[SkippedVariable] = Field(default_factory=list)
+    bytes: int = Field(description="Size of the saved variables plus the workspace archive.")
+    workspace_files: int = Field(0, description="Workspace files in the checkpoint.")
+    duration_ms: float = 0.0
+    created_at: datetime
+    auto: bool = Field(False, description="Taken automatically (after a run, or when hibernating).")
+
+
+class CheckpointList(BaseModel):
+    checkpoints: list[CheckpointInfo]

@@ -453,8 +453,11 @@ routes: list[tuple[str, type[web.RequestHandler]]] = [
 def all_routes() -> list[tuple[str, type[web.RequestHandler]]]:
     """(URL pattern, handler) of every REST route, the console websocket included."""
     from .channels import ChannelsHandler
+    from .checkpoint_handlers import CheckpointHandler, CheckpointsHandler
 
-    return [*routes, (rf"/v1/sessions/({SID})/channels", ChannelsHandler)]
+    return [*routes, (rf"/v1/sessions/({SID})/channels", ChannelsHandler),
+            (rf"/v1/sessions/({SID})/checkpoint", CheckpointHandler),
+            (rf"/v1/sessions/({SID})/checkpoints", CheckpointsHandler)]
 
 
 def route_table(services: Services) -> list[tuple[str, type[web.RequestHandler], dict[str, Any]]]:

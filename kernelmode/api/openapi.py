@@ -14,6 +14,8 @@ from .. import __version__
 from ..models import (
     SESSION_ID_PATTERN,
     ArtifactList,
+    CheckpointInfo,
+    CheckpointList,
     ErrorBody,
     ExecuteRequest,
     FileList,
@@ -29,7 +31,7 @@ from ..models import (
 )
 
 _MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health, ToolList,
-           FileList, ArtifactList, UploadResult, RunProgress, OneShotRequest]
+           FileList, ArtifactList, UploadResult, RunProgress, OneShotRequest, CheckpointInfo, CheckpointList]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -78,6 +80,8 @@ _OPERATIONS = {
     ("/v1/artifacts/{key}", "get"): ("downloadArtifact", "artifacts"),
     ("/v1/sessions/{session_id}/notebook", "get"): ("exportNotebook", "sessions"),
     ("/v1/sessions/{session_id}/channels", "get"): ("connectChannels", "console"),
+    ("/v1/sessions/{session_id}/checkpoint", "post"): ("checkpointSession", "sessions"),
+    ("/v1/sessions/{session_id}/checkpoints", "get"): ("listCheckpoints", "sessions"),
 }
 _TAGS = [
     {"name": "sessions", "description": "Stateful sessions: one sandboxed kernel each"},
@@ -209,6 +213,18 @@ def openapi_document() -> dict[str, Any]:
             "parameters": [sid],
             "post": {"summary": "Restart the kernel (variables are lost)",
                      "responses": {"200": _json("SessionInfo", "Restarted"), **_errors(401, 404, 503)}},
+        },
+        "/v1/sessions/{session_id}/checkpoint": {
+            "parameters": [sid],
+            "post": {"summary": "Save the session's variables and workspace files (restored after a kernel's "
+                               "death; fork with POST /v1/sessions {\"from_checkpoint\": ID})",
+                     "responses": {"200": _json("CheckpointInfo", "Saved (skipped names with their reasons)"),
+                                   **_errors(401, 404, 409, 503)}},
+        },
+        "/v1/sessions/{session_id}/checkpoints": {
+            "parameters": [sid],
+            "get": {"summary": "The session's checkpoints, newest first",
+                    "responses": {"200": _json("CheckpointList", "Checkpoints"), **_errors(401, 404)}},
         },
     }
     # Handlers stream their bodies, so no form body is parsed before the token check (nor at all);

@@ -7,6 +7,16 @@ from typing import Protocol
 
 from ..errors import KernelmodeError
 
+# Keys of checkpoints (sessions/checkpoints.py): no session id starts with a dot, and no store
+# hands out a download link under this prefix (``link`` refuses it, the local store's
+# ``verify`` too): what a kernel pickled is never served.
+CHECKPOINT_PREFIX = ".checkpoints/"
+
+
+def linkable(key: str) -> bool:
+    """Whether a download link may be made for ``key``."""
+    return not key.startswith(CHECKPOINT_PREFIX)
+
 
 class StoreError(KernelmodeError):
     """The store could not keep or find an object (outage, refused, missing)."""
@@ -36,3 +46,6 @@ class ArtifactStore(Protocol):
 
     async def list(self, prefix: str) -> list[tuple[str, int]]:
         """(key, size) of the objects under ``prefix``."""
+
+    async def delete(self, key: str) -> None:
+        """Remove the object (no error when it is already gone); StoreError if the store fails."""

@@ -25,7 +25,7 @@ from minio.helpers import DictType
 from urllib3.exceptions import HTTPError, MaxRetryError
 from urllib3.util import Retry, Timeout
 
-from kernelmode.artifacts.base import StoreError
+from kernelmode.artifacts.base import StoreError, linkable
 from kernelmode.config import ArtifactSettings
 
 T = TypeVar("T")
@@ -162,6 +162,9 @@ class S3Store:
 
         return await self._run(f"get {key!r}", fetch)
 
+    async def delete(self, key: str) -> None:
+        await self._run(f"delete {key!r}", lambda: self._client.remove_object(self._bucket, key))
+
     async def link(self, key: str, base_url: str) -> str:
         """A presigned GET URL, absolute, valid for the configured lifetime (``base_url`` is not
         used: the URL points at the S3 endpoint). Stats the object first, which also makes a
@@ -175,6 +178,8 @@ class S3Store:
             return self._client.presigned_get_object(self._bucket, key, expires=self._ttl,
                                                      response_headers=headers)
 
+        if not linkable(key):
+            raise StoreError(f"no download link for {key!r}")
         return await self._run(f"link {key!r}", presign)
 
     async def list(self, prefix: str) -> list[tuple[str, int]]:

@@ -16,6 +16,7 @@ import httpx
 from .. import errors
 from ..models import (
     Artifact,
+    CheckpointInfo,
     Health,
     RunProgress,
     RunResult,
@@ -77,6 +78,21 @@ class AsyncClient(BaseClient):
                              tools: list[str] | None = None) -> AsyncSession:
         """A new session; use it as a context manager to delete it at the end of the block."""
         return AsyncSession(self, await self._send(routes.create_session(session_id, ttl_seconds, limits, tools)))
+
+    async def fork(self, session_id: str | None = None, *, checkpoint_id: str | None = None,
+                   new_session_id: str | None = None, ttl_seconds: int | None = None) -> AsyncSession:
+        """A new session with a copy of ``session_id``'s variables and files (checkpointed now),
+        or of checkpoint ``checkpoint_id``'s; the two are independent afterwards."""
+        return AsyncSession(self, await self._send(routes.create_session(
+            new_session_id, ttl_seconds, None, None, fork_of=session_id, from_checkpoint=checkpoint_id)))
+
+    async def checkpoint(self, session_id: str) -> CheckpointInfo:
+        """Save the session's variables and files now (restored after a kernel's death)."""
+        return await self._send(routes.session_call(routes.CHECKPOINT, session_id, routes.CHECKPOINT_TIMEOUT))
+
+    async def checkpoints(self, session_id: str) -> list[CheckpointInfo]:
+        """The session's checkpoints, newest first."""
+        return (await self._send(routes.session_call(routes.LIST_CHECKPOINTS, session_id))).checkpoints
 
     async def session(self, session_id: str) -> AsyncSession:
         """A handle on an existing session (SessionNotFound if there is none)."""
@@ -252,6 +268,14 @@ class AsyncSession(BaseSession):
     async def restart(self) -> SessionInfo:
         """Restart the kernel: variables are gone, files stay."""
         return await self.client.restart(self.id)
+
+    async def checkpoint(self) -> CheckpointInfo:
+        """Save the variables and files now (restored after a kernel's death, or forked)."""
+        return await self.client.checkpoint(self.id)
+
+    async def checkpoints(self) -> list[CheckpointInfo]:
+        """This session's checkpoints, newest first."""
+        return await self.client.checkpoints(self.id)
 
     async def close(self) -> None:
         """Delete the session (a session already gone is fine)."""

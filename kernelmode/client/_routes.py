@@ -22,6 +22,8 @@ from pydantic import BaseModel
 
 from ..models import (
     ArtifactList,
+    CheckpointInfo,
+    CheckpointList,
     FileList,
     Health,
     LimitsPatch,
@@ -109,10 +111,14 @@ GET_RUN = Route("GET", "/v1/runs/{run_id}", _model(RunProgress), retry_safe=True
 TOOLS = Route("GET", "/v1/tools", _model(ToolList), retry_safe=True)
 HEALTH = Route("GET", "/healthz", _model(Health), retry_safe=True)
 READY = Route("GET", "/readyz", _model(Health), ok=(200, 503))  # 503 is an answer: not ready
+CHECKPOINT = Route("POST", f"{_S}/checkpoint", _model(CheckpointInfo))
+LIST_CHECKPOINTS = Route("GET", f"{_S}/checkpoints", _model(CheckpointList), retry_safe=True)
+CHECKPOINT_TIMEOUT = 900.0  # a checkpoint of a large namespace (sessions.checkpoint.timeout_seconds)
 
 ROUTES: tuple[Route[Any], ...] = (
     CREATE_SESSION, LIST_SESSIONS, GET_SESSION, DELETE_SESSION, EXECUTE, INTERRUPT, RESTART, UPLOAD,
     DOWNLOAD, LIST_FILES, ARTIFACTS, NOTEBOOK, ONE_SHOT, GET_RUN, TOOLS, HEALTH, READY,
+    CHECKPOINT, LIST_CHECKPOINTS,
 )
 
 
@@ -124,10 +130,13 @@ def workspace_path(path: str) -> str:
 # -- the request of each client method ----------------------------------------------------------
 
 def create_session(session_id: str | None, ttl_seconds: int | None, limits: dict[str, int] | None,
-                   tools: list[str] | None) -> Call[SessionInfo]:
+                   tools: list[str] | None, fork_of: str | None = None,
+                   from_checkpoint: str | None = None) -> Call[SessionInfo]:
     body: dict[str, Any] = {"session_id": session_id, "ttl_seconds": ttl_seconds, "tools": tools,
-                            "limits": LimitsPatch(**limits).model_dump(exclude_none=True) if limits else None}
-    return CREATE_SESSION.call(json={k: v for k, v in body.items() if v is not None})
+                            "limits": LimitsPatch(**limits).model_dump(exclude_none=True) if limits else None,
+                            "fork_of": fork_of, "from_checkpoint": from_checkpoint}
+    timeout = CHECKPOINT_TIMEOUT if fork_of or from_checkpoint else None
+    return CREATE_SESSION.call(json={k: v for k, v in body.items() if v is not None}, timeout=timeout)
 
 
 def execute(session_id: str, code: str, timeout_seconds: float | None,

@@ -16,6 +16,7 @@ import httpx
 from .. import errors
 from ..models import (
     Artifact,
+    CheckpointInfo,
     Health,
     RunProgress,
     RunResult,
@@ -76,6 +77,21 @@ class Client(BaseClient):
                        limits: dict[str, int] | None = None, tools: list[str] | None = None) -> Session:
         """A new session; use it as a context manager to delete it at the end of the block."""
         return Session(self, self._send(routes.create_session(session_id, ttl_seconds, limits, tools)))
+
+    def fork(self, session_id: str | None = None, *, checkpoint_id: str | None = None,
+             new_session_id: str | None = None, ttl_seconds: int | None = None) -> Session:
+        """A new session with a copy of ``session_id``'s variables and files (checkpointed now),
+        or of checkpoint ``checkpoint_id``'s; the two are independent afterwards."""
+        return Session(self, self._send(routes.create_session(
+            new_session_id, ttl_seconds, None, None, fork_of=session_id, from_checkpoint=checkpoint_id)))
+
+    def checkpoint(self, session_id: str) -> CheckpointInfo:
+        """Save the session's variables and files now (restored after a kernel's death)."""
+        return self._send(routes.session_call(routes.CHECKPOINT, session_id, routes.CHECKPOINT_TIMEOUT))
+
+    def checkpoints(self, session_id: str) -> list[CheckpointInfo]:
+        """The session's checkpoints, newest first."""
+        return self._send(routes.session_call(routes.LIST_CHECKPOINTS, session_id)).checkpoints
 
     def session(self, session_id: str) -> Session:
         """A handle on an existing session (SessionNotFound if there is none)."""
@@ -243,6 +259,14 @@ class Session(BaseSession):
     def restart(self) -> SessionInfo:
         """Restart the kernel: variables are gone, files stay."""
         return self.client.restart(self.id)
+
+    def checkpoint(self) -> CheckpointInfo:
+        """Save the variables and files now (restored after a kernel's death, or forked)."""
+        return self.client.checkpoint(self.id)
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """This session's checkpoints, newest first."""
+        return self.client.checkpoints(self.id)
 
     def close(self) -> None:
         """Delete the session (a session already gone is fine)."""

@@ -25,6 +25,9 @@ class LiveSession:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # runs in arrival order (FIFO)
     console_cells: int = 0  # cells a console attached to the session has running or queued
     files: dict[str, FileEntry] = field(default_factory=dict)  # workspace as of the last harvest
+    # A run finished since the latest checkpoint: a restore from it may miss what that run made.
+    changed_since_checkpoint: bool = True
+    last_checkpoint: float = 0.0  # monotonic time of the latest checkpoint (automatic ones wait)
 
     @property
     def info(self) -> SessionInfo:

@@ -23,6 +23,7 @@ from ..artifacts.volume import WorkspaceVolumes
 from ..audit import audit
 from ..config import ADMIN_TENANT, Settings
 from ..errors import (
+    InvalidRequest,
     KernelmodeError,
     KernelUnavailable,
     QuotaExceeded,
@@ -34,11 +35,20 @@ from ..errors import (
 from ..gateway.client import KERNEL_DEAD, GatewayClient
 from ..gateway.exchange import KERNEL_STATUS_EVENT, RESTARTED
 from ..metrics import Metrics
-from ..models import Artifact, FileList, RunResult, SessionCreate, SessionInfo, UploadResult
+from ..models import (
+    Artifact,
+    CheckpointInfo,
+    FileList,
+    RunResult,
+    SessionCreate,
+    SessionInfo,
+    UploadResult,
+)
 from ..sandbox import cgroups
 from ..tenants import ADMIN, Principal
 from ..tools.broker import ToolBroker
 from . import recovery
+from .checkpoints import CheckpointFailed, Checkpoints
 from .files import SessionFiles
 from .kernels import Kernels
 from .live import LiveSession, now
@@ -76,6 +86,9 @@ class SessionManager:
         self.runs = self.runner.runs
         self.files = SessionFiles(settings, store, harvester, self._live.get)
         self.reaper = Reaper(settings.sessions.reap_interval_seconds, self.reap_expired)
+        self.checkpoints = Checkpoints(settings, store, harvester.store if harvester else None,
+                                       harvester.scratch if harvester else state_dir)
+        self.runner.before_run = self.checkpoints.before_run
         self.metrics.watch(self._gauges)  # after the rooms: registering reads the gauges once
         # Where each kernel's memory use can be read (its cgroup), if anywhere.
         self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
@@ -227,6 +240,7 @@ class SessionManager:
         sid = req.session_id or uuid.uuid4().hex
         tenant = principal.tenant
         self._check_room(sid, principal)
+        source = await self._fork_source(req, principal)
         self.broker.registry.check_allow_list(req.tools)
         limits = principal.limits(req.limits, self.settings.sandbox)  # 422 above a ceiling
         ttl = req.ttl_seconds or self.settings.sessions.ttl_seconds
@@ -261,6 +275,8 @@ class SessionManager:
         log.info("session %s created (kernel %s, tenant %s)", sid, s.kernel_id, tenant)
         audit("session_created", session_id=sid, tenant=tenant, kernel_id=s.kernel_id,
               from_pool=info.from_pool, sandbox=self.sandbox)
+        if source is not None:
+            await self._start_from(s, source)
         return info
 
     async def delete(self, session_id: str, keep_notebook: bool = True, reason: str = "closed") -> None:
@@ -284,6 +300,7 @@ class SessionManager:
         else:
             await s.kernel.discard()
             self.broker.forget_session(session_id)
+        await self.checkpoints.forget(session_id)
         self.store.delete(session_id)
         self.metrics.sessions_ended.labels(reason, tenant or ADMIN_TENANT).inc()
         log.info("session %s deleted (%s)", session_id, reason)
@@ -392,6 +409,51 @@ class SessionManager:
 
     async def artifact_bytes(self, session_id: str, run_id: str, artifact: Artifact) -> bytes:
         return await self.files.artifact_bytes(session_id, run_id, artifact)
+
+    # -- checkpoints and forks (checkpoints) ----------------------------------------------------------
+    async def checkpoint(self, session_id: str, auto: bool = False) -> CheckpointInfo:
+        """Save the session's variables and files now (after the runs queued before it)."""
+        s = self.live_session(session_id)
+        async with s.lock:
+            if session_id not in self._live:
+                raise SessionNotFound(f"no session {session_id!r}")
+            if s.kernel.state_lost or s.kernel.needs_ready:
+                raise CheckpointFailed(f"session {session_id!r}: its kernel died since the last run; "
+                                       "run code first (the next run restores the latest checkpoint)")
+            return await self.checkpoints.take(s, auto=auto)
+
+    def list_checkpoints(self, session_id: str) -> list[CheckpointInfo]:
+        self.get(session_id)
+        return self.checkpoints.list(session_id)
+
+    async def _fork_source(self, req: SessionCreate, principal: Principal) -> CheckpointInfo | None:
+        """The checkpoint a new session starts from: ``from_checkpoint``, or a fresh one of ``fork_of``."""
+        if req.fork_of is not None and req.from_checkpoint is not None:
+            raise InvalidRequest("give fork_of or from_checkpoint, not both")
+        if req.from_checkpoint is not None:
+            return self.checkpoints.find(req.from_checkpoint, principal)
+        if req.fork_of is not None:
+            self.authorize(principal, req.fork_of)
+            return await self.checkpoint(req.fork_of)
+        return None
+
+    async def _start_from(self, s: LiveSession, source: CheckpointInfo) -> None:
+        """A fork: the source's files, then its variables (a failed restore deletes the new session)."""
+        sid = s.info.session_id
+        try:
+            async with s.lock:
+                await self.checkpoints.seed_workspace(s.workspace_view(), source)
+                restore = await self.checkpoints.restore(s, source)
+                if restore.error is not None:
+                    raise CheckpointFailed(restore.error)
+                s.changed_since_checkpoint = True
+                s.files = await asyncio.to_thread(s.workspace_view().scan)  # not artifacts of its first run
+        except BaseException:
+            with contextlib.suppress(SessionNotFound):
+                await self.delete(sid, keep_notebook=False, reason="fork_failed")
+            raise
+        audit("session_forked", session_id=sid, tenant=s.info.tenant, checkpoint_id=source.checkpoint_id,
+              source=source.session_id)
 
     # -- reaping -----------------------------------------------------------------------------------
     async def reap_expired(self) -> list[str]:

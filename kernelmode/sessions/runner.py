@@ -13,7 +13,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
 
 from ..artifacts.harvester import Harvester
 from ..audit import audit
@@ -27,6 +28,9 @@ from .kernels import Kernel
 from .live import LiveSession
 from .runs import LiveRun, RunRegistry
 from .store import SessionStore
+
+if TYPE_CHECKING:
+    from .checkpoints import Restore
 
 log = logging.getLogger("kernelmode.sessions")
 
@@ -44,6 +48,10 @@ class Runner:
         self.metrics = metrics
         self.live = live
         self.runs = RunRegistry(settings.sessions.run_retention_seconds)
+        # Checkpoints (set by the manager): a restore after a kernel's death, before the run;
+        # after the run, with the session's lock released (an automatic checkpoint).
+        self.before_run: Callable[[LiveSession], Awaitable[Restore | None]] | None = None
+        self.after_run: Callable[[LiveSession, RunResult], None] | None = None
 
     def timeout(self, timeout_seconds: float | None) -> float:
         """The run's timeout (InvalidRequest above the server's maximum)."""
@@ -111,10 +119,15 @@ class Runner:
                     if await k.ensure_ready():
                         self.store.save(s.info, s.kernel_id, s.workspace)
                     await k.install_preamble(k.env.start_timeout)
+                    restore = await self.before_run(s) if self.before_run is not None else None
                     # Recorded as running first: if this server dies now, its successor can say
                     # the run was interrupted.
                     self.store.add_run(run.code, run.snapshot())
                     result = await self._run(k, run, timeout)
+                    if restore is not None:
+                        restore.apply(result)
+                    if result.status != "kernel_died":  # what a dead kernel made died with it
+                        s.changed_since_checkpoint = True
                 finally:
                     k.latch.disarm()
                     s.touch()
@@ -138,6 +151,8 @@ class Runner:
         finally:
             self.runs.finished(run)
         run.result = result
+        if self.after_run is not None:
+            self.after_run(s, result)
         self.metrics.observe_run(result, s.info.tenant or ADMIN_TENANT)
         audit("run", session_id=session_id, tenant=s.info.tenant, run_id=run.run_id, status=result.status,
               duration_ms=result.duration_ms, state_lost=result.state_lost,

@@ -1,0 +1,333 @@
+"""Checkpoints: a session's variables and workspace files, kept in the artifact store, so that a
+session outlives its kernel (restore after death, forks, hibernation).
+
+The variables are serialised INSIDE the kernel (``kernel/snapshot.py``) into one file under the
+workspace's ``.kernelmode-checkpoint/`` folder; the manager moves that file, unread, into the
+store under ``.checkpoints/{id}/`` (a prefix no download link serves) and never unpickles it.
+A restore writes it back there for a fresh kernel, which loads it. The workspace files go in as
+a tar made here from the bounded, link-free workspace walk. Metadata (names, sizes, tenant) is in
+the session store; every lookup checks the tenant (another tenant's id is an unknown one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import stat
+import tarfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ..artifacts.base import CHECKPOINT_PREFIX, ArtifactStore, StoreError
+from ..artifacts.workspace import CHECKPOINT_DIR, FileNotFound, Workspace, clean_path
+from ..audit import audit
+from ..config import ADMIN_TENANT, Settings
+from ..errors import Conflict, KernelmodeError, KernelUnavailable, NotFound
+from ..gateway.exchange import ExecuteExchange
+from ..gateway.execution import OutputCollector
+from ..kernel.snapshot import MIME, snapshot_code
+from ..models import CheckpointInfo, RestoredFrom, RunResult, SkippedVariable
+from ..sandbox.spec import WORKSPACE_MOUNT
+from ..tenants import ADMIN, Principal
+from .kernels import Kernel
+from .live import LiveSession, now
+from .store import SessionStore
+
+log = logging.getLogger("kernelmode.sessions")
+
+_INDEX_SLACK = 16 * 1024 * 1024  # the snapshot's index and headers, on top of max_bytes
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class CheckpointNotFound(NotFound):
+    code = "checkpoint_not_found"
+
+
+class CheckpointFailed(Conflict):
+    """Nothing was saved (the kernel is busy or dead, the store failed, the file is too large)."""
+
+    code = "checkpoint_failed"
+
+
+def namespace_key(checkpoint_id: str) -> str:
+    return f"{CHECKPOINT_PREFIX}{checkpoint_id}/namespace.kmck"
+
+
+def workspace_key(checkpoint_id: str) -> str:
+    return f"{CHECKPOINT_PREFIX}{checkpoint_id}/workspace.tar"
+
+
+@dataclass
+class Restore:
+    """What a restore before a run brought back; written onto that run's result."""
+
+    checkpoint: CheckpointInfo
+    restored: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    error: str | None = None
+    complete: bool = False  # all the session had: nothing lost, no run after the checkpoint
+
+    def apply(self, result: RunResult) -> None:
+        result.restored_variables = self.restored
+        result.lost_variables = self.lost
+        if self.error is not None:
+            result.restore_error = self.error
+            result.state_lost = True
+            return
+        age = (now() - self.checkpoint.created_at).total_seconds()
+        result.restored_from = RestoredFrom(checkpoint_id=self.checkpoint.checkpoint_id, age_seconds=round(age, 3))
+        if not self.complete:
+            result.state_lost = True
+
+
+class Checkpoints:
+    """Takes, lists, restores and forgets checkpoints (``artifacts``: None without a store)."""
+
+    def __init__(self, settings: Settings, store: SessionStore, artifacts: ArtifactStore | None,
+                 scratch: Path) -> None:
+        self.settings = settings
+        self.cfg = settings.sessions.checkpoint
+        self.store = store
+        self.artifacts = artifacts
+        self.scratch = scratch
+
+    def _need_store(self) -> ArtifactStore:
+        if self.artifacts is None:
+            raise CheckpointFailed("checkpoints need an artifact store, and this server has none")
+        return self.artifacts
+
+    # -- lookups (tenant-checked) ------------------------------------------------------------------
+    def find(self, checkpoint_id: str, principal: Principal = ADMIN) -> CheckpointInfo:
+        """The checkpoint, if ``principal``'s tenant owns it (else: unknown, like a wrong id)."""
+        found = self.store.checkpoint(checkpoint_id)
+        if found is None or not principal.may_see(found[1]):
+            raise CheckpointNotFound(f"no checkpoint {checkpoint_id!r}")
+        return found[0]
+
+    def list(self, session_id: str) -> list[CheckpointInfo]:
+        return self.store.checkpoints(session_id)
+
+    # -- take ---------------------------------------------------------------------------------------
+    async def take(self, s: LiveSession, auto: bool = False) -> CheckpointInfo:
+        """Save the session's variables and files (the caller holds the session's lock)."""
+        artifacts = self._need_store()
+        k = s.kernel
+        if not k.ready:
+            raise CheckpointFailed(f"session {s.info.session_id!r} has no running kernel to checkpoint "
+                                   f"(status {s.info.status}); run code first")
+        started = time.monotonic()
+        cid = uuid.uuid4().hex
+        rel = PurePosixPath(CHECKPOINT_DIR, f"{cid}.kmck")
+        answer = await self._call(k, {"op": "save", "path": f"{WORKSPACE_MOUNT}/{rel}",
+                                      "max_bytes": self.cfg.max_bytes})
+        if "error" in answer:
+            raise CheckpointFailed(f"the kernel could not write its checkpoint: {answer['error']}")
+        ws = s.workspace_view()
+        blob = self.scratch / f"checkpoint-{cid}.kmck"
+        tar = self.scratch / f"checkpoint-{cid}.tar"
+        try:
+            size = await asyncio.to_thread(_move_out, ws, rel, blob, self.cfg.max_bytes + _INDEX_SLACK)
+            files, tar_size = await asyncio.to_thread(_archive, ws, tar)
+            await artifacts.put_file(namespace_key(cid), blob, "application/octet-stream")
+            if files:
+                await artifacts.put_file(workspace_key(cid), tar, "application/x-tar")
+        except StoreError as e:
+            raise CheckpointFailed(f"the checkpoint could not be stored: {e}") from e
+        finally:
+            blob.unlink(missing_ok=True)
+            tar.unlink(missing_ok=True)
+        info = CheckpointInfo(
+            checkpoint_id=cid, session_id=s.info.session_id, saved=list(answer.get("saved", [])),
+            skipped=[SkippedVariable.model_validate(x) for x in answer.get("skipped", [])],
+            bytes=size + tar_size, workspace_files=files, created_at=now(), auto=auto,
+            duration_ms=round((time.monotonic() - started) * 1000, 3))
+        self.store.add_checkpoint(info, s.info.tenant or ADMIN_TENANT)
+        s.changed_since_checkpoint = False
+        await self._prune(s.info.session_id)
+        audit("checkpoint", session_id=s.info.session_id, tenant=s.info.tenant, checkpoint_id=cid,
+              bytes=info.bytes, saved=len(info.saved), skipped=len(info.skipped), auto=auto)
+        return info
+
+    # -- restore ------------------------------------------------------------------------------------
+    async def before_run(self, s: LiveSession) -> Restore | None:
+        """After the kernel died (and was restarted or replaced): load the latest checkpoint into
+        the fresh kernel before the next run. None when there is nothing to restore."""
+        k = s.kernel
+        if not k.restore_pending:
+            return None
+        k.restore_pending = False
+        latest = self.store.checkpoints(s.info.session_id)
+        if not latest or self.artifacts is None:
+            return None
+        restore = await self.restore(s, latest[0])
+        if restore.complete:
+            k.take_state_lost()  # all is back: the run's result need not say variables are gone
+        return restore
+
+    async def restore(self, s: LiveSession, info: CheckpointInfo) -> Restore:
+        """Load ``info``'s variables into the session's (fresh, ready) kernel. A damaged or
+        missing checkpoint is a Restore with ``error`` (and the kernel is left empty)."""
+        out = Restore(checkpoint=info)
+        skipped = [x.name for x in info.skipped]
+        try:
+            data = await self._need_store().get(namespace_key(info.checkpoint_id))
+            rel = PurePosixPath(CHECKPOINT_DIR, f"restore-{info.checkpoint_id}.kmck")
+            await asyncio.to_thread(s.workspace_view().write, rel, data, True)
+            del data
+            answer = await self._call(s.kernel, {"op": "load", "path": f"{WORKSPACE_MOUNT}/{rel}"})
+        except (KernelmodeError, StoreError) as e:
+            answer = {"error": str(e)}
+        if "error" in answer:
+            out.error = f"checkpoint {info.checkpoint_id} could not be restored: {answer['error']}"
+            out.lost = info.saved + skipped
+            log.warning("session %s: %s", s.info.session_id, out.error)
+        else:
+            out.restored = list(answer.get("restored", []))
+            lost_now = [x["name"] for x in answer.get("lost", [])]
+            out.lost = skipped + lost_now
+            out.complete = not out.lost and not s.changed_since_checkpoint
+        audit("checkpoint_restored", session_id=s.info.session_id, tenant=s.info.tenant,
+              checkpoint_id=info.checkpoint_id, restored=len(out.restored), lost=len(out.lost),
+              error=out.error)
+        return out
+
+    async def seed_workspace(self, ws: Workspace, info: CheckpointInfo) -> None:
+        """Fill a new session's workspace with the checkpoint's files (a fork)."""
+        if not info.workspace_files:
+            return
+        try:
+            data = await self._need_store().get(workspace_key(info.checkpoint_id))
+        except StoreError as e:
+            raise CheckpointFailed(f"the files of checkpoint {info.checkpoint_id} could not be read: {e}") from e
+        tmp = self.scratch / f"seed-{uuid.uuid4().hex}.tar"
+        try:
+            await asyncio.to_thread(tmp.write_bytes, data)
+            del data
+            await asyncio.to_thread(_unpack, tmp, ws)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    # -- forgetting ---------------------------------------------------------------------------------
+    async def forget(self, session_id: str) -> None:
+        """Remove every checkpoint of the session (it is deleted)."""
+        for info in self.store.checkpoints(session_id):
+            await self._remove(info.checkpoint_id)
+
+    async def _prune(self, session_id: str) -> None:
+        for info in self.store.checkpoints(session_id)[self.cfg.keep:]:
+            await self._remove(info.checkpoint_id)
+
+    async def _remove(self, checkpoint_id: str) -> None:
+        self.store.delete_checkpoint(checkpoint_id)
+        if self.artifacts is None:
+            return
+        for key in (namespace_key(checkpoint_id), workspace_key(checkpoint_id)):
+            try:
+                await self.artifacts.delete(key)
+            except StoreError as e:  # the record is gone; a leftover object is only space
+                log.warning("checkpoint %s: %s", checkpoint_id, e)
+
+    # -- the kernel side ----------------------------------------------------------------------------
+    async def _call(self, k: Kernel, request: dict[str, Any]) -> dict[str, Any]:
+        """Run the snapshot module in the kernel (silently) and read its one answer."""
+        if k.conn is None or not k.conn.is_open:
+            raise KernelUnavailable(f"session {k.info.session_id!r}: the kernel is not connected")
+        collector = OutputCollector(1024 * 1024, max_display_bytes=4 * 1024 * 1024)
+        exchange = ExecuteExchange(collector, on_input=lambda msg: k.answer_input("checkpoint", msg, []))
+        await exchange.send(k.conn, snapshot_code(request), silent=True)
+        loop = asyncio.get_running_loop()
+        try:
+            outcome = await exchange.collect(loop.time() + self.cfg.timeout_seconds)
+            if outcome == "timeout":
+                with contextlib.suppress(KernelmodeError):
+                    await k.interrupt()
+                    await exchange.collect(loop.time() + self.settings.sessions.interrupt_grace_seconds)
+                raise CheckpointFailed(f"took longer than {self.cfg.timeout_seconds:g} s and was interrupted")
+            if outcome != "done":
+                k.died_under_run()
+                raise KernelUnavailable(f"the kernel died during the {request['op']} ({outcome})")
+        finally:
+            exchange.close()
+        for output in collector.outputs:
+            answer = output.get("data", {}).get(MIME)
+            if isinstance(answer, dict):
+                return answer
+        detail = f"{collector.error.ename}: {collector.error.evalue}" if collector.error else "no answer"
+        return {"error": detail}
+
+
+# -- host-side file work (in threads; never following a link the kernel planted) -------------------
+def _move_out(ws: Workspace, rel: PurePosixPath, dest: Path, cap: int) -> int:
+    """Copy the kernel's checkpoint file out of the workspace (at most ``cap`` bytes), then
+    remove it there; its size."""
+    try:
+        fd, st = ws.open_file(rel)
+    except FileNotFound as e:
+        raise CheckpointFailed("the kernel's checkpoint file is missing (removed by the code?)") from e
+    try:
+        if st.st_size > cap:
+            raise CheckpointFailed(f"the checkpoint file is larger than the cap of {cap} bytes")
+        with os.fdopen(os.dup(fd), "rb") as src, open(dest, "wb") as out:
+            copied = 0
+            while chunk := src.read(min(1 << 22, cap + 1 - copied)):
+                copied += len(chunk)
+                if copied > cap:
+                    raise CheckpointFailed(f"the checkpoint file grew past the cap of {cap} bytes")
+                out.write(chunk)
+    finally:
+        os.close(fd)
+        _unlink(ws, rel)
+    return copied
+
+
+def _unlink(ws: Workspace, rel: PurePosixPath) -> None:
+    with contextlib.suppress(OSError):
+        top = os.open(ws.root, _DIR_FLAGS)
+        try:
+            d = os.open(rel.parts[0], _DIR_FLAGS, dir_fd=top)
+            try:
+                os.unlink(rel.name, dir_fd=d)
+            finally:
+                os.close(d)
+        finally:
+            os.close(top)
+
+
+def _archive(ws: Workspace, dest: Path) -> tuple[int, int]:
+    """Tar the workspace's regular files (the bounded walk's); (files, bytes of the tar)."""
+    listing = ws.scan()
+    if not listing:
+        return 0, 0
+    count = 0
+    with tarfile.open(dest, "w") as tar:
+        for rel in sorted(listing):
+            try:
+                fd, st = ws.open_file(PurePosixPath(rel))
+            except FileNotFound:
+                continue  # gone since the walk
+            with os.fdopen(fd, "rb") as f:
+                member = tarfile.TarInfo(rel)
+                member.size, member.mtime, member.mode = st.st_size, int(st.st_mtime), 0o600
+                tar.addfile(member, f)
+                count += 1
+    return count, dest.stat().st_size
+
+
+def _unpack(src: Path, ws: Workspace) -> None:
+    """Write a checkpoint's files into a workspace: regular files only, each path cleaned."""
+    with tarfile.open(src, "r") as tar:
+        for member in tar:
+            if not member.isreg() or not stat.S_ISREG(member.mode | stat.S_IFREG):
+                continue
+            try:
+                rel = clean_path(member.name)
+            except KernelmodeError:
+                continue
+            f = tar.extractfile(member)
+            if f is not None:
+                ws.write(rel, iter(lambda f=f: f.read(1 << 20), b""), overwrite=True)  # type: ignore[misc]

@@ -32,6 +32,7 @@ from ..errors import (
 from ..models import (
     SESSION_ID_PATTERN,
     ArtifactList,
+    CheckpointList,
     ExecuteRequest,
     Health,
     OneShotRequest,
@@ -283,6 +284,16 @@ class RestartHandler(BaseHandler):
         self.send(await self.services.sessions.restart(self.own(session_id)))
 
 
+class CheckpointHandler(BaseHandler):
+    async def post(self, session_id: str) -> None:
+        self.send(await self.services.sessions.checkpoint(self.own(session_id)))
+
+
+class CheckpointsHandler(BaseHandler):
+    async def get(self, session_id: str) -> None:
+        self.send(CheckpointList(checkpoints=self.services.sessions.list_checkpoints(self.own(session_id))))
+
+
 class MetricsHandler(BaseHandler):
     """Prometheus text format; behind the token like the rest (scrape with a bearer token)."""
 
@@ -445,6 +456,8 @@ routes: list[tuple[str, type[web.RequestHandler]]] = [
     (rf"/v1/sessions/({SID})/files/(.+)", FileHandler),
     (rf"/v1/sessions/({SID})/artifacts", ArtifactsHandler),
     (rf"/v1/sessions/({SID})/notebook", NotebookHandler),
+    (rf"/v1/sessions/({SID})/checkpoint", CheckpointHandler),
+    (rf"/v1/sessions/({SID})/checkpoints", CheckpointsHandler),
     (r"/v1/runs/([0-9a-f]{32})", RunHandler),
     (r"/v1/artifacts/(.+)", PublicArtifactHandler),
 ]
@@ -453,11 +466,8 @@ routes: list[tuple[str, type[web.RequestHandler]]] = [
 def all_routes() -> list[tuple[str, type[web.RequestHandler]]]:
     """(URL pattern, handler) of every REST route, the console websocket included."""
     from .channels import ChannelsHandler
-    from .checkpoint_handlers import CheckpointHandler, CheckpointsHandler
 
-    return [*routes, (rf"/v1/sessions/({SID})/channels", ChannelsHandler),
-            (rf"/v1/sessions/({SID})/checkpoint", CheckpointHandler),
-            (rf"/v1/sessions/({SID})/checkpoints", CheckpointsHandler)]
+    return [*routes, (rf"/v1/sessions/({SID})/channels", ChannelsHandler)]
 
 
 def route_table(services: Services) -> list[tuple[str, type[web.RequestHandler], dict[str, Any]]]:

@@ -75,6 +75,8 @@ _NOW = datetime(2026, 1, 1, tzinfo=timezone.utc).isoformat()
 _INFO = {"session_id": SID, "status": "idle", "created_at": _NOW, "last_activity": _NOW,
          "ttl_seconds": 60, "limits": Limits().model_dump(), "sandbox": "none"}
 _RUN = {"run_id": RID, "session_id": SID, "status": "ok", "stdout": "hi\n"}
+_CKPT = {"checkpoint_id": "c" * 32, "session_id": SID, "saved": ["x"], "skipped": [], "bytes": 10,
+         "created_at": _NOW}
 _ANSWERS: dict[_routes.Route[Any], tuple[int, Any]] = {
     _routes.CREATE_SESSION: (201, _INFO),
     _routes.LIST_SESSIONS: (200, {"sessions": [_INFO]}),
@@ -94,6 +96,8 @@ _ANSWERS: dict[_routes.Route[Any], tuple[int, Any]] = {
     _routes.TOOLS: (200, {"tools": []}),
     _routes.HEALTH: (200, {"status": "ok"}),
     _routes.READY: (503, {"status": "unavailable"}),
+    _routes.CHECKPOINT: (200, _CKPT),
+    _routes.LIST_CHECKPOINTS: (200, {"checkpoints": [_CKPT]}),
 }
 
 
@@ -141,6 +145,10 @@ CLIENT_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("tools", (), {}),
     ("health", (), {}),
     ("ready", (), {}),
+    ("checkpoint", (SID,), {}),
+    ("checkpoints", (SID,), {}),
+    ("fork", (SID,), {"new_session_id": "f-1", "ttl_seconds": 60}),
+    ("fork", (), {"checkpoint_id": "c" * 32}),
 ]
 SESSION_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("run", ("x = 1",), {"timeout_seconds": 3}),
@@ -152,6 +160,8 @@ SESSION_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("artifacts", (), {}),
     ("interrupt", (), {}),
     ("restart", (), {}),
+    ("checkpoint", (), {}),
+    ("checkpoints", (), {}),
     ("close", (), {}),
 ]
 

@@ -196,6 +196,17 @@ class Checkpoints:
               error=out.error)
         return out
 
+    async def start_from(self, s: LiveSession, source: CheckpointInfo) -> None:
+        """A new session (a fork) takes the checkpoint's files and variables; CheckpointFailed
+        if they do not come back."""
+        async with s.lock:
+            await self.seed_workspace(s.workspace_view(), source)
+            restore = await self.restore(s, source)
+            if restore.error is not None:
+                raise CheckpointFailed(restore.error)
+            s.changed_since_checkpoint = True
+            s.files = await asyncio.to_thread(s.workspace_view().scan)  # not artifacts of its first run
+
     async def seed_workspace(self, ws: Workspace, info: CheckpointInfo) -> None:
         """Fill a new session's workspace with the checkpoint's files (a fork)."""
         if not info.workspace_files:

@@ -50,6 +50,7 @@ from ..tools.broker import ToolBroker
 from . import recovery
 from .checkpoints import CheckpointFailed, Checkpoints
 from .files import SessionFiles
+from .hibernation import Hibernation
 from .kernels import Kernels
 from .live import LiveSession, now
 from .pool import WarmPool
@@ -89,6 +90,7 @@ class SessionManager:
         self.checkpoints = Checkpoints(settings, store, harvester.store if harvester else None,
                                        harvester.scratch if harvester else state_dir)
         self.runner.before_run = self.checkpoints.before_run
+        self.hibernation = Hibernation(settings, store, self.checkpoints, self.kernels, self._live)
         self.metrics.watch(self._gauges)  # after the rooms: registering reads the gauges once
         # Where each kernel's memory use can be read (its cgroup), if anywhere.
         self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
@@ -133,7 +135,8 @@ class SessionManager:
         # of live sessions keep running (a successor may adopt them); only pool kernels go.
         await asyncio.gather(*(s.conn.close() for s in self._live.values() if s.conn),
                              self.pool.stop(), return_exceptions=True)
-        await asyncio.to_thread(self.volumes.sweep, {s.workspace for s in self._live.values()})
+        hibernated = {w for i in self.store.hibernated() if (w := self.store.workspace(i.session_id))}
+        await asyncio.to_thread(self.volumes.sweep, {s.workspace for s in self._live.values()} | hibernated)
         self._live.clear()
 
     async def _shut_down(self, kernel_ids: set[str] | frozenset[str]) -> None:
@@ -164,7 +167,8 @@ class SessionManager:
     # -- queries -----------------------------------------------------------------------------------
     def _gauges(self) -> tuple[dict[str, int], int, int]:
         by_status: dict[str, int] = dict(Tally(str(s.info.status) for s in self._live.values()))
-        by_status["lost"] = sum(1 for i in self.store.all() if i.status == "lost")
+        stored = Tally(i.status for i in self.store.all())
+        by_status["lost"], by_status["hibernated"] = stored["lost"], stored["hibernated"]
         return by_status, self.pool.ready, self.pool.size
 
     def _with_usage(self, s: LiveSession) -> SessionInfo:
@@ -205,6 +209,9 @@ class SessionManager:
             info = self.store.get(session_id)
             if info is None:
                 raise SessionNotFound(f"no session {session_id!r}")
+            if info.status == "hibernated":
+                self._check_capacity(info.tenant)
+                return self.hibernation.wake(info)  # its next run starts a kernel and restores
             raise KernelUnavailable(
                 f"session {session_id!r} is {info.status}: its kernel is gone (the server restarted); "
                 "delete it and create a new one"
@@ -222,12 +229,15 @@ class SessionManager:
         if (sid in self._live or sid in self._creating or self.store.get(sid) is not None
                 or owner not in (None, tenant)):  # a closed session's records stay its tenant's
             raise SessionExists(f"session {sid!r} already exists")
+        self._check_capacity(tenant, principal.max_sessions)
+
+    def _check_capacity(self, tenant: str | None, cap: int | None = None) -> None:
+        """Room for one more live session (the server's cap, and the tenant's ``cap``)."""
         if self.live_count >= self.settings.sessions.max_sessions:
             raise TooManySessions(
                 f"the server holds its maximum of {self.settings.sessions.max_sessions} sessions; "
                 "delete one or wait for idle sessions to expire"
             )
-        cap = principal.max_sessions
         if cap is not None:
             held = (sum(1 for s in self._live.values() if s.info.tenant == tenant)
                     + sum(1 for t in self._creating.values() if t == tenant))
@@ -361,6 +371,8 @@ class SessionManager:
     # -- interrupt / restart -----------------------------------------------------------------------
     async def interrupt(self, session_id: str) -> SessionInfo:
         s = self.live_session(session_id)
+        if s.kernel.state == KERNEL_DEAD:  # nothing runs (woken from hibernation, or crashed)
+            return s.info
         if s.kernel.latch.request(console_busy=s.console_cells > 0):
             await s.kernel.interrupt()
         return s.info
@@ -414,6 +426,8 @@ class SessionManager:
     async def checkpoint(self, session_id: str, auto: bool = False) -> CheckpointInfo:
         """Save the session's variables and files now (after the runs queued before it)."""
         s = self.live_session(session_id)
+        if s.kernel.restore_pending:  # woken from hibernation: its kernel and state first
+            s = await self.resume(session_id)
         async with s.lock:
             if session_id not in self._live:
                 raise SessionNotFound(f"no session {session_id!r}")
@@ -441,13 +455,7 @@ class SessionManager:
         """A fork: the source's files, then its variables (a failed restore deletes the new session)."""
         sid = s.info.session_id
         try:
-            async with s.lock:
-                await self.checkpoints.seed_workspace(s.workspace_view(), source)
-                restore = await self.checkpoints.restore(s, source)
-                if restore.error is not None:
-                    raise CheckpointFailed(restore.error)
-                s.changed_since_checkpoint = True
-                s.files = await asyncio.to_thread(s.workspace_view().scan)  # not artifacts of its first run
+            await self.checkpoints.start_from(s, source)
         except BaseException:
             with contextlib.suppress(SessionNotFound):
                 await self.delete(sid, keep_notebook=False, reason="fork_failed")
@@ -456,7 +464,28 @@ class SessionManager:
               source=source.session_id)
 
     # -- reaping -----------------------------------------------------------------------------------
+    async def resume(self, session_id: str) -> LiveSession:
+        """The live session with its kernel running: a woken or dead one is started and restored
+        now (a console attaches to a kernel, not to a plan for one)."""
+        s = self.live_session(session_id)
+        if s.kernel.ready and not s.kernel.restore_pending:
+            return s
+        async with s.lock:
+            if await s.kernel.ensure_ready():
+                self.store.save(s.info, s.kernel_id, s.workspace)
+            await s.kernel.install_preamble(self.kernels.start_timeout)
+            await self.checkpoints.before_run(s)
+        return s
+
     async def reap_expired(self) -> list[str]:
+        if self.hibernation.on:
+            t = now()
+            slept = [sid for sid in self.hibernation.due(t) if await self.hibernation.hibernate(self._live[sid])]
+            for sid in self.hibernation.expired(t):
+                log.info("hibernated session %s expired", sid)
+                with contextlib.suppress(SessionNotFound):
+                    await self.delete(sid, reason="expired")
+            return slept
         gone = expired(self._live, now())
         for sid in gone:
             log.info("session %s expired after %d s idle", sid, self._live[sid].info.ttl_seconds)

@@ -136,11 +136,16 @@ class SessionStore:
         """Sessions of a previous `serve` whose kernels are gone (all but those in ``keep``,
         whose kernels were adopted)."""
         n = 0
-        for info in self.all():
-            if info.status != "lost" and info.session_id not in keep:
+        for info in self.all():  # a hibernated session has no kernel to lose: it wakes as ever
+            if info.status not in ("lost", "hibernated") and info.session_id not in keep:
                 self.mark_lost(info)
                 n += 1
         return n
+
+    def hibernated(self) -> list[SessionInfo]:
+        rows = self._db.execute(
+            "SELECT info FROM sessions WHERE json_extract(info, '$.status') = 'hibernated'").fetchall()
+        return [SessionInfo.model_validate_json(r[0]) for r in rows]
 
     def add_run(self, code: str, result: RunResult, events: list[dict[str, Any]] | None = None) -> None:
         """``events``: the run's output in arrival order (what a notebook export shows)."""

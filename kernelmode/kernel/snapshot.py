@@ -108,8 +108,27 @@ class _Writer:
         return offset, view.nbytes, zlib.crc32(view)
 
 
+_last: list[Any] = [None]  # the fingerprint of the namespace at the latest save
+
+
+def fingerprint(ns: dict[str, Any], hidden: Any = ()) -> list[Any]:
+    """What "the namespace changed" means for automatic checkpoints, cheap to compute: each
+    name's object identity, type and size (len, or nbytes). An edit in place that keeps all
+    three (``df.iloc[0, 0] = 1``) is not seen."""
+    out = []
+    for name in candidates(ns, hidden):
+        value = ns[name]
+        try:
+            size = int(getattr(value, "nbytes", None) or len(value))
+        except Exception:  # noqa: BLE001 - no size: identity and type only
+            size = -1
+        out.append((name, id(value), type(value).__qualname__, size))
+    return out
+
+
 def save(ns: dict[str, Any], path: str, max_bytes: int, hidden: Any = ()) -> dict[str, Any]:
     """Write the namespace's variables to ``path``; what was saved and skipped (with reasons)."""
+    mark = fingerprint(ns, hidden)
     saved: list[str] = []
     skipped: list[dict[str, str]] = []
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -123,6 +142,7 @@ def save(ns: dict[str, Any], path: str, max_bytes: int, hidden: Any = ()) -> dic
             pass
         raise
     os.replace(tmp, path)
+    _last[0] = mark
     return {"saved": saved, "skipped": skipped, "bytes": total}
 
 
@@ -247,8 +267,11 @@ def main(ip: Any, request_json: str) -> None:
     "path", "max_bytes"}``. The answer goes back as one display message of type MIME, never
     as text in stdout."""
     request = json.loads(request_json)
+    answer: dict[str, Any]
     try:
-        if request["op"] == "save":
+        if request["op"] == "save" and request.get("if_changed") and fingerprint(ip.user_ns, ip.user_ns_hidden) == _last[0]:
+            answer = {"unchanged": True}
+        elif request["op"] == "save":
             answer = save(ip.user_ns, request["path"], int(request["max_bytes"]), ip.user_ns_hidden)
         else:
             try:

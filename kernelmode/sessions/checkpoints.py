@@ -115,6 +115,13 @@ class Checkpoints:
     # -- take ---------------------------------------------------------------------------------------
     async def take(self, s: LiveSession, auto: bool = False) -> CheckpointInfo:
         """Save the session's variables and files (the caller holds the session's lock)."""
+        info = await self.take_if_changed(s, auto, if_changed=False)
+        assert info is not None
+        return info
+
+    async def take_if_changed(self, s: LiveSession, auto: bool = True, if_changed: bool = True) -> CheckpointInfo | None:
+        """``take``, or None when the namespace is as at this kernel's latest checkpoint (then
+        that one stands)."""
         artifacts = self._need_store()
         k = s.kernel
         if not k.ready:
@@ -124,7 +131,11 @@ class Checkpoints:
         cid = uuid.uuid4().hex
         rel = PurePosixPath(CHECKPOINT_DIR, f"{cid}.kmck")
         answer = await self._call(k, {"op": "save", "path": f"{WORKSPACE_MOUNT}/{rel}",
-                                      "max_bytes": self.cfg.max_bytes})
+                                      "max_bytes": self.cfg.max_bytes, "if_changed": if_changed})
+        s.last_checkpoint = time.monotonic()
+        if answer.get("unchanged"):
+            s.changed_since_checkpoint = False
+            return None
         if "error" in answer:
             raise CheckpointFailed(f"the kernel could not write its checkpoint: {answer['error']}")
         ws = s.workspace_view()
@@ -152,6 +163,26 @@ class Checkpoints:
         audit("checkpoint", session_id=s.info.session_id, tenant=s.info.tenant, checkpoint_id=cid,
               bytes=info.bytes, saved=len(info.saved), skipped=len(info.skipped), auto=auto)
         return info
+
+    # -- automatic ---------------------------------------------------------------------------------
+    def after_run(self, s: LiveSession, result: RunResult) -> None:
+        """After a successful run (its answer is on its way): a checkpoint in the background when
+        ``auto`` is on, the run changed something and the last one is old enough."""
+        if (not self.cfg.auto or self.artifacts is None or result.status != "ok" or not s.changed_since_checkpoint
+                or s.auto_checkpoint is not None
+                or time.monotonic() - s.last_checkpoint < self.cfg.min_interval_seconds):
+            return
+        s.auto_checkpoint = asyncio.create_task(self._auto(s), name=f"checkpoint-{s.info.session_id}")
+
+    async def _auto(self, s: LiveSession) -> None:
+        try:
+            async with s.lock:  # after this run; the session's next run waits for it
+                if s.kernel.ready and not s.kernel.state_lost and s.changed_since_checkpoint and not s.kernel.closed:
+                    await self.take_if_changed(s)
+        except KernelmodeError as e:
+            log.warning("session %s: automatic checkpoint failed: %s", s.info.session_id, e)
+        finally:
+            s.auto_checkpoint = None
 
     # -- restore ------------------------------------------------------------------------------------
     async def before_run(self, s: LiveSession) -> Restore | None:

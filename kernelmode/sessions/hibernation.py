@@ -66,7 +66,7 @@ class Hibernation:
             k = s.kernel
             if k.ready and not k.restore_pending:
                 try:
-                    await self.checkpoints.take(s, auto=True)
+                    await self.checkpoints.take_if_changed(s)
                 except KernelmodeError as e:
                     log.warning("session %s: not hibernated, its checkpoint failed: %s", sid, e)
                     return False

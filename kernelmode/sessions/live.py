@@ -28,6 +28,7 @@ class LiveSession:
     # A run finished since the latest checkpoint: a restore from it may miss what that run made.
     changed_since_checkpoint: bool = True
     last_checkpoint: float = 0.0  # monotonic time of the latest checkpoint (automatic ones wait)
+    auto_checkpoint: asyncio.Task[None] | None = None  # an automatic checkpoint under way
 
     @property
     def info(self) -> SessionInfo:

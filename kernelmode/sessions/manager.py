@@ -89,7 +89,7 @@ class SessionManager:
         self.reaper = Reaper(settings.sessions.reap_interval_seconds, self.reap_expired)
         self.checkpoints = Checkpoints(settings, store, harvester.store if harvester else None,
                                        harvester.scratch if harvester else state_dir)
-        self.runner.before_run = self.checkpoints.before_run
+        self.runner.before_run, self.runner.after_run = self.checkpoints.before_run, self.checkpoints.after_run
         self.hibernation = Hibernation(settings, store, self.checkpoints, self.kernels, self._live)
         self.metrics.watch(self._gauges)  # after the rooms: registering reads the gauges once
         # Where each kernel's memory use can be read (its cgroup), if anywhere.

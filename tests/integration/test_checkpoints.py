@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 
 from kernelmode.client import Client
-from tests.conftest import Server
+from tests.conftest import Server, start_server
 
 STATE = """
 import numpy as np
@@ -159,3 +160,47 @@ def test_client_checkpoint_and_fork(server: Server, run: Callable[..., dict]) ->
         with km.fork(s.id) as f1, km.fork(checkpoint_id=ck.checkpoint_id) as f2:
             assert f1.execute("n + 1").result == "8"
             assert f2.execute("n * 2").result == "14"
+
+
+@pytest.fixture(scope="module")
+def auto_srv() -> Iterator[Server]:
+    s = start_server({"KERNELMODE_SESSIONS__CHECKPOINT__AUTO": "true",
+                      "KERNELMODE_SESSIONS__CHECKPOINT__MIN_INTERVAL_SECONDS": "0",
+                      "KERNELMODE_SESSIONS__POOL_SIZE": "0"})
+    yield s
+    s.stop()
+
+
+def _checkpoints_when(api: httpx.Client, sid: str, count: int) -> list[dict]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        listed = api.get(f"/v1/sessions/{sid}/checkpoints").json()["checkpoints"]
+        if len(listed) >= count:
+            return listed
+        time.sleep(0.2)
+    raise AssertionError(f"no automatic checkpoint: {listed}")
+
+
+def test_automatic_checkpoints_run_after_the_answer_and_restore(auto_srv: Server) -> None:
+    with auto_srv.client() as api:
+        sid = api.post("/v1/sessions", json={}).json()["session_id"]
+        # Pickling `gate` waits for a file only the test writes once it has the run's answer:
+        # if the answer waited for the checkpoint, this call would never return.
+        r = api.post(f"/v1/sessions/{sid}/execute", json={"code": (
+            "import os, time\nclass Gate:\n    def __reduce__(self):\n"
+            "        while not os.path.exists('/mnt/data/go'):\n            time.sleep(0.05)\n"
+            "        return (int, (7,))\ngate = Gate()\nvalue = 'auto'"), "timeout_seconds": 60})
+        assert r.json()["status"] == "ok"
+        assert api.get(f"/v1/sessions/{sid}/checkpoints").json()["checkpoints"] == []
+        assert api.put(f"/v1/sessions/{sid}/files/go", content=b"").status_code == 201
+        first = _checkpoints_when(api, sid, 1)[0]
+        assert first["auto"] is True and {"gate", "value"} <= set(first["saved"])
+        # A run that changes nothing (a read) makes no new checkpoint; one that does, does.
+        api.post(f"/v1/sessions/{sid}/execute", json={"code": "value.upper()"})
+        api.post(f"/v1/sessions/{sid}/execute", json={"code": "more = [1, 2]"})
+        listed = _checkpoints_when(api, sid, 2)
+        assert len(listed) == 2 and "more" in listed[0]["saved"]
+        api.post(f"/v1/sessions/{sid}/execute", json={"code": "import os\nos._exit(1)", "timeout_seconds": 60})
+        after = api.post(f"/v1/sessions/{sid}/execute", json={"code": "value, more, gate"}).json()
+        assert after["result"] == "('auto', [1, 2], 7)" and after["state_lost"] is False
+        api.delete(f"/v1/sessions/{sid}")

@@ -180,7 +180,10 @@ async def count(km: KmServer, real: int, clones: int) -> dict[str, Any]:
     for sid in sids:
         await _run(km, sid, "data = list(range(1000))")
     deadline = time.monotonic() + 600
-    while any((await km.ctl.json("GET", f"/v1/sessions/{s}"))[1]["status"] != "hibernated" for s in sids):
+    while True:
+        statuses = [(await km.ctl.json("GET", f"/v1/sessions/{s}"))[1]["status"] for s in sids]
+        if all(x == "hibernated" for x in statuses):
+            break
         if time.monotonic() > deadline:
             raise RuntimeError("not all sessions hibernated")
         await asyncio.sleep(0.5)

@@ -90,6 +90,7 @@ class SessionManager:
         self.checkpoints = Checkpoints(settings, store, harvester.store if harvester else None,
                                        harvester.scratch if harvester else state_dir)
         self.runner.before_run, self.runner.after_run = self.checkpoints.before_run, self.checkpoints.after_run
+        self.runner.revive = self.live_session
         self.hibernation = Hibernation(settings, store, self.checkpoints, self.kernels, self._live)
         self.metrics.watch(self._gauges)  # after the rooms: registering reads the gauges once
         # Where each kernel's memory use can be read (its cgroup), if anywhere.
@@ -429,8 +430,8 @@ class SessionManager:
         if s.kernel.restore_pending:  # woken from hibernation: its kernel and state first
             s = await self.resume(session_id)
         async with s.lock:
-            if session_id not in self._live:
-                raise SessionNotFound(f"no session {session_id!r}")
+            if self._live.get(session_id) is not s:  # deleted, or hibernated, while we waited
+                raise CheckpointFailed(f"session {session_id!r} was deleted or hibernated meanwhile")
             if s.kernel.state_lost or s.kernel.needs_ready:
                 raise CheckpointFailed(f"session {session_id!r}: its kernel died since the last run; "
                                        "run code first (the next run restores the latest checkpoint)")

@@ -52,6 +52,7 @@ class Runner:
         # after the run, with the session's lock released (an automatic checkpoint).
         self.before_run: Callable[[LiveSession], Awaitable[Restore | None]] | None = None
         self.after_run: Callable[[LiveSession, RunResult], None] | None = None
+        self.revive: Callable[[str], LiveSession] | None = None  # the live session by id (wakes a hibernated one)
 
     def timeout(self, timeout_seconds: float | None) -> float:
         """The run's timeout (InvalidRequest above the server's maximum)."""
@@ -108,7 +109,8 @@ class Runner:
     async def _execute(self, s: LiveSession, run: LiveRun, timeout: float) -> RunResult:
         session_id = s.info.session_id
         try:
-            async with s.lock:
+            s = await self._locked(s)
+            try:
                 if session_id not in self.live:  # deleted while we waited for the lock
                     raise SessionNotFound(f"no session {session_id!r}")
                 started = time.monotonic()
@@ -143,6 +145,8 @@ class Runner:
                     s.info.execution_count = result.execution_count
                 self.store.add_run(run.code, result, run.collector.events)
                 self.store.save(s.info, s.kernel_id, s.workspace)
+            finally:
+                s.lock.release()
         except Exception as e:
             run.failure = e if isinstance(e, KernelmodeError) else KernelmodeError(
                 f"internal error ({type(e).__name__}); see the server log")
@@ -159,6 +163,17 @@ class Runner:
               cause=result.cause.model_dump() if result.cause else None,
               tool_calls=len(result.tool_calls), artifacts=len(result.artifacts))
         return result
+
+    async def _locked(self, s: LiveSession) -> LiveSession:
+        """Take the session's lock (runs go in arrival order). A session that hibernated while
+        the run waited is woken (``revive``) and its new lock taken: the run goes on there."""
+        sid = s.info.session_id
+        while True:
+            await s.lock.acquire()
+            if self.revive is None or self.live.get(sid) is s:
+                return s
+            s.lock.release()
+            s = self.revive(sid)  # SessionNotFound when it was deleted meanwhile
 
     async def _run(self, k: Kernel, run: LiveRun, timeout: float) -> RunResult:
         assert k.conn is not None

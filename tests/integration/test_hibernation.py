@@ -164,3 +164,31 @@ def test_hibernated_sessions_outlive_a_restart_of_the_server() -> None:
     finally:
         second.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_a_run_sent_while_the_session_hibernates_wakes_it(api: httpx.Client) -> None:
+    # The hibernation's checkpoint is held up (pickling `gate` waits for a file) while a run is
+    # sent: that run waits, then finds the session asleep, wakes it and runs there.
+    r = api.post("/v1/sessions", json={})
+    sid = r.json()["session_id"]
+    api.post(f"/v1/sessions/{sid}/execute", json={"code": (
+        "import os, time\nclass Gate:\n    def __reduce__(self):\n"
+        "        open('/mnt/data/started', 'w').close()\n"
+        "        while not os.path.exists('/mnt/data/go'):\n            time.sleep(0.05)\n"
+        "        return (int, (5,))\ngate = Gate()")})
+    deadline = time.monotonic() + 120
+    while not any(f["path"] == "/mnt/data/started" for f in api.get(f"/v1/sessions/{sid}/files").json()["files"]):
+        assert time.monotonic() < deadline, "the hibernation never began"
+        time.sleep(0.2)
+    queued = api.post(f"/v1/sessions/{sid}/execute", json={"code": "gate + 1", "wait_seconds": 0})
+    assert queued.status_code == 202
+    assert api.put(f"/v1/sessions/{sid}/files/go", content=b"").status_code == 201
+    run_id = queued.json()["run_id"]
+    while True:
+        progress = api.get(f"/v1/runs/{run_id}", params={"wait_seconds": 30}).json()
+        if progress["done"]:
+            break
+        assert time.monotonic() < deadline + 120
+    result = progress["result"]
+    assert result["status"] == "ok" and result["result"] == "6" and result["restored_from"], result
+    api.delete(f"/v1/sessions/{sid}")

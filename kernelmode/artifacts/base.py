@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from ..errors import KernelmodeError
 
@@ -46,6 +47,10 @@ class ArtifactStore(Protocol):
 
     async def list(self, prefix: str) -> list[tuple[str, int]]:
         """(key, size) of the objects under ``prefix``."""
+
+    def reader(self, key: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        """The object opened for reading, streamed (blocking: use it in a thread); StoreError
+        when it is missing or the store is down."""
 
     async def delete(self, key: str) -> None:
         """Remove the object (no error when it is already gone); StoreError if the store fails."""

@@ -4,13 +4,16 @@ with HMAC and an expiry (capability URLs: they work without the API token)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import os
 import secrets
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import quote
 
 from .base import StoreError, linkable
@@ -65,6 +68,15 @@ class LocalStore:
             return await asyncio.to_thread(self._path(key).read_bytes)
         except OSError as e:
             raise StoreError(f"no artifact {key}") from e
+
+    @contextlib.contextmanager
+    def reader(self, key: str) -> Iterator[BinaryIO]:
+        try:
+            f = open(self._path(key), "rb")  # noqa: SIM115 - closed below
+        except OSError as e:
+            raise StoreError(f"no artifact {key}") from e
+        with f:
+            yield f
 
     def content_type(self, key: str) -> str:
         path = self._path(key)

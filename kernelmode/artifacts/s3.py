@@ -9,12 +9,13 @@ place, :meth:`S3Store._run`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 from urllib.parse import quote
 
 import certifi
@@ -161,6 +162,18 @@ class S3Store:
                 response.release_conn()
 
         return await self._run(f"get {key!r}", fetch)
+
+    @contextlib.contextmanager
+    def reader(self, key: str) -> Iterator[BinaryIO]:
+        try:
+            response = self._client.get_object(self._bucket, key)
+        except Exception as e:  # noqa: BLE001 - minio and urllib3 errors alike: the store failed
+            raise StoreError(f"S3 store at {self._where}: get {key!r} failed: {e}") from e
+        try:
+            yield response  # type: ignore[misc]  # urllib3's response reads like a file
+        finally:
+            response.close()
+            response.release_conn()
 
     async def delete(self, key: str) -> None:
         await self._run(f"delete {key!r}", lambda: self._client.remove_object(self._bucket, key))

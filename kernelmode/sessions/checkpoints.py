@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import stat
 import tarfile
 import time
@@ -139,18 +140,20 @@ class Checkpoints:
         if "error" in answer:
             raise CheckpointFailed(f"the kernel could not write its checkpoint: {answer['error']}")
         ws = s.workspace_view()
-        blob = self.scratch / f"checkpoint-{cid}.kmck"
         tar = self.scratch / f"checkpoint-{cid}.tar"
+        fd, size = await asyncio.to_thread(_open_blob, ws, rel, self.cfg.max_bytes + _INDEX_SLACK)
         try:
-            size = await asyncio.to_thread(_move_out, ws, rel, blob, self.cfg.max_bytes + _INDEX_SLACK)
+            # Stored straight from the descriptor opened without following links (one copy):
+            # /proc/self/fd/N reopens that very file, whatever the kernel does to the path.
+            await artifacts.put_file(namespace_key(cid), Path(f"/proc/self/fd/{fd}"), "application/octet-stream")
             files, tar_size = await asyncio.to_thread(_archive, ws, tar)
-            await artifacts.put_file(namespace_key(cid), blob, "application/octet-stream")
             if files:
                 await artifacts.put_file(workspace_key(cid), tar, "application/x-tar")
         except StoreError as e:
             raise CheckpointFailed(f"the checkpoint could not be stored: {e}") from e
         finally:
-            blob.unlink(missing_ok=True)
+            os.close(fd)
+            await asyncio.to_thread(_unlink, ws, rel)
             tar.unlink(missing_ok=True)
         info = CheckpointInfo(
             checkpoint_id=cid, session_id=s.info.session_id, saved=list(answer.get("saved", [])),
@@ -206,10 +209,9 @@ class Checkpoints:
         out = Restore(checkpoint=info)
         skipped = [x.name for x in info.skipped]
         try:
-            data = await self._need_store().get(namespace_key(info.checkpoint_id))
             rel = PurePosixPath(CHECKPOINT_DIR, f"restore-{info.checkpoint_id}.kmck")
-            await asyncio.to_thread(s.workspace_view().write, rel, data, True)
-            del data
+            await asyncio.to_thread(_copy_in, self._need_store(), namespace_key(info.checkpoint_id),
+                                    s.workspace_view(), rel)
             answer = await self._call(s.kernel, {"op": "load", "path": f"{WORKSPACE_MOUNT}/{rel}"})
         except (KernelmodeError, StoreError) as e:
             answer = {"error": str(e)}
@@ -242,15 +244,18 @@ class Checkpoints:
         """Fill a new session's workspace with the checkpoint's files (a fork)."""
         if not info.workspace_files:
             return
+        store = self._need_store()
+        tmp = self.scratch / f"seed-{uuid.uuid4().hex}.tar"
+
+        def fetch() -> None:
+            with store.reader(workspace_key(info.checkpoint_id)) as src, open(tmp, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 22)
+
         try:
-            data = await self._need_store().get(workspace_key(info.checkpoint_id))
+            await asyncio.to_thread(fetch)
+            await asyncio.to_thread(_unpack, tmp, ws)
         except StoreError as e:
             raise CheckpointFailed(f"the files of checkpoint {info.checkpoint_id} could not be read: {e}") from e
-        tmp = self.scratch / f"seed-{uuid.uuid4().hex}.tar"
-        try:
-            await asyncio.to_thread(tmp.write_bytes, data)
-            del data
-            await asyncio.to_thread(_unpack, tmp, ws)
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -304,27 +309,24 @@ class Checkpoints:
 
 
 # -- host-side file work (in threads; never following a link the kernel planted) -------------------
-def _move_out(ws: Workspace, rel: PurePosixPath, dest: Path, cap: int) -> int:
-    """Copy the kernel's checkpoint file out of the workspace (at most ``cap`` bytes), then
-    remove it there; its size."""
+def _open_blob(ws: Workspace, rel: PurePosixPath, cap: int) -> tuple[int, int]:
+    """(fd, size) of the kernel's checkpoint file, opened without following any link."""
     try:
         fd, st = ws.open_file(rel)
     except FileNotFound as e:
-        raise CheckpointFailed("the kernel's checkpoint file is missing (removed by the code?)") from e
-    try:
-        if st.st_size > cap:
-            raise CheckpointFailed(f"the checkpoint file is larger than the cap of {cap} bytes")
-        with os.fdopen(os.dup(fd), "rb") as src, open(dest, "wb") as out:
-            copied = 0
-            while chunk := src.read(min(1 << 22, cap + 1 - copied)):
-                copied += len(chunk)
-                if copied > cap:
-                    raise CheckpointFailed(f"the checkpoint file grew past the cap of {cap} bytes")
-                out.write(chunk)
-    finally:
+        _unlink(ws, rel)
+        raise CheckpointFailed("the kernel's checkpoint file is missing or not a plain file") from e
+    if st.st_size > cap:
         os.close(fd)
         _unlink(ws, rel)
-    return copied
+        raise CheckpointFailed(f"the checkpoint file is larger than the cap of {cap} bytes")
+    return fd, st.st_size
+
+
+def _copy_in(store: ArtifactStore, key: str, ws: Workspace, rel: PurePosixPath) -> None:
+    """Stream a stored checkpoint into the workspace (never whole in the manager's memory)."""
+    with store.reader(key) as f:
+        ws.write(rel, iter(lambda: f.read(1 << 22), b""), overwrite=True)
 
 
 def _unlink(ws: Workspace, rel: PurePosixPath) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 MAGIC = b"KMCKPT01"
 END = b"KMCKEND1"
 MIME = "application/vnd.kernelmode.snapshot+json"
-SKIP_NAMES = frozenset({"tools", "In", "Out", "get_ipython", "exit", "quit"})
+SKIP_NAMES = frozenset({"tools", "ToolError", "In", "Out", "get_ipython", "exit", "quit"})  # ours, IPython's
 _REASON_LEN = 300
 
 

@@ -282,6 +282,7 @@ class CheckpointInfo(BaseModel):
     bytes: int = Field(description="Size of the saved variables plus the workspace archive.")
     workspace_files: int = Field(0, description="Workspace files in the checkpoint.")
     duration_ms: float = 0.0
+    serialize_ms: float = Field(0.0, description="Of duration_ms, the kernel's part: serialising and writing the file.")
     created_at: datetime
     auto: bool = Field(False, description="Taken automatically (after a run, or when hibernating).")
 

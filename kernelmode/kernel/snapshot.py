@@ -25,6 +25,7 @@ import pickle
 import socket
 import struct
 import threading
+import time
 import types
 import zlib
 from typing import Any
@@ -133,6 +134,7 @@ def save(ns: dict[str, Any], path: str, max_bytes: int, hidden: Any = ()) -> dic
     skipped: list[dict[str, str]] = []
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.part"
+    started = time.perf_counter()
     try:
         total = _write(ns, tmp, max_bytes, hidden, saved, skipped)
     except BaseException:
@@ -143,7 +145,7 @@ def save(ns: dict[str, Any], path: str, max_bytes: int, hidden: Any = ()) -> dic
         raise
     os.replace(tmp, path)
     _last[0] = mark
-    return {"saved": saved, "skipped": skipped, "bytes": total}
+    return {"saved": saved, "skipped": skipped, "bytes": total, "seconds": time.perf_counter() - started}
 
 
 def _write(ns: dict[str, Any], tmp: str, max_bytes: int, hidden: Any, saved: list[str],

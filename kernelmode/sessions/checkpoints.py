@@ -159,6 +159,7 @@ class Checkpoints:
             checkpoint_id=cid, session_id=s.info.session_id, saved=list(answer.get("saved", [])),
             skipped=[SkippedVariable.model_validate(x) for x in answer.get("skipped", [])],
             bytes=size + tar_size, workspace_files=files, created_at=now(), auto=auto,
+            serialize_ms=round(float(answer.get("seconds", 0.0)) * 1000, 3),
             duration_ms=round((time.monotonic() - started) * 1000, 3))
         self.store.add_checkpoint(info, s.info.tenant or ADMIN_TENANT)
         s.changed_since_checkpoint = False

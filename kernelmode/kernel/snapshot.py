@@ -255,7 +255,9 @@ def load(ns: dict[str, Any], path: str) -> dict[str, Any]:
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             lost.append({"name": name, "reason": f"{type(e).__name__}: {e}"[:_REASON_LEN]})
-    ns.update(values)
+    # Names the kernel still has are kept: a kernel that outlived its websocket is newer than
+    # its checkpoint (a fresh kernel has none of them).
+    ns.update({name: value for name, value in values.items() if name not in ns})
     return {"restored": restored, "lost": lost}
 
 

@@ -146,6 +146,18 @@ class SandboxSettings(_Section):
         return self
 
 
+class CheckpointSettings(_Section):
+    """Checkpoints of a session's variables and files (README "Checkpoints, forks and hibernation")."""
+
+    auto: bool = Field(False, description="Checkpoint in the background after a successful run that "
+                       "changed the namespace (at most every min_interval_seconds).")
+    min_interval_seconds: float = Field(60.0, ge=0, description="Least time between two automatic checkpoints.")
+    max_bytes: int = Field(1024 * 1024 * 1024, ge=1024, description="Size cap of one session's checkpoint: "
+                           "variables that do not fit are skipped (and listed).")
+    keep: int = Field(3, ge=1, le=1000, description="Checkpoints kept per session (the oldest go first).")
+    timeout_seconds: float = Field(600.0, gt=0, description="Longest a checkpoint or a restore may take.")
+
+
 class SessionSettings(_Section):
     ttl_seconds: int = Field(1800, ge=10)
     max_sessions: int = Field(50, ge=1)
@@ -163,6 +175,12 @@ class SessionSettings(_Section):
     kernel_start_timeout_seconds: float = Field(60.0, gt=0)
     run_retention_seconds: float = Field(
         3600.0, gt=0, description="How long a finished run's output stays pollable (GET /v1/runs/{id}).")
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    hibernate_after_seconds: float | None = Field(
+        None, gt=0, description="Idle sessions are checkpointed and their kernel stopped after this long "
+        "(status hibernated; the next run resumes them). null: off (idle sessions are reaped at their TTL).")
+    hibernated_ttl_seconds: float = Field(
+        7 * 24 * 3600.0, gt=0, description="A hibernated session is deleted after this long unused.")
 
     @model_validator(mode="after")
     def _timeouts(self) -> SessionSettings:

@@ -16,10 +16,12 @@
     │   ├── SessionNotFound          (404 session_not_found)
     │   ├── RunNotFound              (404 run_not_found)
     │   ├── ApprovalNotFound         (404 approval_not_found) tools/approvals.py: no such pending call
+    │   ├── CheckpointNotFound       (404 checkpoint_not_found) sessions/checkpoints.py
     │   ├── FileNotFound             (404 file_not_found)     artifacts/workspace.py
     │   └── KernelSpecNotFound       (404 kernelspec_not_found) api/jupyter_api.py: the Jupyter API
     ├── Conflict                     (409 conflict)
     │   ├── SessionExists            (409 session_exists)
+    │   ├── CheckpointFailed         (409 checkpoint_failed)  sessions/checkpoints.py: nothing was saved
     │   ├── FileExists               (409 file_exists)        artifacts/workspace.py
     │   ├── ApprovalDecided          (409 approval_decided)   tools/approvals.py: answered, timed out or withdrawn
     │   └── WorkspaceChanged         (409 workspace_changed)  artifacts/workspace.py: kernel code moved the folder

@@ -12,7 +12,7 @@ from .tools.base import ToolInfo, ToolMatch
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
 RunStatus = Literal["ok", "error", "timeout", "kernel_died", "running", "interrupted", "awaiting_approval"]
-SessionStatus = Literal["starting", "idle", "busy", "restarting", "dead", "lost"]
+SessionStatus = Literal["starting", "idle", "busy", "restarting", "dead", "lost", "hibernated"]
 
 
 class _Strict(BaseModel):
@@ -73,6 +73,11 @@ class SessionCreate(_Strict):
         description="Packages installed before the first run (requirement strings, as for "
         "POST /v1/sessions/{id}/packages).",
     )
+    fork_of: str | None = Field(
+        None, pattern=SESSION_ID_PATTERN, description="Start as a copy of this session's variables and "
+        "files (checkpointed now); the two are independent afterwards.")
+    from_checkpoint: str | None = Field(
+        None, pattern=r"^[0-9a-f]{32}$", description="Start from this checkpoint's variables and files.")
 
 
 class SessionInfo(BaseModel):
@@ -213,6 +218,11 @@ class UploadResult(BaseModel):
     size_bytes: int
 
 
+class RestoredFrom(BaseModel):
+    checkpoint_id: str
+    age_seconds: float = Field(description="How old the checkpoint was when it was restored.")
+
+
 class RunResult(BaseModel):
     run_id: str
     session_id: str
@@ -232,6 +242,13 @@ class RunResult(BaseModel):
         False, description="The kernel was restarted (timeout, death): variables are gone."
     )
     cause: DeathCause | None = Field(None, description="Why the kernel died (status kernel_died).")
+    restored_from: RestoredFrom | None = Field(
+        None, description="Before this run, a fresh kernel was restored from this checkpoint.")
+    restored_variables: list[str] = Field(default_factory=list, description="Names the restore brought back.")
+    lost_variables: list[str] = Field(
+        default_factory=list, description="Names of the checkpoint that did not come back (or were never saved).")
+    restore_error: str | None = Field(
+        None, description="A restore was tried and failed (damaged or missing checkpoint): the kernel started empty.")
     tool_calls: list[ToolCall] = Field(default_factory=list, description="Host tools the code called.")
     tool_calls_truncated: bool = Field(False, description="More calls were made than are listed.")
     pending_approvals: list[PendingApproval] = Field(
@@ -286,6 +303,8 @@ class ToolMatches(BaseModel):
     """``GET /v1/tools?q=...``: the tools that best fit the intent, best first."""
 
     tools: list[ToolMatch]
+
+
 class PackagesRequest(_Strict):
     """Body of ``POST /v1/sessions/{id}/packages``."""
 
@@ -305,3 +324,28 @@ class PackagesResult(BaseModel):
     installed: list[PackageRef] = Field(default_factory=list)
     already: list[PackageRef] = Field(default_factory=list)
     duration_ms: float = 0.0
+
+
+# -- checkpoints -----------------------------------------------------------------------------------
+class SkippedVariable(BaseModel):
+    name: str
+    reason: str = Field(description="Why it was not saved (open file, socket, generator, size cap...).")
+
+
+class CheckpointInfo(BaseModel):
+    """Answer of ``POST /v1/sessions/{id}/checkpoint`` (and one entry of the list)."""
+
+    checkpoint_id: str
+    session_id: str
+    saved: list[str] = Field(description="Variables saved (modules by name, re-imported on restore).")
+    skipped: list[SkippedVariable] = Field(default_factory=list)
+    bytes: int = Field(description="Size of the saved variables plus the workspace archive.")
+    workspace_files: int = Field(0, description="Workspace files in the checkpoint.")
+    duration_ms: float = 0.0
+    serialize_ms: float = Field(0.0, description="Of duration_ms, the kernel's part: serialising and writing the file.")
+    created_at: datetime
+    auto: bool = Field(False, description="Taken automatically (after a run, or when hibernating).")
+
+
+class CheckpointList(BaseModel):
+    checkpoints: list[CheckpointInfo]

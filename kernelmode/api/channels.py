@@ -76,10 +76,12 @@ class ChannelsHandler(websocket.WebSocketHandler):
         if principal is None:
             return self._refuse(401, "unauthorized", "missing or wrong bearer token")
         try:
-            s = self.services.sessions.live_session(self.session_of(principal, args[0]))
+            sid = self.session_of(principal, args[0])
+            self.services.sessions.live_session(sid)  # unknown or lost: refused before the upgrade
             if not self._is_upgrade():  # before the upstream is opened: a plain GET would leak it
                 return self._refuse(400, "websocket_required", "this route is a websocket: send "
                                     f"`Upgrade: websocket` with the {WS_PROTOCOL} subprotocol")
+            s = await self.services.sessions.resume(sid)  # a hibernated session wakes
             self._upstream = await self.services.gateway.open_channels(s.kernel_id)
         except KernelmodeError as e:
             return self._refuse(e.http_status, e.code, e.message)

@@ -33,6 +33,7 @@ from ..models import (
     SESSION_ID_PATTERN,
     ApprovalRequest,
     ArtifactList,
+    CheckpointList,
     ExecuteRequest,
     Health,
     OneShotRequest,
@@ -307,6 +308,14 @@ class PackagesHandler(BaseHandler):
     async def post(self, session_id: str) -> None:
         req = self.body_model(PackagesRequest)
         self.send(await self.services.sessions.install_packages(self.own(session_id), req.packages))
+class CheckpointHandler(BaseHandler):
+    async def post(self, session_id: str) -> None:
+        self.send(await self.services.sessions.checkpoint(self.own(session_id)))
+
+
+class CheckpointsHandler(BaseHandler):
+    async def get(self, session_id: str) -> None:
+        self.send(CheckpointList(checkpoints=self.services.sessions.list_checkpoints(self.own(session_id))))
 
 
 class MetricsHandler(BaseHandler):
@@ -479,6 +488,8 @@ routes: list[tuple[str, type[web.RequestHandler]]] = [
     (rf"/v1/sessions/({SID})/artifacts", ArtifactsHandler),
     (rf"/v1/sessions/({SID})/notebook", NotebookHandler),
     (rf"/v1/sessions/({SID})/packages", PackagesHandler),
+    (rf"/v1/sessions/({SID})/checkpoint", CheckpointHandler),
+    (rf"/v1/sessions/({SID})/checkpoints", CheckpointsHandler),
     (r"/v1/runs/([0-9a-f]{32})", RunHandler),
     (r"/v1/runs/([0-9a-f]{32})/approvals/([0-9a-f]{32})", ApprovalHandler),
     (r"/v1/artifacts/(.+)", PublicArtifactHandler),

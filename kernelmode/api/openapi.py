@@ -16,6 +16,8 @@ from ..models import (
     ApprovalAnswer,
     ApprovalRequest,
     ArtifactList,
+    CheckpointInfo,
+    CheckpointList,
     ErrorBody,
     ExecuteRequest,
     FileList,
@@ -36,7 +38,7 @@ from . import jupyter_openapi
 
 _MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health, ToolList,
            FileList, ToolMatches, ArtifactList, UploadResult, RunProgress, OneShotRequest, ApprovalRequest,
-           ApprovalAnswer, PackagesRequest, PackagesResult]
+           ApprovalAnswer, PackagesRequest, PackagesResult, CheckpointInfo, CheckpointList]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -87,6 +89,8 @@ _OPERATIONS = {
     ("/v1/sessions/{session_id}/notebook", "get"): ("exportNotebook", "sessions"),
     ("/v1/sessions/{session_id}/channels", "get"): ("connectChannels", "console"),
     ("/v1/sessions/{session_id}/packages", "post"): ("installPackages", "sessions"),
+    ("/v1/sessions/{session_id}/checkpoint", "post"): ("checkpointSession", "sessions"),
+    ("/v1/sessions/{session_id}/checkpoints", "get"): ("listCheckpoints", "sessions"),
 }
 _TAGS = [
     {"name": "sessions", "description": "Stateful sessions: one sandboxed kernel each"},
@@ -257,6 +261,18 @@ def openapi_document() -> dict[str, Any]:
                                    "422": _json("ErrorBody", "No wheel for the kernel's platform (no_wheel), "
                                                 "or a bad requirement (invalid_request)"),
                                    "502": _json("ErrorBody", "The index or pip failed (package_fetch_failed)")}},
+        },
+        "/v1/sessions/{session_id}/checkpoint": {
+            "parameters": [sid],
+            "post": {"summary": "Save the session's variables and workspace files (restored after a kernel's "
+                               "death; fork with POST /v1/sessions {\"from_checkpoint\": ID})",
+                     "responses": {"200": _json("CheckpointInfo", "Saved (skipped names with their reasons)"),
+                                   **_errors(401, 404, 409, 503)}},
+        },
+        "/v1/sessions/{session_id}/checkpoints": {
+            "parameters": [sid],
+            "get": {"summary": "The session's checkpoints, newest first",
+                    "responses": {"200": _json("CheckpointList", "Checkpoints"), **_errors(401, 404)}},
         },
     }
     paths.update(jupyter_openapi.jupyter_paths(_errors))

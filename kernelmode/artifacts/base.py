@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from ..errors import KernelmodeError
+
+# Keys of checkpoints (sessions/checkpoints.py): no session id starts with a dot, and no store
+# hands out a download link under this prefix (``link`` refuses it, the local store's
+# ``verify`` too): what a kernel pickled is never served.
+CHECKPOINT_PREFIX = ".checkpoints/"
+
+
+def linkable(key: str) -> bool:
+    """Whether a download link may be made for ``key``."""
+    return not key.startswith(CHECKPOINT_PREFIX)
 
 
 class StoreError(KernelmodeError):
@@ -36,3 +47,10 @@ class ArtifactStore(Protocol):
 
     async def list(self, prefix: str) -> list[tuple[str, int]]:
         """(key, size) of the objects under ``prefix``."""
+
+    def reader(self, key: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        """The object opened for reading, streamed (blocking: use it in a thread); StoreError
+        when it is missing or the store is down."""
+
+    async def delete(self, key: str) -> None:
+        """Remove the object (no error when it is already gone); StoreError if the store fails."""

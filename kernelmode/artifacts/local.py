@@ -4,16 +4,19 @@ with HMAC and an expiry (capability URLs: they work without the API token)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import os
 import secrets
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import quote
 
-from .base import StoreError
+from .base import StoreError, linkable
 
 
 class LocalStore:
@@ -66,6 +69,15 @@ class LocalStore:
         except OSError as e:
             raise StoreError(f"no artifact {key}") from e
 
+    @contextlib.contextmanager
+    def reader(self, key: str) -> Iterator[BinaryIO]:
+        try:
+            f = open(self._path(key), "rb")  # noqa: SIM115 - closed below
+        except OSError as e:
+            raise StoreError(f"no artifact {key}") from e
+        with f:
+            yield f
+
     def content_type(self, key: str) -> str:
         path = self._path(key)
         try:
@@ -85,12 +97,24 @@ class LocalStore:
     def _sign(self, key: str, expires: int) -> str:
         return hmac.new(self._key, f"{key}\n{expires}".encode(), hashlib.sha256).hexdigest()
 
+    async def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            await asyncio.to_thread(path.unlink, True)
+            await asyncio.to_thread((path.parent / f".{path.name}.type").unlink, True)
+        except OSError as e:
+            raise StoreError(f"local artifact store: cannot delete {key}: {e.strerror}") from e
+
     async def link(self, key: str, base_url: str) -> str:
+        if not linkable(key):
+            raise StoreError(f"no download link for {key!r}")
         expires = int(time.time()) + self.link_ttl_seconds
         return f"{base_url.rstrip('/')}/v1/artifacts/{quote(key)}?expires={expires}&sig={self._sign(key, expires)}"
 
     def verify(self, key: str, expires: str, sig: str) -> bool:
         """True when the link is genuine and unexpired (constant-time comparison)."""
+        if not linkable(key):
+            return False
         try:
             exp = int(expires)
         except ValueError:

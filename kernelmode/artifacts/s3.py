@@ -9,12 +9,13 @@ place, :meth:`S3Store._run`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 from urllib.parse import quote
 
 import certifi
@@ -25,7 +26,7 @@ from minio.helpers import DictType
 from urllib3.exceptions import HTTPError, MaxRetryError
 from urllib3.util import Retry, Timeout
 
-from kernelmode.artifacts.base import StoreError
+from kernelmode.artifacts.base import StoreError, linkable
 from kernelmode.config import ArtifactSettings
 
 T = TypeVar("T")
@@ -162,6 +163,21 @@ class S3Store:
 
         return await self._run(f"get {key!r}", fetch)
 
+    @contextlib.contextmanager
+    def reader(self, key: str) -> Iterator[BinaryIO]:
+        try:
+            response = self._client.get_object(self._bucket, key)
+        except Exception as e:  # noqa: BLE001 - minio and urllib3 errors alike: the store failed
+            raise StoreError(f"S3 store at {self._where}: get {key!r} failed: {e}") from e
+        try:
+            yield response  # type: ignore[misc]  # urllib3's response reads like a file
+        finally:
+            response.close()
+            response.release_conn()
+
+    async def delete(self, key: str) -> None:
+        await self._run(f"delete {key!r}", lambda: self._client.remove_object(self._bucket, key))
+
     async def link(self, key: str, base_url: str) -> str:
         """A presigned GET URL, absolute, valid for the configured lifetime (``base_url`` is not
         used: the URL points at the S3 endpoint). Stats the object first, which also makes a
@@ -175,6 +191,8 @@ class S3Store:
             return self._client.presigned_get_object(self._bucket, key, expires=self._ttl,
                                                      response_headers=headers)
 
+        if not linkable(key):
+            raise StoreError(f"no download link for {key!r}")
         return await self._run(f"link {key!r}", presign)
 
     async def list(self, prefix: str) -> list[tuple[str, int]]:

@@ -113,6 +113,13 @@ class WorkspaceVolumes:
             with contextlib.suppress(KernelUnavailable):
                 _run("umount", "-l", str(path))
 
+    def attach(self, path: Path) -> None:
+        """Mount a kept volume again (a hibernated session wakes); nothing when it is mounted
+        or there is no image (quota off)."""
+        image = path.with_name(path.name + ".img")
+        if self.enabled and image.exists() and not os.path.ismount(path):
+            _run("mount", "-o", "loop,nosuid,nodev", str(image), str(path))
+
     def destroy(self, path: Path) -> None:
         if os.path.ismount(path):
             try:

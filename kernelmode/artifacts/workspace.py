@@ -35,6 +35,11 @@ SCAN_MAX_ENTRIES = 10_000  # directory entries read (files, folders and anything
 SCAN_MAX_DEPTH = 64  # folders below the workspace; deeper ones are not looked into
 
 
+# Where a kernel writes a checkpoint and reads one back (sessions/checkpoints.py moves it out
+# at once); listings, harvests and checkpoints of the workspace leave it out.
+CHECKPOINT_DIR = ".kernelmode-checkpoint"
+
+
 class FileNotFound(NotFound):
     code = "file_not_found"
 
@@ -259,6 +264,8 @@ class Workspace:
                     break
                 name = entry.name
                 if name.startswith(".upload-"):  # an upload being written (Workspace.write)
+                    continue
+                if name == CHECKPOINT_DIR and not prefix:  # checkpoints in transit: not the user's files
                     continue
                 try:
                     st = os.stat(name, dir_fd=fd, follow_symlinks=False)

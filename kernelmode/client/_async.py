@@ -17,6 +17,7 @@ from .. import errors
 from ..models import (
     ApprovalAnswer,
     Artifact,
+    CheckpointInfo,
     Health,
     PackagesResult,
     RunProgress,
@@ -81,6 +82,21 @@ class AsyncClient(BaseClient):
         ``packages``: installed before its first run (see ``install_packages``)."""
         return AsyncSession(self, await self._send(routes.create_session(session_id, ttl_seconds, limits,
                                                                          tools, packages)))
+
+    async def fork(self, session_id: str | None = None, *, checkpoint_id: str | None = None,
+                   new_session_id: str | None = None, ttl_seconds: int | None = None) -> AsyncSession:
+        """A new session with a copy of ``session_id``'s variables and files (checkpointed now),
+        or of checkpoint ``checkpoint_id``'s; the two are independent afterwards."""
+        return AsyncSession(self, await self._send(routes.create_session(
+            new_session_id, ttl_seconds, None, None, fork_of=session_id, from_checkpoint=checkpoint_id)))
+
+    async def checkpoint(self, session_id: str) -> CheckpointInfo:
+        """Save the session's variables and files now (restored after a kernel's death)."""
+        return await self._send(routes.session_call(routes.CHECKPOINT, session_id, routes.CHECKPOINT_TIMEOUT))
+
+    async def checkpoints(self, session_id: str) -> list[CheckpointInfo]:
+        """The session's checkpoints, newest first."""
+        return (await self._send(routes.session_call(routes.LIST_CHECKPOINTS, session_id))).checkpoints
 
     async def session(self, session_id: str) -> AsyncSession:
         """A handle on an existing session (SessionNotFound if there is none)."""
@@ -275,6 +291,13 @@ class AsyncSession(BaseSession):
     async def install(self, *packages: str) -> PackagesResult:
         """Install packages into this session: ``session.install("tabulate", "rich==13.7.1")``."""
         return await self.client.install_packages(self.id, list(packages))
+    async def checkpoint(self) -> CheckpointInfo:
+        """Save the variables and files now (restored after a kernel's death, or forked)."""
+        return await self.client.checkpoint(self.id)
+
+    async def checkpoints(self) -> list[CheckpointInfo]:
+        """This session's checkpoints, newest first."""
+        return await self.client.checkpoints(self.id)
 
     async def close(self) -> None:
         """Delete the session (a session already gone is fine)."""

@@ -23,6 +23,8 @@ from pydantic import BaseModel
 from ..models import (
     ApprovalAnswer,
     ArtifactList,
+    CheckpointInfo,
+    CheckpointList,
     FileList,
     Health,
     LimitsPatch,
@@ -116,11 +118,14 @@ HEALTH = Route("GET", "/healthz", _model(Health), retry_safe=True)
 READY = Route("GET", "/readyz", _model(Health), ok=(200, 503))  # 503 is an answer: not ready
 INSTALL_PACKAGES = Route("POST", f"{_S}/packages", _model(PackagesResult))
 INSTALL_TIMEOUT = 900.0  # a first install downloads (packages.timeout_seconds is 300 by default)
+CHECKPOINT = Route("POST", f"{_S}/checkpoint", _model(CheckpointInfo))
+LIST_CHECKPOINTS = Route("GET", f"{_S}/checkpoints", _model(CheckpointList), retry_safe=True)
+CHECKPOINT_TIMEOUT = 900.0  # a checkpoint of a large namespace (sessions.checkpoint.timeout_seconds)
 
 ROUTES: tuple[Route[Any], ...] = (
     CREATE_SESSION, LIST_SESSIONS, GET_SESSION, DELETE_SESSION, EXECUTE, INTERRUPT, RESTART, UPLOAD,
     DOWNLOAD, LIST_FILES, ARTIFACTS, NOTEBOOK, ONE_SHOT, GET_RUN, TOOLS, HEALTH, READY,
-    SEARCH_TOOLS, APPROVE, INSTALL_PACKAGES,
+    SEARCH_TOOLS, APPROVE, INSTALL_PACKAGES, CHECKPOINT, LIST_CHECKPOINTS,
 )
 
 
@@ -132,11 +137,12 @@ def workspace_path(path: str) -> str:
 # -- the request of each client method ----------------------------------------------------------
 
 def create_session(session_id: str | None, ttl_seconds: int | None, limits: dict[str, int] | None,
-                   tools: list[str] | None, packages: list[str] | None = None) -> Call[SessionInfo]:
+                   tools: list[str] | None, packages: list[str] | None = None, fork_of: str | None = None,
+                   from_checkpoint: str | None = None) -> Call[SessionInfo]:
     body: dict[str, Any] = {"session_id": session_id, "ttl_seconds": ttl_seconds, "tools": tools,
                             "limits": LimitsPatch(**limits).model_dump(exclude_none=True) if limits else None,
-                            "packages": packages}
-    timeout = INSTALL_TIMEOUT if packages else None
+                            "packages": packages, "fork_of": fork_of, "from_checkpoint": from_checkpoint}
+    timeout = INSTALL_TIMEOUT if packages else CHECKPOINT_TIMEOUT if fork_of or from_checkpoint else None
     return CREATE_SESSION.call(json={k: v for k, v in body.items() if v is not None}, timeout=timeout)
 
 

@@ -107,6 +107,23 @@ def _status_line(r: RunResult) -> str:
     }[r.status]
 
 
+def restore_line(r: RunResult) -> str | None:
+    """One line on a restore after the kernel died (None when there was none)."""
+    lost = ", ".join(r.lost_variables[:30]) + (" ..." if len(r.lost_variables) > 30 else "")
+    if r.restore_error:
+        return (f"NOTE: the kernel had died and its checkpoint could not be restored ({r.restore_error}); "
+                "the kernel started empty: variables and imports are gone.")
+    if r.restored_from is None:
+        return None
+    head = (f"NOTE: the kernel had died; a fresh kernel was restored from checkpoint "
+            f"{r.restored_from.checkpoint_id} ({r.restored_from.age_seconds:.0f} s old)")
+    if not r.state_lost:
+        return f"{head}: all variables are back."
+    if lost:
+        return f"{head}: {len(r.restored_variables)} variables are back, these are gone: {lost}."
+    return f"{head}: {len(r.restored_variables)} variables are back; what later runs made is gone."
+
+
 def run_text(r: RunResult, page: Page, budget: int, page_chars: int) -> str:
     """The run for a model, in at most ``budget`` characters: fixed lines (status, notes) whole,
     the variable parts (streams, value, traceback, calls, files) sharing what is left."""
@@ -120,7 +137,10 @@ def run_text(r: RunResult, page: Page, budget: int, page_chars: int) -> str:
                      f"{p.call_id} {{\"approve\": true}}; no answer in time means denied, raising ToolDenied)")
     if r.pending_approvals:
         fixed.append(f"Call get_run(run_id={r.run_id!r}) to follow the run once it is decided.")
-    if r.state_lost and r.status != "kernel_died":
+    restore = restore_line(r)
+    if restore:
+        fixed.append(restore)
+    elif r.state_lost and r.status != "kernel_died":
         fixed.append("NOTE: the kernel was restarted, so variables and imports from earlier runs are gone.")
     if r.cause is not None:
         detail = {"oom": "it ran out of memory", "signal": f"it was killed by signal {r.cause.signal}",

@@ -34,7 +34,7 @@ from ..artifacts.base import StoreError
 from ..artifacts.workspace import FileNotFound, clean_path
 from ..config import Settings
 from ..errors import InvalidRequest, KernelmodeError, PayloadTooLarge, SessionNotFound
-from ..models import SESSION_ID_PATTERN
+from ..models import SESSION_ID_PATTERN, SessionCreate
 from ..services import Services
 from ..tools.registry import ToolRegistry
 from ..tools.search import MAX_LIMIT, MAX_QUERY_CHARS
@@ -145,6 +145,8 @@ class McpTools:
                                                    read_only_hint=True)),
             (self.install_packages, ToolAnnotations(title="Install Python packages", destructive_hint=False,
                                                     idempotent_hint=True, open_world_hint=True)),
+            (self.checkpoint, ToolAnnotations(title="Checkpoint the session", destructive_hint=False)),
+            (self.fork_session, ToolAnnotations(title="Fork a session", destructive_hint=False)),
         ]
         for fn, hints in tools:
             name = fn.__name__
@@ -388,3 +390,38 @@ class McpTools:
                 f"({result.duration_ms:.0f} ms). Import them in run_python.")
         return CallToolResult(content=[*([TextContent(text=note)] if note else []), TextContent(text=clip(text, 4000, "the package list"))],
                               structured_content={"session_id": sid, **result.model_dump(mode="json")})
+    async def checkpoint(self, ctx: Context[Any], session_id: SessionArg = None) -> str:
+        """Save the session's variables and files now. If the kernel later dies (out of memory, a
+        crash), the next run_python starts from this checkpoint; fork_session can copy it."""
+        sid, note = await self.connections.session(ctx, session_id)
+        info = await self._services().sessions.checkpoint(sid)
+        skipped = "; ".join(f"{x.name} ({x.reason})" for x in info.skipped[:20])
+        more = f" and {len(info.skipped) - 20} more" if len(info.skipped) > 20 else ""
+        lines = [f"Checkpoint {info.checkpoint_id} of session {sid}: {len(info.saved)} variables saved "
+                 f"({size_text(info.bytes)}, {info.workspace_files} files, {info.duration_ms / 1000:.1f} s).",
+                 f"saved: {clip(', '.join(info.saved), 2000, 'names') or '(none)'}"]
+        if skipped:
+            lines.append(f"NOT saved (re-create them after a restore): {skipped}{more}")
+        return "\n".join(x for x in [note, *lines] if x)
+
+    async def fork_session(
+        self,
+        ctx: Context[Any],
+        session_id: SessionArg = None,
+        checkpoint_id: Annotated[str | None, Field(
+            None, pattern=r"^[0-9a-f]{32}$", description="Start from this checkpoint instead of the "
+            "session's current state.")] = None,
+    ) -> str:
+        """Start a new session with a copy of a session's variables and files (or of a checkpoint),
+        e.g. to try two approaches and keep one. The two sessions are independent afterwards;
+        pass the new session_id to run_python to work in the fork."""
+        principal = self.connections.principal(ctx)
+        if checkpoint_id is None:
+            source, _ = await self.connections.session(ctx, session_id)
+            req = SessionCreate(fork_of=source)
+        else:
+            req = SessionCreate(from_checkpoint=checkpoint_id)
+        info = await self._services().sessions.create(req, principal)
+        origin = f"checkpoint {checkpoint_id}" if checkpoint_id else f"session {req.fork_of}"
+        return (f"New session {info.session_id}, a copy of {origin}. Pass session_id={info.session_id!r} "
+                "to run_python to work in it; the original is unchanged.")

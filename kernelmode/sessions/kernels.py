@@ -140,6 +140,7 @@ class Kernel:
         self.state = "alive"  # alive | restarting | dead (from the gateway)
         self.needs_ready = False  # restarted or died: reconnect and install the preamble again
         self.state_lost = False  # the next result must say that variables are gone
+        self.restore_pending = False  # died: the next run first restores the latest checkpoint
         self.closed = False  # torn down: a run in progress must not wait for it
         self.tools_installed: str | None = None  # the tool specs (JSON) the preamble holds
         self.latch = InterruptLatch()
@@ -250,6 +251,7 @@ class Kernel:
         self.state = state
         self.needs_ready = True
         self.state_lost = True
+        self.restore_pending = True
         self.info.status = "dead" if state == KERNEL_DEAD else "restarting"
         log.warning("session %s: kernel %s is %s", self.info.session_id, self.kernel_id, state)
         audit("kernel_died", session_id=self.info.session_id, tenant=self.info.tenant, kernel_id=self.kernel_id,
@@ -259,6 +261,7 @@ class Kernel:
         """A run saw the kernel die or its websocket close: ready it again before the next run."""
         self.state_lost = True
         self.needs_ready = True
+        self.restore_pending = True
 
     async def death_cause(self) -> DeathCause:
         """The provisioner's record of why the kernel died (it may take a moment to appear)."""
@@ -299,6 +302,7 @@ class Kernel:
             self.state = KERNEL_DEAD
         if tell_next_run:
             self.state_lost = True
+        self.restore_pending = False  # a restart asked for: the session starts empty
 
     async def replace(self) -> None:
         """A fresh kernel under a new id on the same workspace (variables are gone)."""

@@ -26,6 +26,10 @@ class LiveSession:
     console_cells: int = 0  # cells a console attached to the session has running or queued
     attached: int = 0  # consoles and Jupyter clients attached now (a kernel's "connections")
     files: dict[str, FileEntry] = field(default_factory=dict)  # workspace as of the last harvest
+    # A run finished since the latest checkpoint: a restore from it may miss what that run made.
+    changed_since_checkpoint: bool = True
+    last_checkpoint: float = 0.0  # monotonic time of the latest checkpoint (automatic ones wait)
+    auto_checkpoint: asyncio.Task[None] | None = None  # an automatic checkpoint under way
 
     @property
     def info(self) -> SessionInfo:

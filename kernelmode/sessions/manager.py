@@ -23,6 +23,7 @@ from ..artifacts.volume import WorkspaceVolumes
 from ..audit import audit
 from ..config import ADMIN_TENANT, Settings
 from ..errors import (
+    InvalidRequest,
     KernelmodeError,
     KernelUnavailable,
     QuotaExceeded,
@@ -38,6 +39,7 @@ from ..metrics import Metrics
 from ..models import (
     ApprovalAnswer,
     Artifact,
+    CheckpointInfo,
     FileList,
     PackagesResult,
     RunResult,
@@ -52,7 +54,9 @@ from ..sandbox import cgroups
 from ..tenants import ADMIN, Principal
 from ..tools.broker import ToolBroker
 from . import recovery
+from .checkpoints import CheckpointFailed, Checkpoints
 from .files import SessionFiles
+from .hibernation import Hibernation
 from .kernels import Kernels
 from .live import LiveSession, now
 from .packages import SessionPackages
@@ -94,6 +98,11 @@ class SessionManager:
         self.runs = self.runner.runs
         self.files = SessionFiles(settings, store, harvester, self._live.get)
         self.reaper = Reaper(settings.sessions.reap_interval_seconds, self.reap_expired)
+        self.checkpoints = Checkpoints(settings, store, harvester.store if harvester else None,
+                                       harvester.scratch if harvester else state_dir)
+        self.runner.before_run, self.runner.after_run = self.checkpoints.before_run, self.checkpoints.after_run
+        self.runner.revive = self.live_session
+        self.hibernation = Hibernation(settings, store, self.checkpoints, self.kernels, self._live)
         self.metrics.watch(self._gauges)  # after the rooms: registering reads the gauges once
         # Where each kernel's memory use can be read (its cgroup), if anywhere.
         self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
@@ -139,7 +148,8 @@ class SessionManager:
         # of live sessions keep running (a successor may adopt them); only pool kernels go.
         await asyncio.gather(*(s.conn.close() for s in self._live.values() if s.conn),
                              self.pool.stop(), return_exceptions=True)
-        await asyncio.to_thread(self.volumes.sweep, {s.workspace for s in self._live.values()})
+        hibernated = {w for i in self.store.hibernated() if (w := self.store.workspace(i.session_id))}
+        await asyncio.to_thread(self.volumes.sweep, {s.workspace for s in self._live.values()} | hibernated)
         self._live.clear()
 
     async def _shut_down(self, kernel_ids: set[str] | frozenset[str]) -> None:
@@ -170,7 +180,8 @@ class SessionManager:
     # -- queries -----------------------------------------------------------------------------------
     def _gauges(self) -> tuple[dict[str, int], int, int]:
         by_status: dict[str, int] = dict(Tally(str(s.info.status) for s in self._live.values()))
-        by_status["lost"] = sum(1 for i in self.store.all() if i.status == "lost")
+        stored = Tally(i.status for i in self.store.all())
+        by_status["lost"], by_status["hibernated"] = stored["lost"], stored["hibernated"]
         return by_status, self.pool.ready, self.pool.size
 
     def _with_usage(self, s: LiveSession) -> SessionInfo:
@@ -211,6 +222,9 @@ class SessionManager:
             info = self.store.get(session_id)
             if info is None:
                 raise SessionNotFound(f"no session {session_id!r}")
+            if info.status == "hibernated":
+                self._check_capacity(info.tenant)
+                return self.hibernation.wake(info)  # its next run starts a kernel and restores
             raise KernelUnavailable(
                 f"session {session_id!r} is {info.status}: its kernel is gone (the server restarted); "
                 "delete it and create a new one"
@@ -228,12 +242,15 @@ class SessionManager:
         if (sid in self._live or sid in self._creating or self.store.get(sid) is not None
                 or owner not in (None, tenant)):  # a closed session's records stay its tenant's
             raise SessionExists(f"session {sid!r} already exists")
+        self._check_capacity(tenant, principal.max_sessions)
+
+    def _check_capacity(self, tenant: str | None, cap: int | None = None) -> None:
+        """Room for one more live session (the server's cap, and the tenant's ``cap``)."""
         if self.live_count >= self.settings.sessions.max_sessions:
             raise TooManySessions(
                 f"the server holds its maximum of {self.settings.sessions.max_sessions} sessions; "
                 "delete one or wait for idle sessions to expire"
             )
-        cap = principal.max_sessions
         if cap is not None:
             held = (sum(1 for s in self._live.values() if s.info.tenant == tenant)
                     + sum(1 for t in self._creating.values() if t == tenant))
@@ -246,6 +263,7 @@ class SessionManager:
         sid = req.session_id or uuid.uuid4().hex
         tenant = principal.tenant
         self._check_room(sid, principal)
+        source = await self._fork_source(req, principal)
         self.broker.registry.check_allow_list(req.tools)
         for r in req.packages or []:
             parse_requirement(r)  # a bad requirement is refused before a kernel is taken
@@ -289,6 +307,8 @@ class SessionManager:
                 with contextlib.suppress(KernelmodeError):
                     await self.delete(sid, keep_notebook=False, reason="packages_refused")
                 raise
+        if source is not None:
+            await self._start_from(s, source)
         return info
 
     async def install_packages(self, session_id: str, packages: list[str], source: str = "rest") -> PackagesResult:
@@ -316,6 +336,7 @@ class SessionManager:
         else:
             await s.kernel.discard()
             self.broker.forget_session(session_id)
+        await self.checkpoints.forget(session_id)
         self.store.delete(session_id)
         self.metrics.sessions_ended.labels(reason, tenant or ADMIN_TENANT).inc()
         log.info("session %s deleted (%s)", session_id, reason)
@@ -391,6 +412,8 @@ class SessionManager:
         for run in self.runs.in_flight(session_id):
             if run.gate is not None:
                 run.gate.deny_pending("interrupted", "interrupt", tool="policy:run")
+        if s.kernel.state == KERNEL_DEAD:  # nothing runs (woken from hibernation, or crashed)
+            return s.info
         if s.kernel.latch.request(console_busy=s.console_cells > 0):
             await s.kernel.interrupt()
         return s.info
@@ -440,8 +463,70 @@ class SessionManager:
     async def artifact_bytes(self, session_id: str, run_id: str, artifact: Artifact) -> bytes:
         return await self.files.artifact_bytes(session_id, run_id, artifact)
 
+    # -- checkpoints and forks (checkpoints) ----------------------------------------------------------
+    async def checkpoint(self, session_id: str, auto: bool = False) -> CheckpointInfo:
+        """Save the session's variables and files now (after the runs queued before it)."""
+        s = self.live_session(session_id)
+        if s.kernel.restore_pending:  # woken from hibernation: its kernel and state first
+            s = await self.resume(session_id)
+        async with s.lock:
+            if self._live.get(session_id) is not s:  # deleted, or hibernated, while we waited
+                raise CheckpointFailed(f"session {session_id!r} was deleted or hibernated meanwhile")
+            if s.kernel.state_lost or s.kernel.needs_ready:
+                raise CheckpointFailed(f"session {session_id!r}: its kernel died since the last run; "
+                                       "run code first (the next run restores the latest checkpoint)")
+            return await self.checkpoints.take(s, auto=auto)
+
+    def list_checkpoints(self, session_id: str) -> list[CheckpointInfo]:
+        self.get(session_id)
+        return self.checkpoints.list(session_id)
+
+    async def _fork_source(self, req: SessionCreate, principal: Principal) -> CheckpointInfo | None:
+        """The checkpoint a new session starts from: ``from_checkpoint``, or a fresh one of ``fork_of``."""
+        if req.fork_of is not None and req.from_checkpoint is not None:
+            raise InvalidRequest("give fork_of or from_checkpoint, not both")
+        if req.from_checkpoint is not None:
+            return self.checkpoints.find(req.from_checkpoint, principal)
+        if req.fork_of is not None:
+            self.authorize(principal, req.fork_of)
+            return await self.checkpoint(req.fork_of)
+        return None
+
+    async def _start_from(self, s: LiveSession, source: CheckpointInfo) -> None:
+        """A fork: the source's files, then its variables (a failed restore deletes the new session)."""
+        sid = s.info.session_id
+        try:
+            await self.checkpoints.start_from(s, source)
+        except BaseException:
+            with contextlib.suppress(SessionNotFound):
+                await self.delete(sid, keep_notebook=False, reason="fork_failed")
+            raise
+        audit("session_forked", session_id=sid, tenant=s.info.tenant, checkpoint_id=source.checkpoint_id,
+              source=source.session_id)
+
     # -- reaping -----------------------------------------------------------------------------------
+    async def resume(self, session_id: str) -> LiveSession:
+        """The live session with its kernel running: a woken or dead one is started and restored
+        now (a console attaches to a kernel, not to a plan for one)."""
+        s = self.live_session(session_id)
+        if s.kernel.ready and not s.kernel.restore_pending:
+            return s
+        async with s.lock:
+            if await s.kernel.ensure_ready():
+                self.store.save(s.info, s.kernel_id, s.workspace)
+            await s.kernel.install_preamble(self.kernels.start_timeout)
+            await self.checkpoints.before_run(s)
+        return s
+
     async def reap_expired(self) -> list[str]:
+        if self.hibernation.on:
+            t = now()
+            slept = [sid for sid in self.hibernation.due(t) if await self.hibernation.hibernate(self._live[sid])]
+            for sid in self.hibernation.expired(t):
+                log.info("hibernated session %s expired", sid)
+                with contextlib.suppress(SessionNotFound):
+                    await self.delete(sid, reason="expired")
+            return slept
         gone = expired(self._live, now())
         for sid in gone:
             log.info("session %s expired after %d s idle", sid, self._live[sid].info.ttl_seconds)

@@ -13,7 +13,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
 
 from ..artifacts.harvester import Harvester
 from ..audit import audit
@@ -29,6 +30,9 @@ from .kernels import Kernel
 from .live import LiveSession
 from .runs import LiveRun, RunRegistry
 from .store import SessionStore
+
+if TYPE_CHECKING:
+    from .checkpoints import Restore
 
 log = logging.getLogger("kernelmode.sessions")
 
@@ -49,6 +53,11 @@ class Runner:
         self.metrics = metrics
         self.live = live
         self.runs = RunRegistry(settings.sessions.run_retention_seconds)
+        # Checkpoints (set by the manager): a restore after a kernel's death, before the run;
+        # after the run, with the session's lock released (an automatic checkpoint).
+        self.before_run: Callable[[LiveSession], Awaitable[Restore | None]] | None = None
+        self.after_run: Callable[[LiveSession, RunResult], None] | None = None
+        self.revive: Callable[[str], LiveSession] | None = None  # the live session by id (wakes a hibernated one)
 
     def timeout(self, timeout_seconds: float | None) -> float:
         """The run's timeout (InvalidRequest above the server's maximum)."""
@@ -121,7 +130,8 @@ class Runner:
     async def _execute(self, s: LiveSession, run: LiveRun, timeout: float) -> RunResult:
         session_id = s.info.session_id
         try:
-            async with s.lock:
+            s = await self._locked(s)
+            try:
                 if session_id not in self.live:  # deleted while we waited for the lock
                     raise SessionNotFound(f"no session {session_id!r}")
                 refusal = await self._policy(s, run)  # may wait for a person's approval
@@ -135,10 +145,15 @@ class Runner:
                     if await k.ensure_ready():
                         self.store.save(s.info, s.kernel_id, s.workspace)
                     await k.install_preamble(k.env.start_timeout)
+                    restore = await self.before_run(s) if self.before_run is not None else None
                     # Recorded as running first: if this server dies now, its successor can say
                     # the run was interrupted.
                     self.store.add_run(run.code, run.snapshot())
                     result = await self._run(k, run, timeout)
+                    if restore is not None:
+                        restore.apply(result)
+                    if result.status != "kernel_died":  # what a dead kernel made died with it
+                        s.changed_since_checkpoint = True
                 finally:
                     k.latch.disarm()
                     s.touch()
@@ -154,6 +169,8 @@ class Runner:
                     s.info.execution_count = result.execution_count
                 self.store.add_run(run.code, result, run.collector.events)
                 self.store.save(s.info, s.kernel_id, s.workspace)
+            finally:
+                s.lock.release()
         except Exception as e:
             run.failure = e if isinstance(e, KernelmodeError) else KernelmodeError(
                 f"internal error ({type(e).__name__}); see the server log")
@@ -163,6 +180,8 @@ class Runner:
             self.approvals.close(run.run_id)
             self.runs.finished(run)
         run.result = result
+        if self.after_run is not None:
+            self.after_run(s, result)
         self.metrics.observe_run(result, s.info.tenant or ADMIN_TENANT)
         audit("run", session_id=session_id, tenant=s.info.tenant, run_id=run.run_id, status=result.status,
               duration_ms=result.duration_ms, state_lost=result.state_lost,
@@ -195,6 +214,17 @@ class Runner:
         self.store.add_run(run.code, result, [])
         run.result = result
         return result
+
+    async def _locked(self, s: LiveSession) -> LiveSession:
+        """Take the session's lock (runs go in arrival order). A session that hibernated while
+        the run waited is woken (``revive``) and its new lock taken: the run goes on there."""
+        sid = s.info.session_id
+        while True:
+            await s.lock.acquire()
+            if self.revive is None or self.live.get(sid) is s:
+                return s
+            s.lock.release()
+            s = self.revive(sid)  # SessionNotFound when it was deleted meanwhile
 
     async def _run(self, k: Kernel, run: LiveRun, timeout: float) -> RunResult:
         assert k.conn is not None

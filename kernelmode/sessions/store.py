@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..models import Artifact, RunResult, SessionInfo
+from ..models import Artifact, CheckpointInfo, RunResult, SessionInfo
 
 
 def storable(text: str) -> str:
@@ -46,6 +46,15 @@ CREATE TABLE IF NOT EXISTS session_files (
     artifact TEXT NOT NULL,
     PRIMARY KEY (session_id, name)
 );
+-- Checkpoints: their blobs are in the artifact store (checkpoints.py), their metadata here.
+CREATE TABLE IF NOT EXISTS checkpoints (
+    checkpoint_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    created REAL NOT NULL,
+    info TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS checkpoints_by_session ON checkpoints (session_id, created);
 """
 
 
@@ -127,11 +136,16 @@ class SessionStore:
         """Sessions of a previous `serve` whose kernels are gone (all but those in ``keep``,
         whose kernels were adopted)."""
         n = 0
-        for info in self.all():
-            if info.status != "lost" and info.session_id not in keep:
+        for info in self.all():  # a hibernated session has no kernel to lose: it wakes as ever
+            if info.status not in ("lost", "hibernated") and info.session_id not in keep:
                 self.mark_lost(info)
                 n += 1
         return n
+
+    def hibernated(self) -> list[SessionInfo]:
+        rows = self._db.execute(
+            "SELECT info FROM sessions WHERE json_extract(info, '$.status') = 'hibernated'").fetchall()
+        return [SessionInfo.model_validate_json(r[0]) for r in rows]
 
     def add_run(self, code: str, result: RunResult, events: list[dict[str, Any]] | None = None) -> None:
         """``events``: the run's output in arrival order (what a notebook export shows)."""
@@ -200,3 +214,24 @@ class SessionStore:
         """A run's output events in arrival order (empty for runs stored without them)."""
         row = self._db.execute("SELECT events FROM runs WHERE run_id=?", (run_id,)).fetchone()
         return json.loads(row[0]) if row and row[0] else []
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def add_checkpoint(self, info: CheckpointInfo, tenant: str) -> None:
+        self._db.execute(
+            "INSERT INTO checkpoints (checkpoint_id, session_id, tenant, created, info) VALUES (?, ?, ?, ?, ?)",
+            (info.checkpoint_id, info.session_id, tenant, info.created_at.timestamp(), info.model_dump_json()))
+
+    def checkpoint(self, checkpoint_id: str) -> tuple[CheckpointInfo, str] | None:
+        """(checkpoint, its tenant), or None."""
+        row = self._db.execute("SELECT info, tenant FROM checkpoints WHERE checkpoint_id=?",
+                               (checkpoint_id,)).fetchone()
+        return (CheckpointInfo.model_validate_json(row[0]), row[1]) if row else None
+
+    def checkpoints(self, session_id: str) -> list[CheckpointInfo]:
+        """The session's checkpoints, newest first."""
+        rows = self._db.execute("SELECT info FROM checkpoints WHERE session_id=? ORDER BY created DESC",
+                                (session_id,)).fetchall()
+        return [CheckpointInfo.model_validate_json(r[0]) for r in rows]
+
+    def delete_checkpoint(self, checkpoint_id: str) -> None:
+        self._db.execute("DELETE FROM checkpoints WHERE checkpoint_id=?", (checkpoint_id,))

@@ -70,3 +70,26 @@ def test_store_down_gives_an_artifact_error_never_a_lost_run():
     finally:
         srv.stop()
         shutil.rmtree(srv.data_dir, ignore_errors=True)
+
+
+def test_checkpoints_restore_and_fork_through_s3(s3_server: S3Server):
+    bucket = f"km-{uuid.uuid4().hex[:12]}"
+    srv = start_server(_s3_env(s3_server.endpoint, bucket))
+    try:
+        with srv.client() as c:
+            sid = c.post("/v1/sessions", json={}).json()["session_id"]
+            c.post(f"/v1/sessions/{sid}/execute", json={"code": "import numpy as np\nv = np.arange(1000)\n"
+                                                        "open('/mnt/data/f.txt', 'w').write('s3 file')"})
+            ck = c.post(f"/v1/sessions/{sid}/checkpoint").json()
+            assert "v" in ck["saved"] and ck["workspace_files"] == 1
+            c.post(f"/v1/sessions/{sid}/execute", json={"code": "import os\nos._exit(1)", "timeout_seconds": 60})
+            r = c.post(f"/v1/sessions/{sid}/execute", json={"code": "int(v.sum())"}).json()
+            assert r["result"] == "499500" and r["state_lost"] is False
+            fork = c.post("/v1/sessions", json={"from_checkpoint": ck["checkpoint_id"]}).json()["session_id"]
+            f = c.post(f"/v1/sessions/{fork}/execute", json={"code": "open('/mnt/data/f.txt').read(), len(v)"}).json()
+            assert f["result"] == "('s3 file', 1000)"
+            c.delete(f"/v1/sessions/{fork}")
+            c.delete(f"/v1/sessions/{sid}")
+    finally:
+        srv.stop()
+        shutil.rmtree(srv.data_dir, ignore_errors=True)

@@ -75,6 +75,8 @@ _NOW = datetime(2026, 1, 1, tzinfo=timezone.utc).isoformat()
 _INFO = {"session_id": SID, "status": "idle", "created_at": _NOW, "last_activity": _NOW,
          "ttl_seconds": 60, "limits": Limits().model_dump(), "sandbox": "none"}
 _RUN = {"run_id": RID, "session_id": SID, "status": "ok", "stdout": "hi\n"}
+_CKPT = {"checkpoint_id": "c" * 32, "session_id": SID, "saved": ["x"], "skipped": [], "bytes": 10,
+         "created_at": _NOW}
 _ANSWERS: dict[_routes.Route[Any], tuple[int, Any]] = {
     _routes.CREATE_SESSION: (201, _INFO),
     _routes.LIST_SESSIONS: (200, {"sessions": [_INFO]}),
@@ -98,6 +100,8 @@ _ANSWERS: dict[_routes.Route[Any], tuple[int, Any]] = {
     _routes.APPROVE: (200, {"run_id": RID, "call_id": RID, "approved": False, "reason": "no", "by": "rest"}),
     _routes.INSTALL_PACKAGES: (200, {"installed": [{"name": "tabulate", "version": "0.9.0"}], "already": [],
                                      "duration_ms": 1.0}),
+    _routes.CHECKPOINT: (200, _CKPT),
+    _routes.LIST_CHECKPOINTS: (200, {"checkpoints": [_CKPT]}),
 }
 
 
@@ -152,6 +156,10 @@ CLIENT_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("search_tools", ("list a repo's commits",), {"limit": 3}),
     ("health", (), {}),
     ("ready", (), {}),
+    ("checkpoint", (SID,), {}),
+    ("checkpoints", (SID,), {}),
+    ("fork", (SID,), {"new_session_id": "f-1", "ttl_seconds": 60}),
+    ("fork", (), {"checkpoint_id": "c" * 32}),
 ]
 SESSION_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("run", ("x = 1",), {"timeout_seconds": 3}),
@@ -164,6 +172,8 @@ SESSION_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("interrupt", (), {}),
     ("restart", (), {}),
     ("install", ("tabulate", "rich==13.7.1"), {}),
+    ("checkpoint", (), {}),
+    ("checkpoints", (), {}),
     ("close", (), {}),
 ]
 

@@ -1,0 +1,378 @@
+"""Checkpoints: a session's variables and workspace files, kept in the artifact store, so that a
+session outlives its kernel (restore after death, forks, hibernation).
+
+The variables are serialised INSIDE the kernel (``kernel/snapshot.py``) into one file under the
+workspace's ``.kernelmode-checkpoint/`` folder; the manager moves that file, unread, into the
+store under ``.checkpoints/{id}/`` (a prefix no download link serves) and never unpickles it.
+A restore writes it back there for a fresh kernel, which loads it. The workspace files go in as
+a tar made here from the bounded, link-free workspace walk. Metadata (names, sizes, tenant) is in
+the session store; every lookup checks the tenant (another tenant's id is an unknown one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import stat
+import tarfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ..artifacts.base import CHECKPOINT_PREFIX, ArtifactStore, StoreError
+from ..artifacts.workspace import CHECKPOINT_DIR, FileNotFound, Workspace, clean_path
+from ..audit import audit
+from ..config import ADMIN_TENANT, Settings
+from ..errors import Conflict, KernelmodeError, KernelUnavailable, NotFound
+from ..gateway.exchange import ExecuteExchange
+from ..gateway.execution import OutputCollector
+from ..kernel.snapshot import MIME, snapshot_code
+from ..models import CheckpointInfo, RestoredFrom, RunResult, SkippedVariable
+from ..sandbox.spec import WORKSPACE_MOUNT
+from ..tenants import ADMIN, Principal
+from .kernels import Kernel
+from .live import LiveSession, now
+from .store import SessionStore
+
+log = logging.getLogger("kernelmode.sessions")
+
+_INDEX_SLACK = 16 * 1024 * 1024  # the snapshot's index and headers, on top of max_bytes
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class CheckpointNotFound(NotFound):
+    code = "checkpoint_not_found"
+
+
+class CheckpointFailed(Conflict):
+    """Nothing was saved (the kernel is busy or dead, the store failed, the file is too large)."""
+
+    code = "checkpoint_failed"
+
+
+def namespace_key(checkpoint_id: str) -> str:
+    return f"{CHECKPOINT_PREFIX}{checkpoint_id}/namespace.kmck"
+
+
+def workspace_key(checkpoint_id: str) -> str:
+    return f"{CHECKPOINT_PREFIX}{checkpoint_id}/workspace.tar"
+
+
+@dataclass
+class Restore:
+    """What a restore before a run brought back; written onto that run's result."""
+
+    checkpoint: CheckpointInfo
+    restored: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    error: str | None = None
+    complete: bool = False  # all the session had: nothing lost, no run after the checkpoint
+
+    def apply(self, result: RunResult) -> None:
+        result.restored_variables = self.restored
+        result.lost_variables = self.lost
+        if self.error is not None:
+            result.restore_error = self.error
+            result.state_lost = True
+            return
+        age = (now() - self.checkpoint.created_at).total_seconds()
+        result.restored_from = RestoredFrom(checkpoint_id=self.checkpoint.checkpoint_id, age_seconds=round(age, 3))
+        if not self.complete:
+            result.state_lost = True
+
+
+class Checkpoints:
+    """Takes, lists, restores and forgets checkpoints (``artifacts``: None without a store)."""
+
+    def __init__(self, settings: Settings, store: SessionStore, artifacts: ArtifactStore | None,
+                 scratch: Path) -> None:
+        self.settings = settings
+        self.cfg = settings.sessions.checkpoint
+        self.store = store
+        self.artifacts = artifacts
+        self.scratch = scratch
+
+    def _need_store(self) -> ArtifactStore:
+        if self.artifacts is None:
+            raise CheckpointFailed("checkpoints need an artifact store, and this server has none")
+        return self.artifacts
+
+    # -- lookups (tenant-checked) ------------------------------------------------------------------
+    def find(self, checkpoint_id: str, principal: Principal = ADMIN) -> CheckpointInfo:
+        """The checkpoint, if ``principal``'s tenant owns it (else: unknown, like a wrong id)."""
+        found = self.store.checkpoint(checkpoint_id)
+        if found is None or not principal.may_see(found[1]):
+            raise CheckpointNotFound(f"no checkpoint {checkpoint_id!r}")
+        return found[0]
+
+    def list(self, session_id: str) -> list[CheckpointInfo]:
+        return self.store.checkpoints(session_id)
+
+    # -- take ---------------------------------------------------------------------------------------
+    async def take(self, s: LiveSession, auto: bool = False) -> CheckpointInfo:
+        """Save the session's variables and files (the caller holds the session's lock)."""
+        info = await self.take_if_changed(s, auto, if_changed=False)
+        assert info is not None
+        return info
+
+    async def take_if_changed(self, s: LiveSession, auto: bool = True, if_changed: bool = True) -> CheckpointInfo | None:
+        """``take``, or None when the namespace is as at this kernel's latest checkpoint (then
+        that one stands)."""
+        artifacts = self._need_store()
+        k = s.kernel
+        if not k.ready:
+            raise CheckpointFailed(f"session {s.info.session_id!r} has no running kernel to checkpoint "
+                                   f"(status {s.info.status}); run code first")
+        started = time.monotonic()
+        cid = uuid.uuid4().hex
+        rel = PurePosixPath(CHECKPOINT_DIR, f"{cid}.kmck")
+        answer = await self._call(k, {"op": "save", "path": f"{WORKSPACE_MOUNT}/{rel}",
+                                      "max_bytes": self.cfg.max_bytes, "if_changed": if_changed})
+        s.last_checkpoint = time.monotonic()
+        if answer.get("unchanged"):
+            s.changed_since_checkpoint = False
+            return None
+        if "error" in answer:
+            raise CheckpointFailed(f"the kernel could not write its checkpoint: {answer['error']}")
+        ws = s.workspace_view()
+        tar = self.scratch / f"checkpoint-{cid}.tar"
+        fd, size = await asyncio.to_thread(_open_blob, ws, rel, self.cfg.max_bytes + _INDEX_SLACK)
+        try:
+            # Stored straight from the descriptor opened without following links (one copy):
+            # /proc/self/fd/N reopens that very file, whatever the kernel does to the path.
+            await artifacts.put_file(namespace_key(cid), Path(f"/proc/self/fd/{fd}"), "application/octet-stream")
+            files, tar_size = await asyncio.to_thread(_archive, ws, tar)
+            if files:
+                await artifacts.put_file(workspace_key(cid), tar, "application/x-tar")
+        except StoreError as e:
+            raise CheckpointFailed(f"the checkpoint could not be stored: {e}") from e
+        finally:
+            os.close(fd)
+            await asyncio.to_thread(_unlink, ws, rel)
+            tar.unlink(missing_ok=True)
+        info = CheckpointInfo(
+            checkpoint_id=cid, session_id=s.info.session_id, saved=list(answer.get("saved", [])),
+            skipped=[SkippedVariable.model_validate(x) for x in answer.get("skipped", [])],
+            bytes=size + tar_size, workspace_files=files, created_at=now(), auto=auto,
+            serialize_ms=round(float(answer.get("seconds", 0.0)) * 1000, 3),
+            duration_ms=round((time.monotonic() - started) * 1000, 3))
+        self.store.add_checkpoint(info, s.info.tenant or ADMIN_TENANT)
+        s.changed_since_checkpoint = False
+        await self._prune(s.info.session_id)
+        audit("checkpoint", session_id=s.info.session_id, tenant=s.info.tenant, checkpoint_id=cid,
+              bytes=info.bytes, saved=len(info.saved), skipped=len(info.skipped), auto=auto)
+        return info
+
+    # -- automatic ---------------------------------------------------------------------------------
+    def after_run(self, s: LiveSession, result: RunResult) -> None:
+        """After a successful run (its answer is on its way): a checkpoint in the background when
+        ``auto`` is on, the run changed something and the last one is old enough."""
+        if (not self.cfg.auto or self.artifacts is None or result.status != "ok" or not s.changed_since_checkpoint
+                or s.auto_checkpoint is not None
+                or time.monotonic() - s.last_checkpoint < self.cfg.min_interval_seconds):
+            return
+        s.auto_checkpoint = asyncio.create_task(self._auto(s), name=f"checkpoint-{s.info.session_id}")
+
+    async def _auto(self, s: LiveSession) -> None:
+        try:
+            async with s.lock:  # after this run; the session's next run waits for it
+                if s.kernel.ready and not s.kernel.state_lost and s.changed_since_checkpoint and not s.kernel.closed:
+                    await self.take_if_changed(s)
+        except KernelmodeError as e:
+            log.warning("session %s: automatic checkpoint failed: %s", s.info.session_id, e)
+        finally:
+            s.auto_checkpoint = None
+
+    # -- restore ------------------------------------------------------------------------------------
+    async def before_run(self, s: LiveSession) -> Restore | None:
+        """After the kernel died (and was restarted or replaced): load the latest checkpoint into
+        the fresh kernel before the next run. None when there is nothing to restore."""
+        k = s.kernel
+        if not k.restore_pending:
+            return None
+        k.restore_pending = False
+        latest = self.store.checkpoints(s.info.session_id)
+        if not latest or self.artifacts is None:
+            return None
+        restore = await self.restore(s, latest[0])
+        if restore.complete:
+            k.take_state_lost()  # all is back: the run's result need not say variables are gone
+        return restore
+
+    async def restore(self, s: LiveSession, info: CheckpointInfo) -> Restore:
+        """Load ``info``'s variables into the session's (fresh, ready) kernel. A damaged or
+        missing checkpoint is a Restore with ``error`` (and the kernel is left empty)."""
+        out = Restore(checkpoint=info)
+        skipped = [x.name for x in info.skipped]
+        try:
+            rel = PurePosixPath(CHECKPOINT_DIR, f"restore-{info.checkpoint_id}.kmck")
+            await asyncio.to_thread(_copy_in, self._need_store(), namespace_key(info.checkpoint_id),
+                                    s.workspace_view(), rel)
+            answer = await self._call(s.kernel, {"op": "load", "path": f"{WORKSPACE_MOUNT}/{rel}"})
+        except (KernelmodeError, StoreError) as e:
+            answer = {"error": str(e)}
+        if "error" in answer:
+            out.error = f"checkpoint {info.checkpoint_id} could not be restored: {answer['error']}"
+            out.lost = info.saved + skipped
+            log.warning("session %s: %s", s.info.session_id, out.error)
+        else:
+            out.restored = list(answer.get("restored", []))
+            lost_now = [x["name"] for x in answer.get("lost", [])]
+            out.lost = skipped + lost_now
+            out.complete = not out.lost and not s.changed_since_checkpoint
+        audit("checkpoint_restored", session_id=s.info.session_id, tenant=s.info.tenant,
+              checkpoint_id=info.checkpoint_id, restored=len(out.restored), lost=len(out.lost),
+              error=out.error)
+        return out
+
+    async def start_from(self, s: LiveSession, source: CheckpointInfo) -> None:
+        """A new session (a fork) takes the checkpoint's files and variables; CheckpointFailed
+        if they do not come back."""
+        async with s.lock:
+            await self.seed_workspace(s.workspace_view(), source)
+            restore = await self.restore(s, source)
+            if restore.error is not None:
+                raise CheckpointFailed(restore.error)
+            s.changed_since_checkpoint = True
+            s.files = await asyncio.to_thread(s.workspace_view().scan)  # not artifacts of its first run
+
+    async def seed_workspace(self, ws: Workspace, info: CheckpointInfo) -> None:
+        """Fill a new session's workspace with the checkpoint's files (a fork)."""
+        if not info.workspace_files:
+            return
+        store = self._need_store()
+        tmp = self.scratch / f"seed-{uuid.uuid4().hex}.tar"
+
+        def fetch() -> None:
+            with store.reader(workspace_key(info.checkpoint_id)) as src, open(tmp, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 22)
+
+        try:
+            await asyncio.to_thread(fetch)
+            await asyncio.to_thread(_unpack, tmp, ws)
+        except StoreError as e:
+            raise CheckpointFailed(f"the files of checkpoint {info.checkpoint_id} could not be read: {e}") from e
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    # -- forgetting ---------------------------------------------------------------------------------
+    async def forget(self, session_id: str) -> None:
+        """Remove every checkpoint of the session (it is deleted)."""
+        for info in self.store.checkpoints(session_id):
+            await self._remove(info.checkpoint_id)
+
+    async def _prune(self, session_id: str) -> None:
+        for info in self.store.checkpoints(session_id)[self.cfg.keep:]:
+            await self._remove(info.checkpoint_id)
+
+    async def _remove(self, checkpoint_id: str) -> None:
+        self.store.delete_checkpoint(checkpoint_id)
+        if self.artifacts is None:
+            return
+        for key in (namespace_key(checkpoint_id), workspace_key(checkpoint_id)):
+            try:
+                await self.artifacts.delete(key)
+            except StoreError as e:  # the record is gone; a leftover object is only space
+                log.warning("checkpoint %s: %s", checkpoint_id, e)
+
+    # -- the kernel side ----------------------------------------------------------------------------
+    async def _call(self, k: Kernel, request: dict[str, Any]) -> dict[str, Any]:
+        """Run the snapshot module in the kernel (silently) and read its one answer."""
+        if k.conn is None or not k.conn.is_open:
+            raise KernelUnavailable(f"session {k.info.session_id!r}: the kernel is not connected")
+        collector = OutputCollector(1024 * 1024, max_display_bytes=4 * 1024 * 1024)
+        exchange = ExecuteExchange(collector, on_input=lambda msg: k.answer_input("checkpoint", msg, []))
+        await exchange.send(k.conn, snapshot_code(request), silent=True)
+        loop = asyncio.get_running_loop()
+        try:
+            outcome = await exchange.collect(loop.time() + self.cfg.timeout_seconds)
+            if outcome == "timeout":
+                with contextlib.suppress(KernelmodeError):
+                    await k.interrupt()
+                    await exchange.collect(loop.time() + self.settings.sessions.interrupt_grace_seconds)
+                raise CheckpointFailed(f"took longer than {self.cfg.timeout_seconds:g} s and was interrupted")
+            if outcome != "done":
+                k.died_under_run()
+                raise KernelUnavailable(f"the kernel died during the {request['op']} ({outcome})")
+        finally:
+            exchange.close()
+        for output in collector.outputs:
+            answer = output.get("data", {}).get(MIME)
+            if isinstance(answer, dict):
+                return answer
+        detail = f"{collector.error.ename}: {collector.error.evalue}" if collector.error else "no answer"
+        return {"error": detail}
+
+
+# -- host-side file work (in threads; never following a link the kernel planted) -------------------
+def _open_blob(ws: Workspace, rel: PurePosixPath, cap: int) -> tuple[int, int]:
+    """(fd, size) of the kernel's checkpoint file, opened without following any link."""
+    try:
+        fd, st = ws.open_file(rel)
+    except FileNotFound as e:
+        _unlink(ws, rel)
+        raise CheckpointFailed("the kernel's checkpoint file is missing or not a plain file") from e
+    if st.st_size > cap:
+        os.close(fd)
+        _unlink(ws, rel)
+        raise CheckpointFailed(f"the checkpoint file is larger than the cap of {cap} bytes")
+    return fd, st.st_size
+
+
+def _copy_in(store: ArtifactStore, key: str, ws: Workspace, rel: PurePosixPath) -> None:
+    """Stream a stored checkpoint into the workspace (never whole in the manager's memory)."""
+    with store.reader(key) as f:
+        ws.write(rel, iter(lambda: f.read(1 << 22), b""), overwrite=True)
+
+
+def _unlink(ws: Workspace, rel: PurePosixPath) -> None:
+    with contextlib.suppress(OSError):
+        top = os.open(ws.root, _DIR_FLAGS)
+        try:
+            d = os.open(rel.parts[0], _DIR_FLAGS, dir_fd=top)
+            try:
+                os.unlink(rel.name, dir_fd=d)
+            finally:
+                os.close(d)
+        finally:
+            os.close(top)
+
+
+def _archive(ws: Workspace, dest: Path) -> tuple[int, int]:
+    """Tar the workspace's regular files (the bounded walk's); (files, bytes of the tar)."""
+    listing = ws.scan()
+    if not listing:
+        return 0, 0
+    count = 0
+    with tarfile.open(dest, "w") as tar:
+        for rel in sorted(listing):
+            try:
+                fd, st = ws.open_file(PurePosixPath(rel))
+            except FileNotFound:
+                continue  # gone since the walk
+            with os.fdopen(fd, "rb") as f:
+                member = tarfile.TarInfo(rel)
+                member.size, member.mtime, member.mode = st.st_size, int(st.st_mtime), 0o600
+                tar.addfile(member, f)
+                count += 1
+    return count, dest.stat().st_size
+
+
+def _unpack(src: Path, ws: Workspace) -> None:
+    """Write a checkpoint's files into a workspace: regular files only, each path cleaned."""
+    with tarfile.open(src, "r") as tar:
+        for member in tar:
+            if not member.isreg() or not stat.S_ISREG(member.mode | stat.S_IFREG):
+                continue
+            try:
+                rel = clean_path(member.name)
+            except KernelmodeError:
+                continue
+            f = tar.extractfile(member)
+            if f is not None:
+                ws.write(rel, iter(lambda f=f: f.read(1 << 20), b""), overwrite=True)  # type: ignore[misc]

@@ -1,0 +1,102 @@
+"""Hibernation: an idle session is checkpointed and its kernel stopped, its record and workspace
+kept (``status: hibernated``, no process left); its next use wakes it.
+
+Waking reuses the path of a kernel's death: the session gets a Kernel marked dead with a restore
+pending, so its next run starts a fresh kernel on the same workspace (``Kernel.ensure_ready``)
+and loads the latest checkpoint first (``Checkpoints.before_run``). A console attach does the
+same at once (``SessionManager.resume``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import MutableMapping
+from datetime import datetime, timedelta
+
+from ..audit import audit
+from ..config import Settings
+from ..errors import KernelmodeError
+from ..gateway.client import KERNEL_DEAD
+from ..models import SessionInfo
+from .checkpoints import Checkpoints
+from .kernels import Kernel, Kernels
+from .live import LiveSession, now
+from .store import SessionStore
+
+log = logging.getLogger("kernelmode.sessions")
+
+
+class Hibernation:
+    """``live``: the manager's live sessions (a hibernated session leaves it, a woken one enters)."""
+
+    def __init__(self, settings: Settings, store: SessionStore, checkpoints: Checkpoints,
+                 kernels: Kernels, live: MutableMapping[str, LiveSession]) -> None:
+        self.cfg = settings.sessions
+        self.store = store
+        self.checkpoints = checkpoints
+        self.kernels = kernels
+        self.live = live
+
+    @property
+    def on(self) -> bool:
+        return self.cfg.hibernate_after_seconds is not None
+
+    def due(self, at: datetime) -> list[str]:
+        """Live sessions idle past ``hibernate_after_seconds`` (or their own TTL), running nothing."""
+        assert self.cfg.hibernate_after_seconds is not None
+        idle = timedelta(seconds=self.cfg.hibernate_after_seconds)
+        return [sid for sid, s in self.live.items()
+                if not s.lock.locked() and s.console_cells == 0
+                and (s.info.last_activity + idle <= at or (s.info.expires_at is not None and s.info.expires_at <= at))]
+
+    def expired(self, at: datetime) -> list[str]:
+        """Hibernated sessions unused past ``hibernated_ttl_seconds``."""
+        return [i.session_id for i in self.store.hibernated()
+                if i.session_id not in self.live and i.expires_at is not None and i.expires_at <= at]
+
+    async def hibernate(self, s: LiveSession) -> bool:
+        """Checkpoint the session and stop its kernel; False (and it stays live) when its state
+        could not be saved. A kernel never started since the session woke has nothing new: the
+        session's latest checkpoint stands."""
+        sid = s.info.session_id
+        async with s.lock:
+            if self.live.get(sid) is not s:
+                return False
+            k = s.kernel
+            if k.ready and not k.restore_pending:
+                try:
+                    await self.checkpoints.take_if_changed(s)
+                except KernelmodeError as e:
+                    log.warning("session %s: not hibernated, its checkpoint failed: %s", sid, e)
+                    return False
+            await k.shutdown()
+            # A hibernated session holds files only: its volume is detached (kept), no loop device.
+            await asyncio.to_thread(self.kernels.volumes.unmount, s.workspace)
+            del self.live[sid]
+            t = now()
+            s.info.status = "hibernated"
+            s.info.memory_bytes = None
+            s.info.last_activity = t
+            s.info.expires_at = t + timedelta(seconds=self.cfg.hibernated_ttl_seconds)
+            self.store.save(s.info, k.kernel_id, s.workspace)
+        log.info("session %s hibernated", sid)
+        audit("session_hibernated", session_id=sid, tenant=s.info.tenant)
+        return True
+
+    def wake(self, info: SessionInfo) -> LiveSession:
+        """The hibernated session, live again with a kernel to start at its next use."""
+        workspace = self.store.workspace(info.session_id)
+        assert workspace is not None and info.kernel_id is not None
+        # Mounted at once (a short subprocess): uploads and listings may come before any run.
+        self.kernels.volumes.attach(workspace)
+        info.status = "idle"
+        k = Kernel(self.kernels, info.kernel_id, workspace, info)
+        k.state, k.needs_ready, k.state_lost, k.restore_pending = KERNEL_DEAD, True, True, True
+        s = self.live[info.session_id] = LiveSession(kernel=k)
+        s.changed_since_checkpoint = False  # its latest checkpoint is all it had
+        s.touch()
+        self.store.save(info, k.kernel_id, workspace)
+        log.info("session %s wakes from hibernation", info.session_id)
+        audit("session_woken", session_id=info.session_id, tenant=info.tenant)
+        return s

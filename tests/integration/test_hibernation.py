@@ -1,0 +1,194 @@
+"""Hibernation: idle sessions are checkpointed and their kernels stopped; each front door (REST,
+MCP, a console attach) wakes them with their variables; unused ones are deleted in the end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from tests.conftest import Server, start_server
+from tests.mcp.conftest import mcp_client
+
+WS_PROTOCOL = "v1.kernel.websocket.jupyter.org"
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[Server]:
+    s = start_server({"KERNELMODE_SESSIONS__HIBERNATE_AFTER_SECONDS": "2",
+                      "KERNELMODE_SESSIONS__HIBERNATED_TTL_SECONDS": "3600",
+                      "KERNELMODE_SESSIONS__POOL_SIZE": "0"})
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def api(srv: Server) -> Iterator[httpx.Client]:
+    with srv.client() as c:
+        yield c
+
+
+def _kernel_processes(kernel_id: str) -> int:
+    """Processes on this machine whose command line names the kernel (its connection file)."""
+    n = 0
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if kernel_id.encode() in (proc / "cmdline").read_bytes():
+                    n += 1
+            except OSError:
+                pass
+    return n
+
+
+def _wait_status(api: httpx.Client, sid: str, status: str, within: float = 120) -> dict:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        info = api.get(f"/v1/sessions/{sid}").json()
+        if info["status"] == status:
+            return info
+        time.sleep(0.3)
+    raise AssertionError(f"session {sid} never became {status}: {info}")
+
+
+def _hibernated_session(api: httpx.Client, code: str) -> tuple[str, str]:
+    r = api.post("/v1/sessions", json={})
+    assert r.status_code == 201
+    sid, kernel_id = r.json()["session_id"], r.json()["kernel_id"]
+    run = api.post(f"/v1/sessions/{sid}/execute", json={"code": code})
+    assert run.json()["status"] == "ok", run.text
+    info = _wait_status(api, sid, "hibernated")
+    assert _kernel_processes(kernel_id) == 0  # nothing of it runs
+    assert info["kernel_id"] == kernel_id
+    return sid, kernel_id
+
+
+def test_rest_run_wakes_a_hibernated_session(api: httpx.Client) -> None:
+    sid, _ = _hibernated_session(api, "import pandas as pd\nframe = pd.DataFrame({'a': [1, 2, 3]})")
+    listed = [s for s in api.get("/v1/sessions").json()["sessions"] if s["session_id"] == sid]
+    assert listed[0]["status"] == "hibernated"
+    assert api.get(f"/v1/sessions/{sid}/checkpoints").json()["checkpoints"][0]["auto"] is True
+    r = api.post(f"/v1/sessions/{sid}/execute", json={"code": "int(frame.a.sum())"}).json()
+    assert r["status"] == "ok" and r["result"] == "6"
+    assert r["state_lost"] is False and r["restored_from"] is not None
+    api.delete(f"/v1/sessions/{sid}")
+    assert api.get(f"/v1/sessions/{sid}").status_code == 404
+
+
+def test_files_of_a_hibernated_session_stay_and_it_sleeps_again(api: httpx.Client) -> None:
+    sid, _ = _hibernated_session(api, "open('/mnt/data/kept.txt', 'w').write('still here')\nn = 1")
+    files = api.get(f"/v1/sessions/{sid}/files").json()["files"]  # no kernel needed for files
+    assert [f["path"] for f in files] == ["/mnt/data/kept.txt"]
+    r = api.post(f"/v1/sessions/{sid}/execute", json={"code": "n += 1\nn, open('/mnt/data/kept.txt').read()"})
+    assert r.json()["result"] == "(2, 'still here')"
+    _wait_status(api, sid, "hibernated")  # the second sleep keeps the second state
+    assert api.post(f"/v1/sessions/{sid}/execute", json={"code": "n"}).json()["result"] == "2"
+    api.delete(f"/v1/sessions/{sid}")
+
+
+def test_mcp_run_wakes_a_hibernated_session(srv: Server, api: httpx.Client) -> None:
+    sid, _ = _hibernated_session(api, "word = 'awake'")
+
+    async def call() -> str:
+        async with mcp_client(srv) as client:
+            result = await client.call_tool("run_python", {"code": "word.upper()", "session_id": sid})
+        return "\n".join(c.text for c in result.content if hasattr(c, "text"))
+
+    text = asyncio.run(call())
+    assert "AWAKE" in text and "restored from checkpoint" in text and "all variables are back" in text
+    api.delete(f"/v1/sessions/{sid}")
+
+
+def test_console_attach_wakes_a_hibernated_session(srv: Server, api: httpx.Client) -> None:
+    sid, old_kernel = _hibernated_session(api, "z = 99")
+    with connect(f"ws{srv.url[4:]}/v1/sessions/{sid}/channels",
+                 additional_headers={"Authorization": f"Bearer {srv.token}"},
+                 subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]
+                 open_timeout=120):
+        info = api.get(f"/v1/sessions/{sid}").json()
+        assert info["status"] != "hibernated" and info["kernel_id"] != old_kernel
+        assert _kernel_processes(info["kernel_id"]) >= 1
+    r = api.post(f"/v1/sessions/{sid}/execute", json={"code": "z"}).json()
+    assert r["result"] == "99" and r["state_lost"] is False
+    api.delete(f"/v1/sessions/{sid}")
+
+
+def test_hibernated_sessions_are_deleted_after_their_ttl() -> None:
+    s = start_server({"KERNELMODE_SESSIONS__HIBERNATE_AFTER_SECONDS": "1",
+                      "KERNELMODE_SESSIONS__HIBERNATED_TTL_SECONDS": "2",
+                      "KERNELMODE_SESSIONS__POOL_SIZE": "0"})
+    try:
+        with s.client() as api:
+            sid = api.post("/v1/sessions", json={}).json()["session_id"]
+            api.post(f"/v1/sessions/{sid}/execute", json={"code": "a = 1"})
+            deadline = time.monotonic() + 120
+            seen = set()
+            while time.monotonic() < deadline:
+                r = api.get(f"/v1/sessions/{sid}")
+                if r.status_code == 404:
+                    break
+                seen.add(r.json()["status"])
+                time.sleep(0.3)
+            assert r.status_code == 404 and "hibernated" in seen
+            assert not list((s.data_dir / "artifacts" / ".checkpoints").glob("*/namespace.kmck"))
+            log = [json.loads(line) for line in s.log().splitlines() if line.startswith("{")]
+            assert log and not any(e.get("level") in ("error", "critical") for e in log)
+    finally:
+        s.stop()
+
+
+def test_hibernated_sessions_outlive_a_restart_of_the_server() -> None:
+    data_dir = Path(tempfile.mkdtemp(prefix="kmtest-", dir="/tmp"))
+    env = {"KERNELMODE_SESSIONS__HIBERNATE_AFTER_SECONDS": "1", "KERNELMODE_SESSIONS__POOL_SIZE": "0"}
+    first = start_server(env, data_dir=data_dir)
+    try:
+        with first.client() as api:
+            sid, _ = _hibernated_session(api, "open('/mnt/data/f.txt', 'w').write('disk')\nmemo = {'k': 'v'}")
+    finally:
+        first.stop()
+    second = start_server(env, data_dir=data_dir)
+    try:
+        with second.client() as api:
+            assert api.get(f"/v1/sessions/{sid}").json()["status"] == "hibernated"
+            r = api.post(f"/v1/sessions/{sid}/execute", json={"code": "memo['k'], open('/mnt/data/f.txt').read()"})
+            assert r.json()["result"] == "('v', 'disk')" and r.json()["state_lost"] is False
+            api.delete(f"/v1/sessions/{sid}")
+    finally:
+        second.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_a_run_sent_while_the_session_hibernates_wakes_it(api: httpx.Client) -> None:
+    # The hibernation's checkpoint is held up (pickling `gate` waits for a file) while a run is
+    # sent: that run waits, then finds the session asleep, wakes it and runs there.
+    r = api.post("/v1/sessions", json={})
+    sid = r.json()["session_id"]
+    api.post(f"/v1/sessions/{sid}/execute", json={"code": (
+        "import os, time\nclass Gate:\n    def __reduce__(self):\n"
+        "        open('/mnt/data/started', 'w').close()\n"
+        "        while not os.path.exists('/mnt/data/go'):\n            time.sleep(0.05)\n"
+        "        return (int, (5,))\ngate = Gate()")})
+    deadline = time.monotonic() + 120
+    while not any(f["path"] == "/mnt/data/started" for f in api.get(f"/v1/sessions/{sid}/files").json()["files"]):
+        assert time.monotonic() < deadline, "the hibernation never began"
+        time.sleep(0.2)
+    queued = api.post(f"/v1/sessions/{sid}/execute", json={"code": "gate + 1", "wait_seconds": 0})
+    assert queued.status_code == 202
+    assert api.put(f"/v1/sessions/{sid}/files/go", content=b"").status_code == 201
+    run_id = queued.json()["run_id"]
+    while True:
+        progress = api.get(f"/v1/runs/{run_id}", params={"wait_seconds": 30}).json()
+        if progress["done"]:
+            break
+        assert time.monotonic() < deadline + 120
+    result = progress["result"]
+    assert result["status"] == "ok" and result["result"] == "6" and result["restored_from"], result
+    api.delete(f"/v1/sessions/{sid}")

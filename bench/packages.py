@@ -159,7 +159,7 @@ def report(args: argparse.Namespace, s: dict[str, Stats]) -> None:
     goal_many = 3 * m["json"] + m["unpack_m"]
     rows = "\n".join(f"| {k} | {v.n} | {v.median:.1f} | {v.pct(90):.1f} |" for k, v in s.items())
     info = machine_info(args.sandbox)
-    body = f"""## Packages on demand: install into a session (bench/packages.py)
+    body = f"""## Packages on demand: install into a session (bench/packages.py, {args.sandbox})
 
 {info['date']}, sandbox **{args.sandbox}**, {s['json'].n} samples per path interleaved; a local index
 on loopback (tests/package_index.py). The machine is shared by five engineers (2 cores, load

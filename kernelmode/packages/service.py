@@ -31,6 +31,7 @@ from .policy import PackagePolicy, TenantRate, parse_requirement
 from .target import KernelTarget, probe
 
 KERNEL_RULE = "kernel packages are never replaced"
+MAX_DOWNLOADS = 4  # pip processes at once on the host, all sessions together (the rest queue)
 
 
 class PackageService:
@@ -46,6 +47,7 @@ class PackageService:
                                     cfg.max_download_mb * 1024 * 1024, cfg.timeout_seconds)
         self._target: KernelTarget | None = None
         self._target_lock = asyncio.Lock()
+        self._downloads = asyncio.Semaphore(MAX_DOWNLOADS)
         # One install at a time per layer; a lock lives while an install holds or awaits it.
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
@@ -153,7 +155,8 @@ class PackageService:
             constraints.write_text("\n".join(pins) + "\n")
             dest = staging / "wheels"
             dest.mkdir()
-            files = await download(dest, [str(r) for r in pending], target, constraints, self.options)
+            async with self._downloads:
+                files = await download(dest, [str(r) for r in pending], target, constraints, self.options)
             wheels = [await asyncio.to_thread(self.cache.add, f) for f in files]
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)

@@ -116,7 +116,8 @@ class ToolRegistry:
             )
 
     def infos(self, allow: list[str] | None = None) -> list[ToolInfo]:
-        return [t.info for t in self.all() if allowed(t.info.name, allow)]
+        return [t.info.model_copy(update={"requires_approval": True}) if self.requires_approval(t.info.name)
+                else t.info for t in self.all() if allowed(t.info.name, allow)]
 
 
 def allowed(name: str, allow: list[str] | None) -> bool:

@@ -143,6 +143,14 @@ def test_tools_without_the_flag_do_not_wait(api: httpx.Client, sid: str) -> None
     assert r.status_code == 200 and r.json()["result"] == "(3, 5)", r.text
 
 
+def test_listings_say_which_tools_ask_first(api: httpx.Client, sid: str) -> None:
+    flags = {t["name"]: t["requires_approval"] for t in api.get("/v1/tools").json()["tools"]}
+    assert flags["weather"] and flags["up.echo"] and not flags["add"] and not flags["up.add"]
+    text = api.post(f"/v1/sessions/{sid}/execute", json={"code": "tools.help()"}).json()["stdout"]
+    assert "tools.weather(city: str, unit: str = 'C') -> dict  [asks a person first]" in text
+    assert "[asks a person first]" not in text.split("tools.add(")[1].splitlines()[0]
+
+
 def test_listed_upstream_tool_waits(api: httpx.Client, sid: str) -> None:
     body = awaiting(api, sid, 'tools.up.echo(text="hi")')
     [pending] = body["pending_approvals"]

@@ -249,7 +249,8 @@ class _Group(types.ModuleType):
         for t in tools:
             name = t.spec["name"]
             prefix = name.rsplit(".", 1)[0] + "." if "." in name else ""
-            lines.append(f"  tools.{prefix}{t.spec.get('signature') or name.rsplit('.', 1)[-1]}")
+            lines.append(f"  tools.{prefix}{t.spec.get('signature') or name.rsplit('.', 1)[-1]}"
+                         + ("  [asks a person first]" if t.spec.get("requires_approval") else ""))
             desc = (t.spec.get("description") or "").strip()
             if desc:
                 lines.extend("      " + line for line in desc.splitlines())

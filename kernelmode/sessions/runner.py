@@ -243,7 +243,13 @@ class Runner:
         await exchange.send(k.conn, run.code)
         loop = asyncio.get_running_loop()
         try:
-            outcome = await exchange.collect(loop.time() + timeout)
+            start = loop.time()
+            outcome = await exchange.collect(start + timeout)
+            # Time spent waiting for a person's approval does not count against the timeout.
+            while outcome == "timeout" and run.gate is not None and \
+                    (deadline := start + timeout + run.gate.paused(loop.time())) > loop.time():
+                # (a call still pending: look again in a second at the earliest, not in a spin)
+                outcome = await exchange.collect(max(deadline, loop.time() + 1.0) if run.gate.pending else deadline)
             status: RunStatus
             if outcome == "done":
                 status = "ok" if collector.reply_status == "ok" else "error"

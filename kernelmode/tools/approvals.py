@@ -86,6 +86,13 @@ class RunGate:
     asker: Asker | None = None
     pending: dict[str, _Pending] = field(default_factory=dict)
     version: int = 0  # bumped at every change of what is pending or asked (pollers compare it)
+    _paused: float = 0.0  # seconds (loop clock) during which something was pending, so far
+    _pending_since: float | None = None
+
+    def paused(self, now: float) -> float:
+        """Seconds up to ``now`` (loop clock) that the run spent waiting for approvals: the
+        run's own timeout does not count them."""
+        return self._paused + (now - self._pending_since if self._pending_since is not None else 0.0)
 
     def _changed(self) -> None:
         self.version += 1
@@ -160,6 +167,8 @@ class RunGate:
             call_id = uuid.uuid4().hex  # the kernel's id is forgeable: never trust it to be unique
         p = _Pending(PendingApproval(call_id=call_id, tool=tool, arguments=shown_arguments(arguments)),
                      asyncio.get_running_loop().create_future())
+        if not self.pending:
+            self._pending_since = asyncio.get_running_loop().time()
         self.pending[call_id] = p
         self.owner.index(call_id, self)
         audit("approval_requested", session_id=self.session_id, tenant=self.tenant, run_id=self.run_id,
@@ -180,6 +189,9 @@ class RunGate:
             if p.asking is not None:
                 p.asking.cancel()
             self.pending.pop(call_id, None)
+            if not self.pending and self._pending_since is not None:
+                self._paused += asyncio.get_running_loop().time() - self._pending_since
+                self._pending_since = None
             self.owner.record(self, call_id, tool, decision)
             self._changed()
         return decision

@@ -20,6 +20,7 @@ class ToolInfo(BaseModel):
         description="JSON Schema of the keyword arguments.",
     )
     signature: str = Field("", description="Python signature, e.g. 'add(a: int, b: int = 0)'.")
+    requires_approval: bool = Field(False, description="Each call waits for a person's yes/no.")
 
 
 class ToolMatch(BaseModel):

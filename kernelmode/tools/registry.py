@@ -118,7 +118,8 @@ class ToolRegistry:
             )
 
     def infos(self, allow: list[str] | None = None) -> list[ToolInfo]:
-        return [t.info for t in self.all() if allowed(t.info.name, allow)]
+        return [t.info.model_copy(update={"requires_approval": True}) if self.requires_approval(t.info.name)
+                else t.info for t in self.all() if allowed(t.info.name, allow)]
 
     def search(self, query: str, limit: int = 8, allow: list[str] | None = None) -> list[ToolMatch]:
         """The tools (of those ``allow`` lets through) that best fit an intent: tools/search.py."""

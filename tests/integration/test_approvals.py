@@ -138,9 +138,27 @@ def test_denied_call_raises_tool_denied_with_the_reason(api: httpx.Client, sid: 
     assert result["tool_calls"][0]["ok"] is False
 
 
+def test_waiting_for_approval_does_not_count_against_the_runs_timeout(api: httpx.Client, sid: str) -> None:
+    r = api.post(f"/v1/sessions/{sid}/execute", json={"code": WEATHER, "timeout_seconds": 2})
+    body = r.json()
+    assert body["status"] == "awaiting_approval", body
+    time.sleep(3)  # longer than the run's timeout: only the time the code itself runs counts
+    api.post(f"/v1/runs/{body['run_id']}/approvals/{body['pending_approvals'][0]['call_id']}", json={"approve": True})
+    result = finish(api, body["run_id"])
+    assert result["status"] == "ok" and result["result"] == "'Paris'", result
+
+
 def test_tools_without_the_flag_do_not_wait(api: httpx.Client, sid: str) -> None:
     r = api.post(f"/v1/sessions/{sid}/execute", json={"code": "tools.add(a=1, b=2), tools.up.add(a=2, b=3)"})
     assert r.status_code == 200 and r.json()["result"] == "(3, 5)", r.text
+
+
+def test_listings_say_which_tools_ask_first(api: httpx.Client, sid: str) -> None:
+    flags = {t["name"]: t["requires_approval"] for t in api.get("/v1/tools").json()["tools"]}
+    assert flags["weather"] and flags["up.echo"] and not flags["add"] and not flags["up.add"]
+    text = api.post(f"/v1/sessions/{sid}/execute", json={"code": "tools.help()"}).json()["stdout"]
+    assert "tools.weather(city: str, unit: str = 'C') -> dict  [asks a person first]" in text
+    assert "[asks a person first]" not in text.split("tools.add(")[1].splitlines()[0]
 
 
 def test_listed_upstream_tool_waits(api: httpx.Client, sid: str) -> None:

@@ -35,6 +35,7 @@ async def test_a_decision_answers_the_call_once() -> None:
     decision = await call
     assert (decision.approved, decision.reason, decision.by) == (False, "no", "rest")
     assert not gate.pending and changes
+    assert 0 < gate.paused(asyncio.get_running_loop().time()) == gate.paused(1e12)  # not pending now
     with pytest.raises(ApprovalDecided, match="denied by rest"):
         approvals.decide("r1", CALL, True, None, "rest")
 

@@ -91,7 +91,8 @@ class _Bridge:
 
 def _signature(spec: dict[str, Any]) -> inspect.Signature:
     schema = spec.get("parameters") or {}
-    required = set(r for r in schema.get("required") or [] if isinstance(r, str))
+    req = schema.get("required")
+    required = {r for r in req if isinstance(r, str)} if isinstance(req, list) else set()
     props = schema.get("properties")
     params = []
     for pname, pschema in (props if isinstance(props, dict) else {}).items():
@@ -146,7 +147,8 @@ def _annotation(schema: Any, root: dict[str, Any], depth: int = 0) -> Any:
 def _doc(spec: dict[str, Any], sig: inspect.Signature) -> str | None:
     """The tool's description, then one line per parameter (type, default, its description)."""
     text = (spec.get("description") or "").strip()
-    props = (spec.get("parameters") or {}).get("properties") or {}
+    props = (spec.get("parameters") or {}).get("properties")
+    props = props if isinstance(props, dict) else {}
     lines = []
     for p in sig.parameters.values():
         kind = "" if p.annotation is inspect.Parameter.empty else inspect.formatannotation(p.annotation)

@@ -142,3 +142,9 @@ def test_a_refused_search_names_tools_search() -> None:
     t = preamble.build(SPECS, refuse)
     with pytest.raises(preamble.ToolError, match=r"^tools.search: limit must be"):
         t.search("x", limit=99)
+
+
+def test_properties_that_are_not_a_mapping_give_no_parameters() -> None:
+    t = preamble.build([{"name": "odd", "description": "Odd.", "parameters": {"properties": ["a"], "required": 3}}],
+                       Channel())
+    assert str(inspect.signature(t.odd)) == "()" and t.odd.__doc__ == "Odd."

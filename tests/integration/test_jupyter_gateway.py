@@ -222,15 +222,25 @@ def test_a_person_runs_cells_next_to_the_agent(
         reply = k.reply(k.send("shell", "complete_request", {"code": "import collections; collections.Ord",
                                                             "cursor_pos": 35}), "complete_reply")
         assert "OrderedDict" in " ".join(reply["content"]["matches"])
-        # The agent's run, while the person is attached: its output reaches the person as it happens
-        marker = secrets.token_hex(6)
-        res = alpha.post(f"/v1/sessions/{agent_sid}/execute", json={"code": f"print('{marker}')"}).json()
-        assert res["status"] == "ok", res
+        # The agent's run, while the person is attached: its output reaches the person as it
+        # happens (the run is still waiting for a file when the person sees its first line)
+        marker, go = secrets.token_hex(6), f"go-{secrets.token_hex(4)}"
+        code = (f"import os, time\nprint('{marker}', flush=True)\n"
+                f"while not os.path.exists('/mnt/data/{go}'): time.sleep(0.05)\nprint('end')")
+        started = alpha.post(f"/v1/sessions/{agent_sid}/execute", json={"code": code, "wait_seconds": 0})
+        assert started.status_code == 202, started.text
         k.until(lambda m: m["msg_type"] == "stream" and marker in m["content"]["text"])
+        run_id = started.json()["run_id"]
+        assert alpha.get(f"/v1/runs/{run_id}").json()["done"] is False  # still running
+        assert alpha.put(f"/v1/sessions/{agent_sid}/files/{go}", content=b"").status_code == 201
+        done = alpha.get(f"/v1/runs/{run_id}", params={"wait_seconds": 60}).json()
+        while not done.get("done"):
+            done = alpha.get(f"/v1/runs/{run_id}", params={"wait_seconds": 60}).json()
+        assert done["result"]["status"] == "ok" and done["result"]["stdout"] == f"{marker}\nend\n", done
         # The person's cells are in the session's history and notebook export
         nb = alpha.get(f"/v1/sessions/{agent_sid}/notebook").json()
         sources = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-        assert "x + 1" in sources and f"print('{marker}')" in sources
+        assert "x + 1" in sources and code in sources
     finally:
         k.close()
 

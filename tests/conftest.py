@@ -56,7 +56,9 @@ def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None 
     if data_dir is None:
         data_dir = Path(tempfile.mkdtemp(prefix="kmtest-", dir="/tmp"))
     data_dir.chmod(0o711)
-    token = secrets.token_urlsafe(16)
+    # Never starting with "-": `--token <token>` on a command line would read as an option
+    # (1 run in 64 failed test_console.py that way)
+    token = "t" + secrets.token_urlsafe(16)
     env = {
         **os.environ,
         "KERNELMODE_TOKEN": token,

@@ -26,12 +26,13 @@ from jupyter_client.session import Session
 from websockets.sync.client import ClientConnection, connect
 
 from kernelmode.api.jupyter_api import kernel_id_of
-from tests.conftest import Server, start_server
+from tests.conftest import REPO, Server, start_server
 
 ALPHA, BETA = secrets.token_urlsafe(18), secrets.token_urlsafe(18)
 HTTP = httpx.Client(timeout=120)  # tokens per request; kernels start slowly on a busy machine
 TENANTS = f"[{{name: alpha, token: '{ALPHA}'}}, {{name: beta, token: '{BETA}'}}]"
 JUPYTER_TOKEN = secrets.token_urlsafe(18)
+ATTACHING = "--ServerApp.kernel_manager_class=kernelmode.console.jupyter_server.AttachingKernelManager"
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,8 @@ def start_jupyter_server(gateway_url: str, token: str, extra: list[str] | None =
         stdout=subprocess.DEVNULL, stderr=open(log, "wb"), cwd=root,  # noqa: SIM115
         # Its runtime and config files in its own directory, not the user's
         env={**os.environ, "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "JUPYTER_CONFIG_DIR": str(home / "config"),
-             "JUPYTER_DATA_DIR": str(home / "data")})
+             "JUPYTER_DATA_DIR": str(home / "data"),
+             "PYTHONPATH": str(REPO)})  # this checkout's kernelmode (its AttachingKernelManager)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         if proc.poll() is not None:
@@ -90,7 +92,7 @@ def start_jupyter_server(gateway_url: str, token: str, extra: list[str] | None =
 @pytest.fixture(scope="module")
 def jupyter(srv: Server) -> Iterator[httpx.Client]:
     """A Jupyter Server whose gateway is kernelmode (tenant alpha's token)."""
-    proc, url, root = start_jupyter_server(srv.url, ALPHA)
+    proc, url, root = start_jupyter_server(srv.url, ALPHA, [ATTACHING])
     with httpx.Client(base_url=url, headers={"Authorization": f"token {JUPYTER_TOKEN}"}, timeout=120) as c:
         yield c
     proc.terminate()
@@ -171,6 +173,17 @@ def attach(jupyter: httpx.Client, kernel_id: str, path: str = "agent.ipynb") -> 
     assert r.json()["kernel"]["id"] == kernel_id
 
 
+def test_jupyterlab_lists_the_agents_session(jupyter: httpx.Client, agent_sid: str) -> None:
+    """With kernelmode's AttachingKernelManager, Jupyter Server lists the sessions the token may
+    see as running kernels (its own manager lists only kernels it started): JupyterLab's kernel
+    list and Select Kernel dialog show the agent's session."""
+    kid = kernel_id_of(agent_sid)
+    listed = jupyter.get("/api/kernels").json()
+    assert kid in [k["id"] for k in listed], listed
+    model = next(k for k in listed if k["id"] == kid)
+    assert model["execution_state"] in ("idle", "busy")
+
+
 def test_kernelspecs_and_the_agents_session_through_jupyter_server(
         jupyter: httpx.Client, alpha: httpx.Client, agent_sid: str) -> None:
     name = f"kernelmode-{alpha.get(f'/v1/sessions/{agent_sid}').json()['sandbox']}"
@@ -209,15 +222,25 @@ def test_a_person_runs_cells_next_to_the_agent(
         reply = k.reply(k.send("shell", "complete_request", {"code": "import collections; collections.Ord",
                                                             "cursor_pos": 35}), "complete_reply")
         assert "OrderedDict" in " ".join(reply["content"]["matches"])
-        # The agent's run, while the person is attached: its output reaches the person as it happens
-        marker = secrets.token_hex(6)
-        res = alpha.post(f"/v1/sessions/{agent_sid}/execute", json={"code": f"print('{marker}')"}).json()
-        assert res["status"] == "ok", res
+        # The agent's run, while the person is attached: its output reaches the person as it
+        # happens (the run is still waiting for a file when the person sees its first line)
+        marker, go = secrets.token_hex(6), f"go-{secrets.token_hex(4)}"
+        code = (f"import os, time\nprint('{marker}', flush=True)\n"
+                f"while not os.path.exists('/mnt/data/{go}'): time.sleep(0.05)\nprint('end')")
+        started = alpha.post(f"/v1/sessions/{agent_sid}/execute", json={"code": code, "wait_seconds": 0})
+        assert started.status_code == 202, started.text
         k.until(lambda m: m["msg_type"] == "stream" and marker in m["content"]["text"])
+        run_id = started.json()["run_id"]
+        assert alpha.get(f"/v1/runs/{run_id}").json()["done"] is False  # still running
+        assert alpha.put(f"/v1/sessions/{agent_sid}/files/{go}", content=b"").status_code == 201
+        done = alpha.get(f"/v1/runs/{run_id}", params={"wait_seconds": 60}).json()
+        while not done.get("done"):
+            done = alpha.get(f"/v1/runs/{run_id}", params={"wait_seconds": 60}).json()
+        assert done["result"]["status"] == "ok" and done["result"]["stdout"] == f"{marker}\nend\n", done
         # The person's cells are in the session's history and notebook export
         nb = alpha.get(f"/v1/sessions/{agent_sid}/notebook").json()
         sources = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-        assert "x + 1" in sources and f"print('{marker}')" in sources
+        assert "x + 1" in sources and code in sources
     finally:
         k.close()
 

@@ -1,6 +1,6 @@
 """End to end in a real browser: JupyterLab started with ``--gateway-url`` on a live
-``kernelmode serve``, driven by headless Debian Chromium through Playwright. The person opens
-the agent's session as a notebook, runs ``x + 1`` and sees the agent's ``x`` (41) plus one.
+``kernelmode serve``, driven by headless Debian Chromium through Playwright. The person opens a
+notebook, picks the agent's session in JupyterLab's Select Kernel dialog, runs ``x + 1`` and sees the agent's ``x`` (41) plus one.
 A screenshot of the result is kept under test-artifacts/ (gitignored; its path is printed)."""
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from kernelmode.api.jupyter_api import kernel_id_of
 from tests.conftest import REPO, Server, start_server
-from tests.integration.test_jupyter_gateway import JUPYTER_TOKEN, start_jupyter_server
+from tests.integration.test_jupyter_gateway import ATTACHING, JUPYTER_TOKEN, start_jupyter_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO / "test-artifacts"
@@ -43,20 +42,14 @@ def test_jupyterlab_runs_a_cell_in_the_agents_session(srv: Server) -> None:
     with srv.client() as agent:
         sid = agent.post("/v1/sessions", json={}).json()["session_id"]
         assert agent.post(f"/v1/sessions/{sid}/execute", json={"code": "x = 41"}).json()["status"] == "ok"
-        proc, lab_url, root = start_jupyter_server(srv.url, srv.token, module="jupyterlab")
+        proc, lab_url, root = start_jupyter_server(srv.url, srv.token, [ATTACHING], module="jupyterlab")
         try:
-            lab = httpx.Client(base_url=lab_url, headers={"Authorization": f"token {JUPYTER_TOKEN}"},
-                               timeout=120)
-            name = f"kernelmode-{agent.get(f'/v1/sessions/{sid}').json()['sandbox']}"
+            # A notebook with no kernel yet: JupyterLab asks which kernel to use on opening it
             notebook = {"cells": [{"cell_type": "code", "execution_count": None, "id": "c1", "metadata": {},
                                    "outputs": [], "source": "x + 1"}],
-                        "metadata": {"kernelspec": {"name": name, "display_name": name, "language": "python"}},
-                        "nbformat": 4, "nbformat_minor": 5}
+                        "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
             (root / "agent.ipynb").write_text(json.dumps(notebook))
-            # The notebook opens on the agent's kernel: a Jupyter session for its path
-            r = lab.post("/api/sessions", json={"path": "agent.ipynb", "type": "notebook", "name": "agent.ipynb",
-                                                "kernel": {"id": kernel_id_of(sid)}})
-            assert r.status_code == 201, r.text
+            kid = kernel_id_of(sid)
             ARTIFACTS.mkdir(exist_ok=True)
             shot = ARTIFACTS / "jupyterlab-agent-session.png"
             with sync_playwright() as p:
@@ -64,6 +57,13 @@ def test_jupyterlab_runs_a_cell_in_the_agents_session(srv: Server) -> None:
                 try:
                     page = browser.new_page(viewport={"width": 1280, "height": 800})
                     page.goto(f"{lab_url}/lab/tree/agent.ipynb?token={JUPYTER_TOKEN}", timeout=120_000)
+                    # The Select Kernel dialog lists the agent's session under "Connect to
+                    # Existing Kernel" (AttachingKernelManager): pick it by its kernel id
+                    select = page.locator(".jp-Dialog select").first
+                    select.wait_for(timeout=120_000)
+                    option = select.locator(f"option[value*='{kid}']").first
+                    select.select_option(value=option.get_attribute("value", timeout=120_000))
+                    page.locator(".jp-Dialog .jp-mod-accept").first.click()
                     editor = page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").first
                     editor.wait_for(timeout=120_000)
                     # The kernel is connected (its status in the toolbar says Idle) before running
@@ -86,6 +86,7 @@ def test_jupyterlab_runs_a_cell_in_the_agents_session(srv: Server) -> None:
             proc.terminate()
             proc.wait(60)
             shutil.rmtree(root.parent, ignore_errors=True)
-            # JupyterLab deleted the kernels it knew on its way out: the agent's session stays
+            # JupyterLab has exited (AttachingKernelManager stops only kernels it started, and
+            # kernelmode only detaches an agent's session anyway): the agent's session stays
             assert agent.get(f"/v1/sessions/{sid}").json()["status"] != "lost"
             agent.delete(f"/v1/sessions/{sid}")

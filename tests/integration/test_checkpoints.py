@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Iterator
 
@@ -169,6 +170,8 @@ def auto_srv() -> Iterator[Server]:
                       "KERNELMODE_SESSIONS__POOL_SIZE": "0"})
     yield s
     s.stop()
+    shutil.rmtree(s.data_dir, ignore_errors=True)
+    s.log_path.unlink(missing_ok=True)
 
 
 def _checkpoints_when(api: httpx.Client, sid: str, count: int) -> list[dict]:

@@ -28,6 +28,8 @@ def srv() -> Iterator[Server]:
                       "KERNELMODE_SESSIONS__POOL_SIZE": "0"})
     yield s
     s.stop()
+    shutil.rmtree(s.data_dir, ignore_errors=True)
+    s.log_path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +145,8 @@ def test_hibernated_sessions_are_deleted_after_their_ttl() -> None:
             assert log and not any(e.get("level") in ("error", "critical") for e in log)
     finally:
         s.stop()
+        shutil.rmtree(s.data_dir, ignore_errors=True)
+        s.log_path.unlink(missing_ok=True)
 
 
 def test_hibernated_sessions_outlive_a_restart_of_the_server() -> None:
@@ -164,6 +168,8 @@ def test_hibernated_sessions_outlive_a_restart_of_the_server() -> None:
     finally:
         second.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+        for srv in (first, second):
+            srv.log_path.unlink(missing_ok=True)
 
 
 def test_a_run_sent_while_the_session_hibernates_wakes_it(api: httpx.Client) -> None:

@@ -23,7 +23,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_IMAGE_BYTES = 1_000_000  # McpFrontSettings.max_image_bytes default
 
 ALL_TOOLS = {"run_python", "get_run", "upload_file", "list_files", "read_artifact", "list_tools", "search_tools",
-             "interrupt", "close_session", "list_sessions", "export_notebook", "checkpoint", "fork_session"}
+             "interrupt", "close_session", "list_sessions", "export_notebook", "checkpoint", "fork_session",
+             "install_packages"}
 
 
 def text_of(result: CallToolResult) -> str:

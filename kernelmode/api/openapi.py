@@ -144,7 +144,11 @@ def openapi_document() -> dict[str, Any]:
         "/v1/sessions": {
             "get": {"summary": "List sessions", "responses": {"200": _json("SessionList", "Sessions"), **_errors(401)}},
             "post": {"summary": "Create a session", "requestBody": body("SessionCreate"),
-                     "responses": {"201": _json("SessionInfo", "Created"), **_errors(400, 401, 409, 422, 429, 503)}},
+                     "responses": {"201": _json("SessionInfo", "Created"), **_errors(400, 401, 409, 422, 429, 503),
+                                   "403": _json("ErrorBody", "A package refused by the policy (package_refused)"),
+                                   "404": _json("ErrorBody", "Unknown fork_of session or from_checkpoint "
+                                                "checkpoint (session_not_found, checkpoint_not_found)"),
+                                   "502": _json("ErrorBody", "The package index or pip failed (package_fetch_failed)")}},
         },
         "/v1/execute": {
             "post": {"summary": "One-shot run in a fresh kernel that is discarded afterwards",

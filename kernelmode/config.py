@@ -282,6 +282,10 @@ class McpFrontSettings(_Section):
     max_sessions_per_tenant: int = Field(
         1_000, ge=1, description="Open MCP connections at /mcp per tenant (token); beyond, opening "
         "another answers 503 until one closes or idles out (30 min).")
+    json_answers: bool = Field(
+        True, description="Answer a call at /mcp as plain JSON when its SSE stream would carry only "
+        "the answer (no progress token asked, no elicitation or sampling declared by the client): the "
+        "client keeps its connection instead of opening one per call. false: always SSE.")
 
 
 class Settings(_Section):

@@ -38,7 +38,7 @@ def plain_client(body: bytes) -> bool | None:
     caps = params.get("capabilities") if isinstance(params, dict) else None
     if not isinstance(caps, dict):
         return True
-    return not (caps.get("elicitation") or caps.get("sampling"))
+    return caps.get("elicitation") is None and caps.get("sampling") is None
 
 
 def wants_stream(body: bytes) -> bool:

@@ -80,7 +80,7 @@ class ServerSettings(_Section):
     log_format: Literal["auto", "text", "json"] = Field(
         "auto", description="Log lines on stderr: text, json, or auto (text on a terminal, else json).")
     event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
-        "auto", description="The manager's event loop: uvloop (less CPU per request and message), "
+        "auto", description="The event loop of the manager and its gateway: uvloop (less CPU per message), "
         "asyncio, or auto (uvloop when installed, else asyncio).")
 
     @field_validator("data_dir", mode="after")

@@ -263,6 +263,7 @@ class KernelmodeApp:
         fingerprint = hashlib.sha256(json.dumps(
             {**env, "backend": s.sandbox.backend, "python": str(s.sandbox.kernel_python),
              "config": str(s.gateway.config_dir)}, sort_keys=True).encode()).hexdigest()
+        env["KERNELMODE_GW_EVENT_LOOP"] = s.server.event_loop  # the kernels do not depend on it
         return GatewayProcess(s.gateway.config_dir / "kernel_gateway_config.py", dirs["gateway"], env,
                               orphan_timeout=s.gateway.orphan_timeout_seconds, fingerprint=fingerprint)
 

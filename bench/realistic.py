@@ -156,7 +156,8 @@ async def run(args: argparse.Namespace) -> int:
         print("starting: direct kernel, kernelmode serve ...", flush=True)
         await direct.start()
         await rest.start()
-        await direct.run_cell(SETUP)
+        # The direct kernel writes its figure in its own temporary folder, not in the checkout.
+        await direct.run_cell(f"import os\nos.chdir({str(tmp / 'direct')!r})\n" + SETUP)
         cells.execute(SETUP)
         dc = DirectCells(direct)
         fns = {"direct_groupby": dc.groupby, "rest_groupby": cells.groupby,

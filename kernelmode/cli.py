@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError as PydanticValidationError
 
+from . import loops
 from .config import Settings, load_settings
 from .errors import ConfigError
 from .logs import setup_logging
@@ -53,7 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as e:  # pydantic's ValidationError (e.g. --token equal to a tenant's token)
         print(f"kernelmode: {_flag_problem(e)}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(settings, token_source=_token_source(args)))
+    return loops.run(serve(settings, token_source=_token_source(args)), settings.server.event_loop)
 
 
 def _mcp(args: argparse.Namespace) -> int:
@@ -84,7 +85,7 @@ def _mcp(args: argparse.Namespace) -> int:
         settings.sandbox.backend = args.sandbox
     if args.token is not None:
         settings.server.token = args.token
-    return asyncio.run(embedded(settings))
+    return loops.run(embedded(settings), settings.server.event_loop)
 
 
 def _console(args: argparse.Namespace) -> int:

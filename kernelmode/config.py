@@ -79,6 +79,9 @@ class ServerSettings(_Section):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     log_format: Literal["auto", "text", "json"] = Field(
         "auto", description="Log lines on stderr: text, json, or auto (text on a terminal, else json).")
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto", description="The event loop of the manager and its gateway: uvloop (less CPU per message), "
+        "asyncio, or auto (uvloop when installed, else asyncio).")
 
     @field_validator("data_dir", mode="after")
     @classmethod
@@ -316,6 +319,10 @@ class McpFrontSettings(_Section):
     max_sessions_per_tenant: int = Field(
         1_000, ge=1, description="Open MCP connections at /mcp per tenant (token); beyond, opening "
         "another answers 503 until one closes or idles out (30 min).")
+    json_answers: bool = Field(
+        True, description="Answer a call at /mcp as plain JSON when its SSE stream would carry only "
+        "the answer (no progress token asked, no elicitation or sampling declared by the client): the "
+        "client keeps its connection instead of opening one per call. false: always SSE.")
 
 
 class PackageSettings(_Section):

@@ -29,7 +29,7 @@ from .artifacts.harvester import Harvester
 from .artifacts.local import LocalStore
 from .audit import audit
 from .banner import TokenSource, startup_block
-from .config import REPO_ROOT, Settings
+from .config import Settings
 from .errors import ConfigError, KernelmodeError, SandboxUnavailable
 from .gateway.client import GatewayClient, message_limit
 from .gateway.process import GatewayProcess, raise_open_files_limit
@@ -264,14 +264,12 @@ class KernelmodeApp:
             "KERNELMODE_GW_DOCKER_CPUS": str(s.sandbox.docker_cpus),
             "KERNELMODE_GW_SERVER_ID": server_id(self.data_dir),
             **({"DOCKER_HOST": os.environ["DOCKER_HOST"]} if os.environ.get("DOCKER_HOST") else {}),
-            # From a checkout, the gateway loads this checkout's provisioners (it runs in its own
-            # directory, so it would otherwise import whichever kernelmode the venv installed).
-            **({"PYTHONPATH": str(REPO_ROOT)} if (REPO_ROOT / "pyproject.toml").is_file() else {}),
         }
         # What the running kernels depend on: a gateway started with other values is not adopted.
         fingerprint = hashlib.sha256(json.dumps(
             {**env, "backend": s.sandbox.backend, "python": str(s.sandbox.kernel_python),
              "config": str(s.gateway.config_dir)}, sort_keys=True).encode()).hexdigest()
+        env["KERNELMODE_GW_EVENT_LOOP"] = s.server.event_loop  # the kernels do not depend on it
         return GatewayProcess(s.gateway.config_dir / "kernel_gateway_config.py", dirs["gateway"], env,
                               orphan_timeout=s.gateway.orphan_timeout_seconds, fingerprint=fingerprint)
 

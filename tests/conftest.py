@@ -19,6 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+# Agent-framework packages (CrewAI) imported by any test send telemetry to the internet on
+# import unless told not to: tests send traffic to loopback only.
+os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("OTEL_SDK_DISABLED", "true")
+
 REPO = Path(__file__).resolve().parent.parent
 CANARY = "KM_CANARY_" + secrets.token_hex(8)
 # The sandbox every server the tests start uses (`make docker-test` sets docker); pinned, so that

@@ -237,7 +237,7 @@ class SessionHandler(BaseHandler):
 
 class ExecuteHandler(BaseHandler):
     async def post(self, session_id: str) -> None:
-        self.services.sessions.get(self.own(session_id))  # 404 before validating the body
+        self.services.sessions.status(self.own(session_id))  # 404 before validating the body (no usage read)
         req = self.body_model(ExecuteRequest)
         self.services.tenants.count_run(self.principal)
         result = await self.services.sessions.execute(session_id, req.code, req.timeout_seconds, req.wait_seconds)

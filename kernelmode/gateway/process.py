@@ -51,7 +51,11 @@ def _child_setup() -> None:
 # rfc3987_syntax when it is installed, which builds a Lark grammar for its "iri" format checks at
 # import time: 2-4 s of the gateway's start, for a check that neither the gateway nor its
 # kernels run. "kernel_gateway" stays in the command line (see _is_gateway).
-_LAUNCH = ("import sys; sys.modules['rfc3987_syntax'] = None; "
+# The gateway imports kernelmode (its config's classes, the provisioners) from the same place as
+# this manager: its cwd is its work dir, so without the path it found whichever copy is installed
+# (a checkout's changes to gateway code were not what its gateway ran).
+_ROOT = str(Path(__file__).resolve().parents[2])
+_LAUNCH = (f"import sys; sys.path.insert(0, {_ROOT!r}); sys.modules['rfc3987_syntax'] = None; "
            "import kernel_gateway.gatewayapp as app; app.launch_instance()")
 
 

@@ -70,11 +70,11 @@ class Connections:
         if session_id:
             try:
                 sessions.authorize(principal, session_id)
-                info = sessions.get(session_id)
+                status = sessions.status(session_id)
             except SessionNotFound as e:
                 raise SessionNotFound(f"unknown session {session_id!r}: omit session_id to use this "
                                       "connection's own session, or call list_sessions") from e
-            if info.status == "lost":
+            if status == "lost":
                 raise SessionNotFound(f"session {session_id!r} is lost (its kernel ended with a "
                                       "previous server run); omit session_id to get a fresh session")
             return session_id, None
@@ -89,7 +89,7 @@ class Connections:
             sid = self.own.get(key)
             if sid is not None:
                 try:
-                    if sessions.get(sid).status != "lost":
+                    if sessions.status(sid) != "lost":
                         return sid, None
                 except SessionNotFound:
                     pass

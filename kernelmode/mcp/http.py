@@ -28,7 +28,10 @@ from ..api.handlers import BaseHandler
 from ..errors import PayloadTooLarge
 from ..services import Services
 from .connections import TENANT_HEADER
+from .plain import PlainClients, plain_client, sse_answer, wants_stream
 from .server import KernelmodeMCP
+
+SESSION_HEADER = "mcp-session-id"
 
 
 def tenant_user(tenant: str) -> AuthenticatedUser:
@@ -74,6 +77,8 @@ class McpHttp:
             max_sessions=mcp.cfg.max_sessions,
             max_sessions_per_tenant=mcp.cfg.max_sessions_per_tenant,
         )
+        # Connections answered as plain JSON when the SSE stream would carry only the answer.
+        self.plain = PlainClients(mcp.cfg.max_sessions) if mcp.cfg.json_answers else None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -116,6 +121,9 @@ class McpHandler(BaseHandler):
 
     def prepare(self) -> None:
         self._closed = asyncio.Event()
+        # SSE answers are several writes: Nagle would hold the later ones for the client's ACK.
+        # (tornado turns it back on after each request.)
+        self.request.connection.stream.set_nodelay(True)  # type: ignore[union-attr]
         super().prepare()  # the bearer token, then prepare_body
 
     def prepare_body(self) -> None:
@@ -158,6 +166,15 @@ class McpHandler(BaseHandler):
             "user": tenant_user(self.principal.tenant),
         }
         body_sent = False
+        plain = self.mcp_http.plain
+        opening = plain_client(body) if plain is not None and req.method == "POST" else None
+        mcp_sid = req.headers.get(SESSION_HEADER)
+        # Buffer the SSE answer and send its response as JSON: the client then keeps the connection.
+        buffered: list[bytes] | None = (
+            [] if plain is not None and req.method == "POST" and mcp_sid in plain and not wants_stream(body)
+            else None)
+        if plain is not None and req.method == "DELETE" and mcp_sid:
+            plain.discard(mcp_sid)
 
         async def receive() -> dict[str, Any]:
             nonlocal body_sent
@@ -173,6 +190,12 @@ class McpHandler(BaseHandler):
                 self.clear_header("Content-Type")
                 for k, v in message.get("headers", []):
                     self.add_header(k.decode("latin-1"), v.decode("latin-1"))
+                    if opening and k.lower() == SESSION_HEADER.encode() and plain is not None:
+                        plain.add(v.decode("latin-1"), self.mcp_http.manager._server_instances)
+            elif message["type"] == "http.response.body" and buffered is not None:
+                buffered.append(message.get("body") or b"")
+                if not message.get("more_body"):
+                    self._send_plain(b"".join(buffered))
             elif message["type"] == "http.response.body" and not self._closed.is_set():
                 if message.get("body"):
                     self.write(message["body"])
@@ -185,3 +208,16 @@ class McpHandler(BaseHandler):
         await self.mcp_http.manager.handle_request(scope, receive, send)
         if not self._finished and not self._closed.is_set():
             self.finish()
+
+    def _send_plain(self, stream: bytes) -> None:
+        """Write a buffered answer: an SSE stream's one JSON-RPC response as a JSON body, anything
+        else (an error body, a stream without a single response) as it came."""
+        if self._closed.is_set():
+            return
+        answer = sse_answer(stream) if self._headers.get("Content-Type", "").startswith("text/event-stream") else None
+        if answer is None:
+            self.write(stream)
+            return
+        self.set_header("Content-Type", "application/json")
+        self.clear_header("Connection")  # the SSE answer's "keep-alive": HTTP/1.1 keeps it anyway
+        self.write(answer)

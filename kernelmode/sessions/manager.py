@@ -215,6 +215,14 @@ class SessionManager:
             raise SessionNotFound(f"no session {session_id!r}")
         return info
 
+    def status(self, session_id: str) -> str:
+        """A session's status alone (``get`` without its usage figures, read from the cgroup)."""
+        live = self._live.get(session_id)
+        info = live.info if live is not None else self.store.get(session_id)
+        if info is None:
+            raise SessionNotFound(f"no session {session_id!r}")
+        return str(info.status)
+
     def live_session(self, session_id: str) -> LiveSession:
         """The live session (SessionNotFound, or KernelUnavailable when it is lost)."""
         s = self._live.get(session_id)

@@ -6,6 +6,18 @@ import os
 c = get_config()  # type: ignore[name-defined]  # noqa: F821  (traitlets config file)
 env = os.environ
 
+# The gateway's event loop (server.event_loop), chosen here: the app makes its loop after reading
+# this file. uvloop costs less CPU per message; without it, asyncio's own.
+if env.get("KERNELMODE_GW_EVENT_LOOP", "asyncio") != "asyncio":
+    try:
+        import asyncio
+
+        import uvloop
+    except ImportError:
+        pass
+    else:
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
 # Reachable only by the manager: loopback, a random port, a random token.
 c.KernelGatewayApp.ip = "127.0.0.1"
 c.KernelGatewayApp.port = int(env["KERNELMODE_GW_PORT"])

@@ -231,6 +231,10 @@ class SessionManager:
             )
         return s
 
+    def peek(self, session_id: str) -> LiveSession | None:
+        """The live session, or None; never wakes a hibernated one (for listings)."""
+        return self._live.get(session_id)
+
     @property
     def live_count(self) -> int:
         return len(self._live) + len(self._creating)
@@ -330,9 +334,10 @@ class SessionManager:
             workspace = self.store.workspace(session_id)
             if self.store.get(session_id) is None:
                 raise SessionNotFound(f"no session {session_id!r}")
-            if workspace is not None:  # a lost session: only its files are left
+            if workspace is not None:  # a lost or hibernated session: only its files are left
                 with contextlib.suppress(KernelmodeError):
                     await asyncio.to_thread(self.volumes.destroy, workspace)
+                await asyncio.to_thread(self.packages.service.layer(workspace.name).destroy)
         else:
             await s.kernel.discard()
             self.broker.forget_session(session_id)
@@ -408,6 +413,8 @@ class SessionManager:
     async def interrupt(self, session_id: str) -> SessionInfo:
         """Interrupt the running code. A run still waiting for the code policy's approval is
         refused; a tool call waiting for approval ends with the cell (KeyboardInterrupt)."""
+        if session_id not in self._live and (info := self.get(session_id)).status == "hibernated":
+            return info  # nothing runs, and an interrupt is no reason to wake it
         s = self.live_session(session_id)
         for run in self.runs.in_flight(session_id):
             if run.gate is not None:
@@ -424,7 +431,13 @@ class SessionManager:
         if s.conn is not None:
             s.conn.broadcast({"msg_type": KERNEL_STATUS_EVENT, "state": RESTARTED})
         s.info.status = "restarting"
-        await s.kernel.restart()
+        if s.kernel.state == KERNEL_DEAD:  # woken from hibernation, or given up: a fresh, empty kernel
+            async with s.lock:
+                if s.kernel.state == KERNEL_DEAD:
+                    await s.kernel.replace()
+                s.kernel.restore_pending = False  # a restart asked for: the session starts empty
+        else:
+            await s.kernel.restart()
         if not s.lock.locked():
             s.info.status = "idle" if s.kernel.state != KERNEL_DEAD else "dead"
         s.touch()
@@ -496,6 +509,8 @@ class SessionManager:
         """A fork: the source's files, then its variables (a failed restore deletes the new session)."""
         sid = s.info.session_id
         try:
+            if source.packages:  # first: the restore re-imports modules that may come from them
+                await self.packages.copy_in(s, source.packages)
             await self.checkpoints.start_from(s, source)
         except BaseException:
             with contextlib.suppress(SessionNotFound):

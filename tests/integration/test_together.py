@@ -17,7 +17,7 @@ import httpx
 import pytest
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
-from websockets.sync.client import connect
+from websockets.sync.client import ClientConnection, connect
 
 from kernelmode.api.jupyter_api import kernel_id_of
 from tests.conftest import Server, start_server
@@ -151,22 +151,25 @@ def test_packages_outlive_a_death_and_go_to_forks_their_own_copy(api: httpx.Clie
         assert api.delete(f"/v1/sessions/{sid}").status_code == 204
 
 
-def _legacy_execute(srv: Server, kernel_id: str, code: str) -> str:
-    """Run a cell over /api/kernels/{id}/channels (legacy JSON frames, as Jupyter Server's
-    gateway client speaks them); the execute_result's text."""
+def _channels(srv: Server, kernel_id: str) -> ClientConnection:
+    """/api/kernels/{id}/channels with legacy JSON frames, as Jupyter Server's gateway client."""
     url = "ws" + srv.url[len("http"):] + f"/api/kernels/{kernel_id}/channels"
-    session = Session(key=b"", username="person")
-    msg = session.msg("execute_request", {"code": code, "silent": False, "store_history": True,
-                                          "user_expressions": {}, "allow_stdin": False})
-    with connect(url, additional_headers={"Authorization": f"token {srv.token}"}, open_timeout=300,
-                 max_size=None) as ws:
-        ws.send(json.dumps({**msg, "channel": "shell"}, default=json_default))
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            got = json.loads(ws.recv(timeout=max(deadline - time.monotonic(), 0.1)))
-            if got["parent_header"].get("msg_id") == msg["msg_id"] and got["msg_type"] in ("execute_result", "error"):
-                assert got["msg_type"] == "execute_result", got["content"]
-                return str(got["content"]["data"]["text/plain"])
+    return connect(url, additional_headers={"Authorization": f"token {srv.token}"}, open_timeout=300,
+                   max_size=None)
+
+
+def _execute(ws: ClientConnection, code: str) -> str:
+    """Run a cell over the channels; the execute_result's text."""
+    msg = Session(key=b"", username="person").msg(
+        "execute_request", {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+                            "allow_stdin": False})
+    ws.send(json.dumps({**msg, "channel": "shell"}, default=json_default))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        got = json.loads(ws.recv(timeout=max(deadline - time.monotonic(), 0.1)))
+        if got["parent_header"].get("msg_id") == msg["msg_id"] and got["msg_type"] in ("execute_result", "error"):
+            assert got["msg_type"] == "execute_result", got["content"]
+            return str(got["content"]["data"]["text/plain"])
     raise AssertionError("no execute_result")
 
 
@@ -188,9 +191,14 @@ def test_hibernated_sessions_keep_packages_and_the_jupyter_api_handles_them(srv:
     assert api.post(f"/api/kernels/{kid}/interrupt", headers=jh).status_code == 204
     assert status(api, sid) == "hibernated"  # neither the listing nor the interrupt woke it
 
-    # Attaching its channels wakes it, with its variables and its packages
-    assert _legacy_execute(srv, kid, "(w, kmtest_app.answer())") == "(7, 42)"
-    assert status(api, sid) == "idle"
+    # Attaching its channels wakes it, with its variables and its packages; while a client is
+    # attached it does not hibernate again (that would cut the person off)
+    with _channels(srv, kid) as ws:
+        assert _execute(ws, "(w, kmtest_app.answer())") == "(7, 42)"
+        assert status(api, sid) == "idle"
+        time.sleep(SLEEPY["ttl_seconds"] + 3)  # past its idle time, while attached
+        assert status(api, sid) == "idle"
+        assert _execute(ws, "w + 1") == "8"
 
     # A restart of a hibernated kernel: a fresh, empty kernel at once; the packages stay
     wait_hibernated(api, sid)

@@ -152,7 +152,11 @@ class PackageService:
                 missing: list[str] = []
                 for w in wheels:
                     self.policy.check(w.name, w.version)
+                present = await asyncio.to_thread(layer.installed)
                 for w in wheels:
+                    if w.key in present:  # the new session asked for its own version: it stays
+                        result.already.append(PackageRef(name=present[w.key][0], version=present[w.key][1]))
+                        continue
                     try:
                         path = await asyncio.to_thread(self.cache.path, w)
                     except PackageFetchFailed:
@@ -173,7 +177,7 @@ class PackageService:
             raise
         result.duration_ms = round((time.monotonic() - started) * 1000, 3)
         audit("package_install", **fields, ok=True, installed=[f"{p.name}=={p.version}" for p in result.installed],
-              already=[], duration_ms=result.duration_ms)
+              already=[f"{p.name}=={p.version}" for p in result.already], duration_ms=result.duration_ms)
         return result
 
     async def _resolve(self, pending: list[Requirement], target: KernelTarget,

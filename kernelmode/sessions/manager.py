@@ -268,6 +268,8 @@ class SessionManager:
         tenant = principal.tenant
         self._check_room(sid, principal)
         source = await self._fork_source(req, principal)
+        if source is not None and req.tools is None:  # a fork offers the tools its source offered
+            req = req.model_copy(update={"tools": self._tools_of(source.session_id)})
         self.broker.registry.check_allow_list(req.tools)
         for r in req.packages or []:
             parse_requirement(r)  # a bad requirement is refused before a kernel is taken
@@ -504,6 +506,12 @@ class SessionManager:
             self.authorize(principal, req.fork_of)
             return await self.checkpoint(req.fork_of)
         return None
+
+    def _tools_of(self, session_id: str) -> list[str] | None:
+        try:
+            return self.get(session_id).tools
+        except SessionNotFound:
+            return None
 
     async def _start_from(self, s: LiveSession, source: CheckpointInfo) -> None:
         """A fork: the source's files, then its variables (a failed restore deletes the new session)."""

@@ -26,6 +26,7 @@ from tests.package_index import PackageIndex, index_env, local_index
 CONFIG = """
 tools:
   - {name: add, function: "tests.integration.host_tools:add"}
+  - {name: weather, function: "tests.integration.host_tools:weather"}
 """
 SLEEPY = {"ttl_seconds": 10}  # hibernates after 10 s idle (hibernation is on, its global delay long)
 
@@ -131,6 +132,7 @@ def test_packages_outlive_a_death_and_go_to_forks_their_own_copy(api: httpx.Clie
     # The restored session's tools work: typed module, search, ToolDenied the preamble's own
     assert ok(api, fork, "import tools as t\n(t.add(1, 1), tools.search('add')[0]['name'], "
                          "issubclass(ToolDenied, ToolError), plus is tools.add)") == "(2, 'add', True, True)"
+    assert ok(api, fork, "'weather' in tools") == "False"  # the source's tools, not all of them
     # The source's kernel dies: the next run has its packages and its variables back
     died = run(api, src, "import os\nos._exit(1)")
     assert died["status"] == "kernel_died", died

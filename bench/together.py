@@ -8,16 +8,19 @@ Measured in one run, interleaved sample by sample:
   fork_plain  POST /v1/sessions {"fork_of": S} of a session with a few variables, no packages;
   fork_pkgs   the same of a session that also has kmtest-app, kmtest-lib and kmtest-many (a wheel
               of 400 modules) installed and imported: the fork copies them from the cache;
+  copy        of fork_pkgs, the server's own time to unpack the wheels into the fork's layer (the
+              ``duration_ms`` of its ``package_install`` audit line with ``source: fork``);
   install     POST .../packages of the same three into a fresh session, the wheels cached
               (what re-installing them in the fork by name would cost at best).
 
-The difference fork_pkgs - fork_plain is the packages' part of a fork.
+The two forks alternate which goes first (the warm pool's refill favours the first).
 Results go to a section of bench/RESULTS.md (unless --no-write); the last line is a SUMMARY.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -47,7 +50,7 @@ async def run(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="kmbench-together-"))
     build_index(tmp, 0)
     (tmp / "links").mkdir()
-    stats = {k: Stats(k) for k in ("fork_plain", "fork_pkgs", "install")}
+    stats = {k: Stats(k) for k in ("fork_plain", "fork_pkgs", "copy", "install")}
     with serve_index(tmp / "index") as index:
         env = {"KERNELMODE_PACKAGES__INDEX_URL": index.url, "KERNELMODE_PACKAGES__CACHE_DIR": str(tmp / "cache"),
                "KERNELMODE_SESSIONS__POOL_SIZE": "2", "PIP_NO_CACHE_DIR": "1", "PIP_CONFIG_FILE": "/dev/null",
@@ -83,22 +86,23 @@ async def run(args: argparse.Namespace) -> int:
             timed("POST", f"/v1/sessions/{rich}/execute", {"code": SETUP + "import kmtest_app, kmtest_many"})
             for i in range(args.warmup + args.samples):
                 keep = i >= args.warmup
-                took, fork = session(fork_of=plain)
-                if keep:
-                    stats["fork_plain"].samples.append(took)
-                done(fork)
-                took, fork = session(fork_of=rich)
-                if keep:
-                    stats["fork_pkgs"].samples.append(took)
-                _, res = timed("POST", f"/v1/sessions/{fork}/execute", {"code": "kmtest_app.answer()"})
-                assert res["status"] == "ok" and res["result"] == "42", res
-                done(fork)
+                for source in ((plain, rich) if i % 2 else (rich, plain)):
+                    took, fork = session(fork_of=source)
+                    if keep:
+                        stats["fork_pkgs" if source == rich else "fork_plain"].samples.append(took)
+                    if source == rich:
+                        _, res = timed("POST", f"/v1/sessions/{fork}/execute", {"code": "kmtest_app.answer()"})
+                        assert res["status"] == "ok" and res["result"] == "42", res
+                    done(fork)
                 _, sid = session()
                 took, res = timed("POST", f"/v1/sessions/{sid}/packages", {"packages": PKGS})
                 assert len(res["installed"]) == 3, res
                 if keep:
                     stats["install"].samples.append(took)
                 done(sid)
+            copies = [e["duration_ms"] for e in _audit(km.srv.log())
+                      if e.get("event") == "package_install" and e.get("source") == "fork" and e.get("ok")]
+            stats["copy"].samples.extend(copies[args.warmup:])
         finally:
             for sid in list(made):
                 http.delete(f"/v1/sessions/{sid}")
@@ -107,6 +111,19 @@ async def run(args: argparse.Namespace) -> int:
     shutil.rmtree(tmp, ignore_errors=True)
     report(args, stats)
     return 0
+
+
+def _audit(log: str) -> list[dict]:
+    """The JSON objects of the server's log lines (audit events among them)."""
+    out = []
+    for line in log.splitlines():
+        start = line.find("{")
+        if start >= 0:
+            try:
+                out.append(json.loads(line[start:]))
+            except ValueError:
+                continue
+    return out
 
 
 def report(args: argparse.Namespace, s: dict[str, Stats]) -> None:
@@ -124,9 +141,10 @@ figures of one run with each other, not across runs.
 {rows}
 
 - a fork of a session with 3 packages (one of 400 modules): {m['fork_pkgs']:.0f} ms, against
-  {m['fork_plain']:.0f} ms without packages: the packages' part is {m['fork_pkgs'] - m['fork_plain']:.0f} ms
-  (unpacking the cached wheels; no pip, no index), vs {m['install']:.0f} ms for a cached install of
-  the same packages by name into a fresh session.
+  {m['fork_plain']:.0f} ms without packages (difference {m['fork_pkgs'] - m['fork_plain']:.0f} ms, with the
+  larger namespace's checkpoint and restore in it); the server's own copy of the cached wheels
+  into the fork's layer: {m['copy']:.0f} ms (no pip, no index), vs {m['install']:.0f} ms for a cached
+  install of the same packages by name into a fresh session (request round trip included).
 
 Machine: {', '.join(f'{k}: {v}' for k, v in info.items() if k != 'date')}.
 """

@@ -111,7 +111,8 @@ def layer_site(srv: Server, kernel_id: str) -> Path:
     return srv.data_dir / "packages" / kernel_id / "site"
 
 
-def test_packages_outlive_a_death_and_go_to_forks_their_own_copy(api: httpx.Client, index: PackageIndex) -> None:
+def test_packages_outlive_a_death_and_go_to_forks_their_own_copy(srv: Server, api: httpx.Client,
+                                                                 index: PackageIndex) -> None:
     src = new_session(api, tools=["add"])["session_id"]
     assert {p["name"] for p in install(api, src, "kmtest-app==1.0")["installed"]} == {"kmtest-app", "kmtest-lib"}
     ok(api, src, "import kmtest_app\nfrom tools import add\nv = kmtest_app.answer()\nplus = add\n"
@@ -146,9 +147,14 @@ def test_packages_outlive_a_death_and_go_to_forks_their_own_copy(api: httpx.Clie
     res = run(api, src, "import kmtest_native")
     assert res["status"] == "error" and res["error"]["ename"] == "ModuleNotFoundError", res
 
-    # From a checkpoint id too
+    # From a checkpoint id too; a cached wheel changed since is not used: fetched again by its pin
+    lib = next(p for p in info["packages"] if p["name"] == "kmtest-lib")
+    cached = srv.data_dir / "package-cache" / "wheels" / lib["sha256"] / lib["filename"]
+    cached.write_bytes(b"not the wheel the checkpoint names")
+    asked = len(index.requests)
     other = new_session(api, from_checkpoint=info["checkpoint_id"])["session_id"]
     assert ok(api, other, "kmtest_app.answer() + v") == "84"
+    assert len(index.requests) > asked
     for sid in (src, fork, other):
         assert api.delete(f"/v1/sessions/{sid}").status_code == 204
 
@@ -225,10 +231,17 @@ def test_a_hibernated_sessions_packages_survive_a_server_restart(
     ok(api, sid, "import kmtest_app\nu = kmtest_app.answer()")
     wait_hibernated(api, sid)
     assert old.stop() == 0
-    new = start_server(env["vars"], data_dir=old.data_dir, args=env["args"])  # type: ignore[arg-type]
+    # Restarted with kmtest-lib deny-listed since: a fork of the checkpoint asks the policy again
+    deny = {"KERNELMODE_PACKAGES__DENY": "[kmtest-denied, 'kmtest-evil*', kmtest-lib]"}
+    new = start_server({**env["vars"], **deny}, data_dir=old.data_dir, args=env["args"])  # type: ignore[dict-item]
     servers.append(new)
     assert layer_site(new, made["kernel_id"]).is_dir()  # not swept as a leftover at start
     with new.client(timeout=300) as c:
         assert status(c, sid) == "hibernated"
+        checkpoint = c.get(f"/v1/sessions/{sid}/checkpoints").json()["checkpoints"][0]["checkpoint_id"]
+        refused = c.post("/v1/sessions", json={"from_checkpoint": checkpoint})
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "package_refused", refused.text
+        assert "kmtest-lib" in refused.json()["error"]["message"]
+        assert len(c.get("/v1/sessions").json()["sessions"]) == 1  # the refused fork is gone
         assert ok(c, sid, "(u, kmtest_app.answer())") == "(42, 42)"
         assert c.delete(f"/v1/sessions/{sid}").status_code == 204

@@ -41,6 +41,7 @@ from ..models import (
     Artifact,
     CheckpointInfo,
     FileList,
+    LimitsPatch,
     PackagesResult,
     RunResult,
     SessionCreate,
@@ -268,8 +269,8 @@ class SessionManager:
         tenant = principal.tenant
         self._check_room(sid, principal)
         source = await self._fork_source(req, principal)
-        if source is not None and req.tools is None:  # a fork offers the tools its source offered
-            req = req.model_copy(update={"tools": self._tools_of(source.session_id)})
+        if source is not None:
+            req = self._like_source(req, source.session_id)
         self.broker.registry.check_allow_list(req.tools)
         for r in req.packages or []:
             parse_requirement(r)  # a bad requirement is refused before a kernel is taken
@@ -507,11 +508,19 @@ class SessionManager:
             return await self.checkpoint(req.fork_of)
         return None
 
-    def _tools_of(self, session_id: str) -> list[str] | None:
+    def _like_source(self, req: SessionCreate, source_id: str) -> SessionCreate:
+        """A fork is a copy: its source's tools and limits (within the caller's ceilings), unless
+        the request names its own; the source's state may need that much memory and disk."""
         try:
-            return self.get(session_id).tools
+            src = self.get(source_id)
         except SessionNotFound:
-            return None
+            return req
+        update: dict[str, Any] = {}
+        if req.tools is None:
+            update["tools"] = src.tools
+        if req.limits is None:
+            update["limits"] = LimitsPatch(**src.limits.model_dump())
+        return req.model_copy(update=update)
 
     async def _start_from(self, s: LiveSession, source: CheckpointInfo) -> None:
         """A fork: the source's files, then its variables (a failed restore deletes the new session)."""

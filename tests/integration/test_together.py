@@ -113,7 +113,7 @@ def layer_site(srv: Server, kernel_id: str) -> Path:
 
 def test_packages_outlive_a_death_and_go_to_forks_their_own_copy(srv: Server, api: httpx.Client,
                                                                  index: PackageIndex) -> None:
-    src = new_session(api, tools=["add"])["session_id"]
+    src = new_session(api, tools=["add"], limits={"memory_mb": 700})["session_id"]
     assert {p["name"] for p in install(api, src, "kmtest-app==1.0")["installed"]} == {"kmtest-app", "kmtest-lib"}
     ok(api, src, "import kmtest_app\nfrom tools import add\nv = kmtest_app.answer()\nplus = add\n"
                  "class Box:\n    pass\nbox = Box()\nbox.lib = kmtest_app")
@@ -127,8 +127,10 @@ def test_packages_outlive_a_death_and_go_to_forks_their_own_copy(srv: Server, ap
 
     # A fork: the packages come from the cache (the index is not asked), its variables with them
     asked = len(index.requests)
-    fork = new_session(api, fork_of=src)["session_id"]
+    forked = new_session(api, fork_of=src)
+    fork = forked["session_id"]
     assert len(index.requests) == asked
+    assert forked["limits"]["memory_mb"] == 700 and forked["tools"] == ["add"]  # a copy: its source's
     assert ok(api, fork, "(v, kmtest_app.answer(), plus(2, 3), box.lib.answer())") == "(42, 42, 5, 42)"
     # The restored session's tools work: typed module, search, ToolDenied the preamble's own
     assert ok(api, fork, "import tools as t\n(t.add(1, 1), tools.search('add')[0]['name'], "

@@ -25,6 +25,9 @@ CANARY = "KM_CANARY_" + secrets.token_hex(8)
 # `auto` never picks a backend by what happens to be installed.
 BACKEND = os.environ.get("KM_TEST_BACKEND", "bwrap")
 os.environ["KERNELMODE_SANDBOX__BACKEND"] = BACKEND
+# Importing kernelmode.adapters.crewai (the import-graph test does) must not phone home.
+os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
 
 @dataclass

@@ -326,6 +326,14 @@ class PackagesResult(BaseModel):
     duration_ms: float = 0.0
 
 
+class LayerWheel(PackageRef):
+    """A wheel unpacked in a session's package layer, named as the shared cache holds it."""
+
+    filename: str
+    sha256: str
+    size: int = Field(0, description="Bytes of the wheel file.")
+
+
 # -- checkpoints -----------------------------------------------------------------------------------
 class SkippedVariable(BaseModel):
     name: str
@@ -345,6 +353,8 @@ class CheckpointInfo(BaseModel):
     serialize_ms: float = Field(0.0, description="Of duration_ms, the kernel's part: serialising and writing the file.")
     created_at: datetime
     auto: bool = Field(False, description="Taken automatically (after a run, or when hibernating).")
+    packages: list[LayerWheel] = Field(default_factory=list, description=(
+        "The session's installed packages: a fork gets the same wheels from the package cache."))
 
 
 class CheckpointList(BaseModel):

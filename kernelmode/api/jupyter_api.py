@@ -40,7 +40,8 @@ KID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{
 _NAMESPACE = uuid.UUID("6f1c3f55-3d4e-4d0b-9d55-6b65726e656c")  # for session ids that are no UUID
 _TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # the one GatewayKernelManager.refresh_model parses
 _STATES = {"starting": "starting", "idle": "idle", "busy": "busy", "restarting": "restarting",
-           "dead": "dead", "lost": "dead"}
+           "dead": "dead", "lost": "dead",
+           "hibernated": "idle"}  # no kernel process, but attaching or running wakes it
 # Sessions started through POST /api/kernels, per manager (the only ones DELETE stops).
 _started_here: weakref.WeakKeyDictionary[SessionManager, set[str]] = weakref.WeakKeyDictionary()
 
@@ -99,14 +100,16 @@ class JupyterHandler(BaseHandler):
 
     def kernel_model(self, info: SessionInfo) -> dict[str, Any]:
         """A session as Jupyter's kernel model."""
-        live = self.services.sessions.live_session(info.session_id)
+        live = self.services.sessions.peek(info.session_id)  # a listing never wakes a hibernated one
+        if live is None and info.status != "hibernated":
+            self.services.sessions.live_session(info.session_id)  # lost: KernelUnavailable
         state = _STATES.get(str(info.status), "idle")
-        if state == "idle" and live.console_cells > 0:
+        if state == "idle" and live is not None and live.console_cells > 0:
             state = "busy"  # a person's cell runs
         return {"id": kernel_id_of(info.session_id), "name": spec_name(info.sandbox),
                 "last_activity": info.last_activity.astimezone(timezone.utc).strftime(_TIME_FORMAT),
-                "execution_state": state, "connections": live.attached,
-                "kernelmode": {"session_id": info.session_id, "tenant": info.tenant}}
+                "execution_state": state, "connections": live.attached if live is not None else 0,
+                "kernelmode": {"session_id": info.session_id, "tenant": info.tenant, "status": info.status}}
 
     def kernel_models(self) -> list[dict[str, Any]]:
         """The caller's sessions that have a kernel (lost ones have none), as kernel models."""

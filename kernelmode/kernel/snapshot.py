@@ -24,6 +24,7 @@ import os
 import pickle
 import socket
 import struct
+import sys
 import threading
 import time
 import types
@@ -33,7 +34,8 @@ from typing import Any
 MAGIC = b"KMCKPT01"
 END = b"KMCKEND1"
 MIME = "application/vnd.kernelmode.snapshot+json"
-SKIP_NAMES = frozenset({"tools", "ToolError", "In", "Out", "get_ipython", "exit", "quit"})  # ours, IPython's
+# The preamble's names (reinstalled in every kernel before a restore) and IPython's.
+SKIP_NAMES = frozenset({"tools", "ToolError", "ToolDenied", "In", "Out", "get_ipython", "exit", "quit"})
 _REASON_LEN = 300
 
 
@@ -88,6 +90,25 @@ def _rebound(value: Any, ns: dict[str, Any]) -> Any:
         f.__doc__ = value.__doc__
         return f
     return value
+
+
+def _tool_name(value: Any) -> str | None:
+    """The name of a host tool function of the preamble (``from tools.x import f``): saved by
+    name and taken from the new kernel's ``tools``; its bridge to the manager is per kernel."""
+    if not isinstance(value, types.FunctionType):
+        return None
+    module, spec = str(getattr(value, "__module__", "")), getattr(value, "spec", None)
+    if (module == "tools" or module.startswith("tools.")) and isinstance(spec, dict):
+        name = spec.get("name")
+        return name if isinstance(name, str) else None
+    return None
+
+
+def _tool(name: str) -> Any:
+    obj: Any = sys.modules["tools"]
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def candidates(ns: dict[str, Any], hidden: Any = ()) -> list[str]:
@@ -160,6 +181,11 @@ def _write(ns: dict[str, Any], tmp: str, max_bytes: int, hidden: Any, saved: lis
             value = ns[name]
             if isinstance(value, types.ModuleType):
                 index.append({"name": name, "kind": "module", "module": value.__name__})
+                saved.append(name)
+                continue
+            tool = _tool_name(value)
+            if tool is not None:
+                index.append({"name": name, "kind": "tool", "tool": tool})
                 saved.append(name)
                 continue
             if id(value) in seen:
@@ -241,6 +267,8 @@ def load(ns: dict[str, Any], path: str) -> dict[str, Any]:
             kind = entry.get("kind")
             if kind == "module":
                 values[name] = importlib.import_module(str(entry["module"]))
+            elif kind == "tool":
+                values[name] = _tool(str(entry["tool"]))
             elif kind == "alias":
                 if entry["of"] not in values:
                     raise SnapshotError(f"alias of {entry['of']!r}, which was lost")

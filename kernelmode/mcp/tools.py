@@ -402,6 +402,9 @@ class McpTools:
                  f"saved: {clip(', '.join(info.saved), 2000, 'names') or '(none)'}"]
         if skipped:
             lines.append(f"NOT saved (re-create them after a restore): {skipped}{more}")
+        if info.packages:
+            pins = ", ".join(f"{p.name}=={p.version}" for p in info.packages)
+            lines.append(f"packages (a fork gets them too): {clip(pins, 1000, 'packages')}")
         return "\n".join(x for x in [note, *lines] if x)
 
     async def fork_session(

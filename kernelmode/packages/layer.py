@@ -11,6 +11,7 @@ never imports a half-written package. ``*.data/purelib`` and ``platlib`` go to t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -24,6 +25,7 @@ from packaging.utils import canonicalize_name
 from .errors import PackageRefused
 
 SITE = "site"  # the mounted directory inside a layer's root
+MANIFEST = "wheels.json"  # beside SITE, never mounted: the host's record of the cached wheels unpacked
 
 
 class PackageLayer:
@@ -57,6 +59,24 @@ class PackageLayer:
             if name and version:
                 out[str(canonicalize_name(name))] = (name, version)
         return out
+
+    def wheels(self) -> list[dict[str, object]]:
+        """The cache's wheels unpacked here (name, version, filename, sha256, size): what a
+        checkpoint records, so that a fork unpacks the very same files."""
+        try:
+            data = json.loads((self.root / MANIFEST).read_text())
+        except (OSError, ValueError):
+            return []
+        wheels = data.get("wheels") if isinstance(data, dict) else None
+        return [w for w in wheels if isinstance(w, dict)] if isinstance(wheels, list) else []
+
+    def record(self, wheel: dict[str, object]) -> None:
+        """Note one unpacked wheel (one entry per distribution; written whole, then renamed)."""
+        key = canonicalize_name(str(wheel["name"]))
+        kept = [w for w in self.wheels() if canonicalize_name(str(w.get("name", ""))) != key]
+        tmp = self.root / f".{MANIFEST}.tmp"
+        tmp.write_text(json.dumps({"wheels": [*kept, wheel]}))
+        os.replace(tmp, self.root / MANIFEST)
 
     def unpack(self, wheel: Path, max_bytes: int) -> None:
         """Unpack one wheel into the layer (PackageRefused for an archive that is not sane)."""

@@ -10,6 +10,7 @@ session's layer. Every install, refused or not, is one ``package_install`` audit
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import time
 import weakref
@@ -132,7 +133,51 @@ class PackageService:
         for w in todo:
             path = await asyncio.to_thread(self.cache.path, w)
             await asyncio.to_thread(layer.unpack, path, cap)
+            await asyncio.to_thread(layer.record, dataclasses.asdict(w))
             result.installed.append(PackageRef(name=w.name, version=w.version))
+        return result
+
+    async def copy_in(self, layer: PackageLayer, wheels: list[CachedWheel], *, session_id: str,
+                      tenant: str | None, source: str) -> PackagesResult:
+        """Unpack into ``layer`` the wheels another session's layer holds (a fork, from its
+        checkpoint's record): the same files from the cache, hash-checked, with the policy asked
+        again; no resolution, no index. A wheel the cache no longer has is installed by its pin."""
+        started = time.monotonic()
+        fields: dict[str, object] = {"session_id": session_id, "tenant": tenant, "source": source,
+                                     "requested": [f"{w.name}=={w.version}" for w in wheels][:100]}
+        result = PackagesResult()
+        try:
+            lock = self._locks.get(str(layer.root)) or self._locks.setdefault(str(layer.root), asyncio.Lock())
+            async with lock:
+                missing: list[str] = []
+                for w in wheels:
+                    self.policy.check(w.name, w.version)
+                present = await asyncio.to_thread(layer.installed)
+                for w in wheels:
+                    if w.key in present:  # the new session asked for its own version: it stays
+                        result.already.append(PackageRef(name=present[w.key][0], version=present[w.key][1]))
+                        continue
+                    try:
+                        path = await asyncio.to_thread(self.cache.path, w)
+                    except PackageFetchFailed:
+                        missing.append(f"{w.name}=={w.version}")
+                        continue
+                    await asyncio.to_thread(layer.unpack, path, self.options.max_bytes * 10)
+                    await asyncio.to_thread(layer.record, dataclasses.asdict(w))
+                    result.installed.append(PackageRef(name=w.name, version=w.version))
+                if missing:
+                    again = await self._install(layer, missing, tenant)
+                    result.installed += again.installed
+                    result.already += again.already
+        except OSError as e:
+            audit("package_install", **fields, ok=False, code="package_fetch_failed", error=str(e)[:500])
+            raise PackageFetchFailed(f"the package cache or the session's layer failed: {e}") from e
+        except KernelmodeError as e:
+            audit("package_install", **fields, ok=False, code=e.code, error=e.message[:500])
+            raise
+        result.duration_ms = round((time.monotonic() - started) * 1000, 3)
+        audit("package_install", **fields, ok=True, installed=[f"{p.name}=={p.version}" for p in result.installed],
+              already=[f"{p.name}=={p.version}" for p in result.already], duration_ms=result.duration_ms)
         return result
 
     async def _resolve(self, pending: list[Requirement], target: KernelTarget,

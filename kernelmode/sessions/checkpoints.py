@@ -37,6 +37,7 @@ from ..sandbox.spec import WORKSPACE_MOUNT
 from ..tenants import ADMIN, Principal
 from .kernels import Kernel
 from .live import LiveSession, now
+from .packages import layer_wheels
 from .store import SessionStore
 
 log = logging.getLogger("kernelmode.sessions")
@@ -160,7 +161,8 @@ class Checkpoints:
             skipped=[SkippedVariable.model_validate(x) for x in answer.get("skipped", [])],
             bytes=size + tar_size, workspace_files=files, created_at=now(), auto=auto,
             serialize_ms=round(float(answer.get("seconds", 0.0)) * 1000, 3),
-            duration_ms=round((time.monotonic() - started) * 1000, 3))
+            duration_ms=round((time.monotonic() - started) * 1000, 3),
+            packages=await asyncio.to_thread(layer_wheels, k.layer))
         self.store.add_checkpoint(info, s.info.tenant or ADMIN_TENANT)
         s.changed_since_checkpoint = False
         await self._prune(s.info.session_id)

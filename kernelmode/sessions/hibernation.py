@@ -43,11 +43,12 @@ class Hibernation:
         return self.cfg.hibernate_after_seconds is not None
 
     def due(self, at: datetime) -> list[str]:
-        """Live sessions idle past ``hibernate_after_seconds`` (or their own TTL), running nothing."""
+        """Live sessions idle past ``hibernate_after_seconds`` (or their own TTL), running nothing
+        and with no console or Jupyter client attached (stopping the kernel would cut it off)."""
         assert self.cfg.hibernate_after_seconds is not None
         idle = timedelta(seconds=self.cfg.hibernate_after_seconds)
         return [sid for sid, s in self.live.items()
-                if not s.lock.locked() and s.console_cells == 0
+                if not s.lock.locked() and s.console_cells == 0 and s.attached == 0
                 and (s.info.last_activity + idle <= at or (s.info.expires_at is not None and s.info.expires_at <= at))]
 
     def expired(self, at: datetime) -> list[str]:

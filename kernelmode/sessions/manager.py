@@ -41,6 +41,7 @@ from ..models import (
     Artifact,
     CheckpointInfo,
     FileList,
+    LimitsPatch,
     PackagesResult,
     RunResult,
     SessionCreate,
@@ -239,6 +240,10 @@ class SessionManager:
             )
         return s
 
+    def peek(self, session_id: str) -> LiveSession | None:
+        """The live session, or None; never wakes a hibernated one (for listings)."""
+        return self._live.get(session_id)
+
     @property
     def live_count(self) -> int:
         return len(self._live) + len(self._creating)
@@ -272,6 +277,8 @@ class SessionManager:
         tenant = principal.tenant
         self._check_room(sid, principal)
         source = await self._fork_source(req, principal)
+        if source is not None:
+            req = self._like_source(req, source.session_id)
         self.broker.registry.check_allow_list(req.tools)
         for r in req.packages or []:
             parse_requirement(r)  # a bad requirement is refused before a kernel is taken
@@ -338,9 +345,10 @@ class SessionManager:
             workspace = self.store.workspace(session_id)
             if self.store.get(session_id) is None:
                 raise SessionNotFound(f"no session {session_id!r}")
-            if workspace is not None:  # a lost session: only its files are left
+            if workspace is not None:  # a lost or hibernated session: only its files are left
                 with contextlib.suppress(KernelmodeError):
                     await asyncio.to_thread(self.volumes.destroy, workspace)
+                await asyncio.to_thread(self.packages.service.layer(workspace.name).destroy)
         else:
             await s.kernel.discard()
             self.broker.forget_session(session_id)
@@ -416,6 +424,8 @@ class SessionManager:
     async def interrupt(self, session_id: str) -> SessionInfo:
         """Interrupt the running code. A run still waiting for the code policy's approval is
         refused; a tool call waiting for approval ends with the cell (KeyboardInterrupt)."""
+        if session_id not in self._live and (info := self.get(session_id)).status == "hibernated":
+            return info  # nothing runs, and an interrupt is no reason to wake it
         s = self.live_session(session_id)
         for run in self.runs.in_flight(session_id):
             if run.gate is not None:
@@ -432,7 +442,13 @@ class SessionManager:
         if s.conn is not None:
             s.conn.broadcast({"msg_type": KERNEL_STATUS_EVENT, "state": RESTARTED})
         s.info.status = "restarting"
-        await s.kernel.restart()
+        if s.kernel.state == KERNEL_DEAD:  # woken from hibernation, or given up: a fresh, empty kernel
+            async with s.lock:
+                if s.kernel.state == KERNEL_DEAD:
+                    await s.kernel.replace()
+                s.kernel.restore_pending = False  # a restart asked for: the session starts empty
+        else:
+            await s.kernel.restart()
         if not s.lock.locked():
             s.info.status = "idle" if s.kernel.state != KERNEL_DEAD else "dead"
         s.touch()
@@ -500,10 +516,26 @@ class SessionManager:
             return await self.checkpoint(req.fork_of)
         return None
 
+    def _like_source(self, req: SessionCreate, source_id: str) -> SessionCreate:
+        """A fork is a copy: its source's tools and limits (within the caller's ceilings), unless
+        the request names its own; the source's state may need that much memory and disk."""
+        try:
+            src = self.get(source_id)
+        except SessionNotFound:
+            return req
+        update: dict[str, Any] = {}
+        if req.tools is None:
+            update["tools"] = src.tools
+        if req.limits is None:
+            update["limits"] = LimitsPatch(**src.limits.model_dump())
+        return req.model_copy(update=update)
+
     async def _start_from(self, s: LiveSession, source: CheckpointInfo) -> None:
         """A fork: the source's files, then its variables (a failed restore deletes the new session)."""
         sid = s.info.session_id
         try:
+            if source.packages:  # first: the restore re-imports modules that may come from them
+                await self.packages.copy_in(s, source.packages)
             await self.checkpoints.start_from(s, source)
         except BaseException:
             with contextlib.suppress(SessionNotFound):

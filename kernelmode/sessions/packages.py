@@ -14,12 +14,25 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import KernelmodeError
-from ..models import PackagesRequest, PackagesResult
+from ..models import LayerWheel, PackagesRequest, PackagesResult
+from ..packages.cache import CachedWheel
+from ..packages.layer import PackageLayer
 from ..packages.service import PackageService
 from ..tools.base import ToolFailed
 from .live import LiveSession
 
 log = logging.getLogger("kernelmode.sessions")
+
+
+def layer_wheels(layer: PackageLayer | None) -> list[LayerWheel]:
+    """What a checkpoint records of the session's packages (the wheels its layer holds)."""
+    out = []
+    for w in layer.wheels() if layer is not None else []:
+        try:
+            out.append(LayerWheel.model_validate(w))
+        except ValidationError:
+            log.warning("package layer %s: an unreadable record is ignored", layer.root if layer else "")
+    return out
 
 
 class SessionPackages:
@@ -31,6 +44,15 @@ class SessionPackages:
         layer = s.kernel.layer
         assert layer is not None, "the SessionManager always gives kernels a package layer"
         return await self.service.install(layer, packages, session_id=s.info.session_id,
+                                          tenant=s.info.tenant, source=source)
+
+    async def copy_in(self, s: LiveSession, wheels: list[LayerWheel], source: str = "fork") -> PackagesResult:
+        """A fork (or a session from a checkpoint) gets the source's packages: the same cached
+        wheels, unpacked into its own layer (independent of the source's from then on)."""
+        layer = s.kernel.layer
+        assert layer is not None, "the SessionManager always gives kernels a package layer"
+        cached = [CachedWheel(w.name, w.version, w.filename, w.sha256, w.size) for w in wheels]
+        return await self.service.copy_in(layer, cached, session_id=s.info.session_id,
                                           tenant=s.info.tenant, source=source)
 
     async def from_kernel(self, session_id: str, arguments: dict[str, Any]) -> Any:

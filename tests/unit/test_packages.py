@@ -184,3 +184,16 @@ def test_the_probe_runs_with_the_kernels_python() -> None:
     assert t.python == f"{sys.version_info[0]}.{sys.version_info[1]}"
     assert t.platforms[-1].startswith("linux_") and os.uname().machine in t.platforms[0]
     assert "pip" in t.dists
+
+
+def test_a_layer_records_its_wheels_one_per_distribution(tmp_path: Path) -> None:
+    layer = PackageLayer(tmp_path / "layer")
+    layer.create()
+    assert layer.wheels() == []
+    layer.record({"name": "Kmtest_App", "version": "1.0", "filename": "a-1.0.whl", "sha256": "1" * 64, "size": 3})
+    layer.record({"name": "kmtest-lib", "version": "1.0", "filename": "l-1.0.whl", "sha256": "2" * 64, "size": 3})
+    layer.record({"name": "kmtest-app", "version": "2.0", "filename": "a-2.0.whl", "sha256": "3" * 64, "size": 3})
+    assert [(w["name"], w["version"]) for w in layer.wheels()] == [("kmtest-lib", "1.0"), ("kmtest-app", "2.0")]
+    assert not (layer.site / "wheels.json").exists()  # beside the mounted directory, not in it
+    (layer.root / "wheels.json").write_text("{not json")
+    assert layer.wheels() == []

@@ -79,3 +79,32 @@ def test_fingerprint_sees_rebinding_and_size_changes() -> None:
     second = snapshot.fingerprint(ns)
     ns["c"] = 1
     assert snapshot.fingerprint(ns) != second
+
+
+def test_the_preambles_names_are_not_saved_and_tools_come_from_the_new_kernel(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    def add(a: int, b: int = 0) -> int:
+        return a + b
+
+    add.__module__, add.spec = "tools", {"name": "add"}  # type: ignore[attr-defined]
+    ns = {"tools": object(), "ToolError": Exception, "ToolDenied": Exception, "plus": add, "n": 1}
+    out = snapshot.save(ns, str(tmp_path / "t.kmck"), 10**9)
+    assert sorted(out["saved"]) == ["n", "plus"] and out["skipped"] == []
+    fresh = types.ModuleType("tools")
+
+    def new_add(a: int, b: int = 0) -> int:
+        return a + b
+
+    fresh.add = new_add  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tools", fresh)
+    back: dict = {}
+    got = snapshot.load(back, str(tmp_path / "t.kmck"))
+    assert sorted(got["restored"]) == ["n", "plus"] and back["plus"] is new_add
+    # A tool the new kernel does not offer is lost with its reason; the rest comes back
+    snapshot.save(ns, str(tmp_path / "u.kmck"), 10**9)
+    monkeypatch.setitem(sys.modules, "tools", types.ModuleType("tools"))
+    got = snapshot.load({}, str(tmp_path / "u.kmck"))
+    assert got["restored"] == ["n"] and got["lost"][0]["name"] == "plus"

@@ -54,10 +54,13 @@ def test_container_is_locked_down(api, session_factory, run) -> None:
     assert "/tmp" in host["Tmpfs"] and "size=" in host["Tmpfs"]["/tmp"]
     uid = int(c.attrs["Config"]["User"].split(":")[0])
     assert uid >= 200_000  # not root, and not another kernel's uid
-    # Nothing of the host but the workspace, the kernel's socket directory and two tiny files.
+    # Nothing of the host but the workspace, the kernel's socket directory, the session's package
+    # layer (read-only) and two tiny files.
     mounts = {m["Destination"]: m for m in c.attrs["Mounts"]}
-    assert set(mounts) == {"/mnt/data", mounts_kdir(mounts), "/etc/hosts", "/etc/resolv.conf"}
+    assert set(mounts) == {"/mnt/data", mounts_kdir(mounts), "/opt/kernelmode/packages", "/etc/hosts",
+                           "/etc/resolv.conf"}
     assert mounts["/mnt/data"]["RW"] is True and mounts["/etc/hosts"]["RW"] is False
+    assert mounts["/opt/kernelmode/packages"]["RW"] is False
     assert not any("docker.sock" in m["Source"] for m in c.attrs["Mounts"])
     labels = c.labels
     assert labels["app"] == "kernelmode" and labels["kernelmode.session_id"] in (sid, "pool")

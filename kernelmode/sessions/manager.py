@@ -264,6 +264,8 @@ class SessionManager:
         tenant = principal.tenant
         self._check_room(sid, principal)
         source = await self._fork_source(req, principal)
+        if req.fork_of is not None:  # its checkpoint was awaited: another create may have the id now
+            self._check_room(sid, principal)
         self.broker.registry.check_allow_list(req.tools)
         for r in req.packages or []:
             parse_requirement(r)  # a bad requirement is refused before a kernel is taken

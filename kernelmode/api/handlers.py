@@ -308,6 +308,8 @@ class PackagesHandler(BaseHandler):
     async def post(self, session_id: str) -> None:
         req = self.body_model(PackagesRequest)
         self.send(await self.services.sessions.install_packages(self.own(session_id), req.packages))
+
+
 class CheckpointHandler(BaseHandler):
     async def post(self, session_id: str) -> None:
         self.send(await self.services.sessions.checkpoint(self.own(session_id)))

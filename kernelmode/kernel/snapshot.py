@@ -64,32 +64,28 @@ def _why_not(value: Any) -> str | None:
     return None
 
 
+def _with_globals(value: Any, globals_: dict[str, Any]) -> Any:
+    """A notebook function (``__main__``) as a copy bound to ``globals_``; anything else as is."""
+    if isinstance(value, types.FunctionType) and value.__module__ == "__main__":
+        f = types.FunctionType(value.__code__, globals_, value.__name__, value.__defaults__, value.__closure__)
+        f.__kwdefaults__ = value.__kwdefaults__
+        f.__qualname__ = value.__qualname__
+        f.__dict__.update(value.__dict__)
+        f.__annotations__ = value.__annotations__
+        f.__doc__ = value.__doc__
+        return f
+    return value
+
+
 def _detached(value: Any) -> Any:
     """A top-level function of the notebook without its globals: cloudpickle would otherwise
     copy every global it names (a 100 MB frame with each helper); they are saved on their own
     and the function is bound to the namespace again when it is loaded."""
-    if isinstance(value, types.FunctionType) and value.__module__ == "__main__":
-        f = types.FunctionType(value.__code__, {"__builtins__": builtins, "__name__": "__main__"},
-                               value.__name__, value.__defaults__, value.__closure__)
-        f.__kwdefaults__ = value.__kwdefaults__
-        f.__qualname__ = value.__qualname__
-        f.__dict__.update(value.__dict__)
-        f.__annotations__ = value.__annotations__
-        f.__doc__ = value.__doc__
-        return f
-    return value
+    return _with_globals(value, {"__builtins__": builtins, "__name__": "__main__"})
 
 
 def _rebound(value: Any, ns: dict[str, Any]) -> Any:
-    if isinstance(value, types.FunctionType) and value.__module__ == "__main__":
-        f = types.FunctionType(value.__code__, ns, value.__name__, value.__defaults__, value.__closure__)
-        f.__kwdefaults__ = value.__kwdefaults__
-        f.__qualname__ = value.__qualname__
-        f.__dict__.update(value.__dict__)
-        f.__annotations__ = value.__annotations__
-        f.__doc__ = value.__doc__
-        return f
-    return value
+    return _with_globals(value, ns)
 
 
 def _tool_name(value: Any) -> str | None:

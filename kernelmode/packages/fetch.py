@@ -106,6 +106,11 @@ async def download(dest: Path, requirements: list[str], target: KernelTarget, co
         await proc.wait()
         raise PackageFetchFailed(f"pip download did not finish within {options.timeout:.0f} s "
                                  "(packages.timeout_seconds)") from None
+    except BaseException:  # cancelled (the MCP call, the server stopping): no pip left behind
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await asyncio.shield(proc.wait())
+        raise
     return _check_result(dest, over, proc.returncode, stderr, target, options)
 
 

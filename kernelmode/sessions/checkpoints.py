@@ -150,7 +150,11 @@ class Checkpoints:
             files, tar_size = await asyncio.to_thread(_archive, ws, tar)
             if files:
                 await artifacts.put_file(workspace_key(cid), tar, "application/x-tar")
-        except StoreError as e:
+        except (StoreError, CheckpointFailed) as e:
+            with contextlib.suppress(StoreError):  # no record points at it: not a leftover object
+                await artifacts.delete(namespace_key(cid))
+            if isinstance(e, CheckpointFailed):
+                raise
             raise CheckpointFailed(f"the checkpoint could not be stored: {e}") from e
         finally:
             os.close(fd)
@@ -350,19 +354,24 @@ def _archive(ws: Workspace, dest: Path) -> tuple[int, int]:
     listing = ws.scan()
     if not listing:
         return 0, 0
-    count = 0
-    with tarfile.open(dest, "w") as tar:
-        for rel in sorted(listing):
-            try:
-                fd, st = ws.open_file(PurePosixPath(rel))
-            except FileNotFound:
-                continue  # gone since the walk
-            with os.fdopen(fd, "rb") as f:
-                member = tarfile.TarInfo(rel)
-                member.size, member.mtime, member.mode = st.st_size, int(st.st_mtime), 0o600
-                tar.addfile(member, f)
-                count += 1
-    return count, dest.stat().st_size
+    count, rel = 0, ""
+    try:
+        with tarfile.open(dest, "w") as tar:
+            for rel in sorted(listing):
+                try:
+                    fd, st = ws.open_file(PurePosixPath(rel))
+                except FileNotFound:
+                    continue  # gone since the walk
+                with os.fdopen(fd, "rb") as f:
+                    member = tarfile.TarInfo(rel)
+                    member.size, member.mtime, member.mode = st.st_size, int(st.st_mtime), 0o600
+                    tar.addfile(member, f)
+                    count += 1
+        return count, dest.stat().st_size
+    except OSError as e:  # the kernel shrank a file while it was read, or the scratch disk is full
+        dest.unlink(missing_ok=True)
+        raise CheckpointFailed(f"the workspace could not be saved ({rel!r} changed while it was "
+                               f"read, or the disk is full: {e}); try again") from e
 
 
 def _unpack(src: Path, ws: Workspace) -> None:

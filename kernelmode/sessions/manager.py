@@ -279,6 +279,7 @@ class SessionManager:
         source = await self._fork_source(req, principal)
         if source is not None:
             req = self._like_source(req, source.session_id)
+            self._check_room(sid, principal)  # the source was awaited: another create may have the id now
         self.broker.registry.check_allow_list(req.tools)
         for r in req.packages or []:
             parse_requirement(r)  # a bad requirement is refused before a kernel is taken
@@ -561,7 +562,9 @@ class SessionManager:
     async def reap_expired(self) -> list[str]:
         if self.hibernation.on:
             t = now()
-            slept = [sid for sid in self.hibernation.due(t) if await self.hibernation.hibernate(self._live[sid])]
+            # A due session may be deleted while an earlier one hibernates: skip it, never a KeyError.
+            slept = [sid for sid in self.hibernation.due(t)
+                     if (s := self._live.get(sid)) is not None and await self.hibernation.hibernate(s)]
             for sid in self.hibernation.expired(t):
                 log.info("hibernated session %s expired", sid)
                 with contextlib.suppress(SessionNotFound):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -151,6 +152,26 @@ def test_fork_from_a_checkpoint_and_bad_requests(session_factory, run, api) -> N
     assert api.post("/v1/sessions", json={"from_checkpoint": "../x"}).status_code == 422
     assert api.post("/v1/sessions", json={"fork_of": "nobody-here"}).status_code == 404
     assert api.post("/v1/sessions/nobody-here/checkpoint").status_code == 404
+
+
+def test_two_forks_into_one_session_id_at_once(server: Server, session_factory, run, api) -> None:
+    """The fork's checkpoint is awaited: the id must be held across it, or both forks would be
+    created, one kernel overwriting (and leaking) the other."""
+    src = session_factory()
+    run(src, "big = bytearray(30_000_000)")  # a checkpoint that takes a while
+    sid = "fork-race-" + src[:8]
+
+    def fork() -> httpx.Response:
+        with server.client(timeout=300) as c:
+            return c.post("/v1/sessions", json={"session_id": sid, "fork_of": src})
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            codes = sorted(r.status_code for r in pool.map(lambda _: fork(), range(2)))
+        assert codes == [201, 409], codes
+        assert [i["session_id"] for i in api.get("/v1/sessions").json()["sessions"]].count(sid) == 1
+    finally:
+        api.delete(f"/v1/sessions/{sid}")
 
 
 def test_client_checkpoint_and_fork(server: Server, run: Callable[..., dict]) -> None:

@@ -263,6 +263,9 @@ class PolicySettings(_Section):
     module: str | None = Field(
         None, pattern=r"^[\w.]+:[\w.]+$", description="'package.module:callable' given code, "
         "session_id and tenant; answers 'allow', ('deny', reason) or ('ask', reason). Null: off.")
+    timeout_seconds: float = Field(
+        10.0, gt=0, le=3600, description="A policy that has not answered within this long denies the "
+        "run (it holds the session's lock while it decides).")
 
 
 class ArtifactSettings(_Section):

@@ -54,12 +54,13 @@ def _read(answer: Any) -> PolicyDecision:
 class CodePolicy:
     """The loaded hook (``check``), called before each run."""
 
-    def __init__(self, target: str, func: Callable[..., Any]) -> None:
+    def __init__(self, target: str, func: Callable[..., Any], timeout: float = 10.0) -> None:
         self.target = target
         self.func = func
+        self.timeout = timeout  # a hung policy must not hold the session's lock for ever
 
     @classmethod
-    def load(cls, target: str) -> CodePolicy:
+    def load(cls, target: str, timeout: float = 10.0) -> CodePolicy:
         """Import ``pkg.mod:callable``; a bad path is a ConfigError naming the key."""
         module, _, attr = target.partition(":")
         try:
@@ -71,10 +72,20 @@ class CodePolicy:
             raise ConfigError(f"policy.module: cannot load {target!r}: {message}") from e
         if not callable(func):
             raise ConfigError(f"policy.module: {target!r} is not callable")
-        return cls(target, func)
+        return cls(target, func, timeout)
 
     async def check(self, code: str, session_id: str, tenant: str) -> PolicyDecision:
-        """The policy's decision; a policy that raises or answers nonsense denies (saying why)."""
+        """The policy's decision; a policy that raises, answers nonsense or does not answer within
+        its timeout denies (saying why)."""
+        try:
+            return await asyncio.wait_for(self._ask(code, session_id, tenant), self.timeout)
+        except TimeoutError:
+            log.warning("code policy %s did not answer within %g s on a run of session %s",
+                        self.target, self.timeout, session_id)
+            return PolicyDecision("deny", f"the code policy did not answer within {self.timeout:g} s "
+                                  "(policy.timeout_seconds); the run is refused")
+
+    async def _ask(self, code: str, session_id: str, tenant: str) -> PolicyDecision:
         try:
             if inspect.iscoroutinefunction(self.func):
                 answer = await self.func(code=code, session_id=session_id, tenant=tenant)

@@ -156,7 +156,7 @@ class KernelmodeApp:
         s = self.settings
         self.tools.add_from_settings(s.tools, s.mcp_servers)  # a bad tool fails before anything runs
         if s.policy.module:  # so does a bad policy path (a ConfigError naming policy.module)
-            self.policy = CodePolicy.load(s.policy.module)
+            self.policy = CodePolicy.load(s.policy.module, s.policy.timeout_seconds)
         await self.tools.start()
         self._tools_started = True
 

@@ -144,6 +144,17 @@ async def test_a_policy_that_raises_denies_and_async_policies_work() -> None:
     assert (await CodePolicy("t", seen).check("x", "s1", "team")).reason == "x|s1|team"
 
 
+async def test_a_policy_that_does_not_answer_denies() -> None:
+    never = asyncio.Event()
+
+    async def hangs(code: str, session_id: str, tenant: str) -> str:
+        await never.wait()
+        return "allow"
+
+    verdict = await CodePolicy("t", hangs, timeout=0.05).check("1", "s", "admin")
+    assert verdict.decision == "deny" and "did not answer" in (verdict.reason or "")
+
+
 def test_the_example_policy() -> None:
     from examples.code_policy import check
 

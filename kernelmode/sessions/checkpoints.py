@@ -167,6 +167,13 @@ class Checkpoints:
             serialize_ms=round(float(answer.get("seconds", 0.0)) * 1000, 3),
             duration_ms=round((time.monotonic() - started) * 1000, 3),
             packages=await asyncio.to_thread(layer_wheels, k.layer))
+        if k.closed or self.store.get(s.info.session_id) is None:
+            # Deleted while this was stored: its checkpoints were forgotten already, so a record
+            # added now would point at objects nothing ever removes.
+            for key in (namespace_key(cid), workspace_key(cid)):
+                with contextlib.suppress(StoreError):
+                    await artifacts.delete(key)
+            raise CheckpointFailed(f"session {s.info.session_id!r} was deleted while its checkpoint was stored")
         self.store.add_checkpoint(info, s.info.tenant or ADMIN_TENANT)
         s.changed_since_checkpoint = False
         await self._prune(s.info.session_id)

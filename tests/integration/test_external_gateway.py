@@ -3,6 +3,7 @@ same data dir: the disk is shared in this step), a real `serve` that starts none
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -137,3 +138,20 @@ def test_stop_leaves_the_gateway_and_a_restarted_serve_adopts_the_sessions(setup
         assert "marked lost: gone" in log, log[-3000:]
     finally:
         srv2.stop()
+
+
+def test_doctor_reports_the_external_mode(setup):
+    gw, _, _ = setup
+    data_dir = Path(tempfile.mkdtemp(prefix="kmextdoc-", dir="/tmp"))
+    try:
+        cmd = [sys.executable, "-m", "kernelmode.cli", "doctor", "--json", "--data-dir", str(data_dir), "--port", "0"]
+        ok = subprocess.run(cmd, env={**os.environ, **gw.env()}, cwd=str(REPO), capture_output=True,
+                            text=True, timeout=120)
+        check = {c["name"]: c for c in json.loads(ok.stdout)["checks"]}["gateway config"]
+        assert check["status"] == "ok" and check["detail"].startswith(f"external (serve starts none): {gw.url}")
+        bad = subprocess.run(cmd, env={**os.environ, **gw.env(), "KERNELMODE_GATEWAY__AUTH_TOKEN": "wrong"},
+                             cwd=str(REPO), capture_output=True, text=True, timeout=120)
+        check = {c["name"]: c for c in json.loads(bad.stdout)["checks"]}["gateway config"]
+        assert check["status"] == "fail" and "gateway.auth_token" in check["detail"]
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)

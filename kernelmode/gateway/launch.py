@@ -19,17 +19,13 @@ SAFE_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,62}")
 SAFE_NAME = re.compile(r"KERNEL_[A-Z0-9_]{1,64}")
 
 
-class LaunchParameterRefused(InvalidRequest):
-    """A launch parameter outside the strict charset: refused before it leaves the manager
-    (an ``invalid_request``, 422, naming the parameter)."""
-
-
 def checked(name: str, value: str) -> str:
-    """``value`` unchanged if ``name`` and it are safe to send; else LaunchParameterRefused."""
+    """``value`` unchanged if ``name`` and it are safe to send; else InvalidRequest (422,
+    naming the parameter)."""
     if not SAFE_NAME.fullmatch(name):
-        raise LaunchParameterRefused(f"launch parameter name {name!r} is not KERNEL_[A-Z0-9_]")
+        raise InvalidRequest(f"launch parameter name {name!r} is not KERNEL_[A-Z0-9_]")
     if not SAFE_VALUE.fullmatch(value):
-        raise LaunchParameterRefused(
+        raise InvalidRequest(
             f"launch parameter {name} refused: {value[:80]!r} is not 1-63 characters of "
             "letters, digits, '.', '_' or '-' (not starting with '-' or '.')",
             details={"parameter": name})

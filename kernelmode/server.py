@@ -196,6 +196,7 @@ class KernelmodeApp:
             self.gateway, running_kernels = await connect_external(s, message_limit(s))
             self.sandbox_report = self.limits_mechanism = f"the external gateway at {s.gateway.url}"
             await self._start_rest(dirs, running_kernels)
+            self._gateway_watch = asyncio.create_task(self._watch_external(), name="gateway-watch")
             return
         self.gateway_process = self._gateway_process(dirs)
         # A gateway that a crashed manager left running keeps its kernels: adopt them.
@@ -329,6 +330,30 @@ class KernelmodeApp:
             self.sessions.metrics.gateway_restarts.inc()
             audit("gateway_restarted", restarts=self.gateway_restarts)
             self.sessions.gateway_back()
+
+    async def _watch_external(self) -> None:
+        """An external gateway is not our child: it is asked every few seconds. Once it answers
+        again after it did not (restarted, or the network came back), the sessions whose kernels
+        it lost are marked dead, and the log names those that survived."""
+        assert self.gateway is not None
+        down = False
+        while not self._stopping:
+            await asyncio.sleep(max(2.0, 4 * self.settings.gateway.poll_interval_seconds))
+            try:
+                running = {str(k["id"]) for k in await self.gateway.list_kernels()}
+            except KernelmodeError as e:
+                if not down:
+                    log.error("the external kernel gateway does not answer: %s", e.message)
+                    audit("gateway_unreachable", url=self.settings.gateway.url)
+                down = True
+                continue
+            if down or self.sessions.kernels_vanished(running):
+                down = False
+                survived, lost = await self.sessions.external_gateway_back(running)
+                self.gateway_restarts += 1
+                log.warning("the external kernel gateway answers again; sessions that survived: %s; "
+                            "lost (kernel gone): %s", ", ".join(survived) or "none", ", ".join(lost) or "none")
+                audit("gateway_back", survived=survived, lost=lost)
 
     async def _start_store(self) -> ArtifactStore:
         cfg = self.settings.artifacts

@@ -178,6 +178,30 @@ class SessionManager:
     def gateway_back(self) -> None:
         self.pool.refill()
 
+    def kernels_vanished(self, running: set[str]) -> bool:
+        """Whether a live session's kernel is gone from an external gateway's list with its
+        websocket closed (a gateway restarted between two looks)."""
+        return any(s.kernel_id not in running and (s.conn is None or not s.conn.is_open)
+                   and s.kernel.state == "alive" for s in self._live.values())
+
+    async def external_gateway_back(self, running: set[str]) -> tuple[list[str], list[str]]:
+        """An external gateway answers again after it did not: the sessions whose kernels it no
+        longer runs are marked ``dead`` as in ``gateway_lost`` (their next run reports
+        ``state_lost``); returns the session ids that survived and those lost."""
+        survived, lost = [], []
+        for s in list(self._live.values()):
+            if s.kernel_id in running:
+                survived.append(s.info.session_id)
+                continue
+            lost.append(s.info.session_id)
+            if s.conn is not None:
+                await s.conn.close()
+            s.kernel.on_status(KERNEL_DEAD)
+            self.store.save(s.info, s.kernel_id, s.workspace)
+        await self.pool.drop(shutdown=False)  # its kernels may be gone too: start afresh
+        self.pool.refill()
+        return sorted(survived), sorted(lost)
+
     @property
     def pool_size(self) -> int:
         """Warm kernels ready now (the configured size is ``settings.sessions.pool_size``)."""

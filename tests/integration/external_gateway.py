@@ -43,8 +43,9 @@ class ExternalGateway:
                 self.proc.wait(10)
 
 
-def start_external_gateway(data_dir: Path) -> ExternalGateway:
-    """A gateway whose kernels use ``data_dir``'s layout (the same host: the disk is shared)."""
+def start_external_gateway(data_dir: Path, port: int = 0, token: str = "") -> ExternalGateway:
+    """A gateway whose kernels use ``data_dir``'s layout (the same host: the disk is shared);
+    ``port`` and ``token``: those of one that ran before (a restarted gateway)."""
     settings = load_settings()
     settings.server.data_dir = data_dir
     app = KernelmodeApp(settings)
@@ -57,8 +58,8 @@ def start_external_gateway(data_dir: Path) -> ExternalGateway:
     gp = app._gateway_process(dirs)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        gp.port = s.getsockname()[1]
-    gp.token = "g" + secrets.token_urlsafe(24)
+        gp.port = port or s.getsockname()[1]
+    gp.token = token or "g" + secrets.token_urlsafe(24)
     env = gp._environment()
     env.pop("KERNELMODE_GW_LEASE")  # no manager lease: this gateway lives until the test stops it
     log_path = data_dir.with_suffix(".gateway.log")

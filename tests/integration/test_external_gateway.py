@@ -155,3 +155,27 @@ def test_doctor_reports_the_external_mode(setup):
         assert check["status"] == "fail" and "gateway.auth_token" in check["detail"]
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_a_restarted_external_gateway_is_noticed_and_its_lost_sessions_named(setup):
+    gw, srv, cfg = setup  # runs last: the earlier tests stopped the fixture's serve
+    srv3 = start_server(gw.env(), data_dir=srv.data_dir, args=["--config", str(cfg)])
+    gw2 = None
+    try:
+        with srv3.client() as c:
+            assert _run(c, "keep", "v")["result"] == "41"  # adopted again
+            gw.stop()  # a SIGTERM'd gateway shuts its kernels down
+            port = int(gw.url.rsplit(":", 1)[1])
+            gw2 = start_external_gateway(srv.data_dir, port=port, token=gw.token)
+            deadline = time.monotonic() + 60
+            while "answers again" not in srv3.log() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert c.get("/v1/sessions/keep").json()["status"] == "dead"
+            r = _run(c, "keep", "'v' in globals()")
+            assert r["status"] == "ok" and r["result"] == "False" and r["state_lost"] is True, r
+            assert c.get("/readyz").json()["checks"]["gateway"]["ok"] is True
+        assert "lost (kernel gone): ext, keep" in srv3.log(), srv3.log()[-3000:]
+    finally:
+        srv3.stop()
+        if gw2 is not None:
+            gw2.stop()

@@ -201,6 +201,16 @@ class GatewaySettings(_Section):
     orphan_timeout_seconds: float = Field(
         120.0, ge=2, description="A gateway whose manager died shuts down (with its kernels) after "
         "this long unless a restarted manager adopts it.")
+    # An external gateway (README "External gateway"): serve starts none of its own.
+    url: str | None = Field(None, pattern=r"^https?://[^\s]+$", description="URL of a gateway kernelmode "
+                            "did not start (http[s]://host:port); unset: serve starts its own.")
+    auth_token: str | None = Field(None, description="Token the external gateway expects "
+                                   "(sent as 'Authorization: token ...' on every request and websocket).")
+    kernel_name: str = Field("kernelmode", pattern=r"^[A-Za-z0-9._-]{1,64}$",
+                             description="Kernelspec to launch on the external gateway.")
+    launch_timeout_seconds: float = Field(60.0, gt=0, description="How long a kernel start on the "
+                                          "external gateway may take.")
+    validate_cert: bool = Field(True, description="Verify the external gateway's TLS certificate (https).")
 
     @field_validator("config_dir", mode="after")
     @classmethod

@@ -74,7 +74,23 @@ def _gateway_config(s: Settings) -> Check:
     if importlib.util.find_spec("kernel_gateway") is None:
         return Check("gateway config", "fail", "the jupyter-kernel-gateway package is not installed",
                      "pip install kernelmode (it depends on jupyter-kernel-gateway)")
-    return Check("gateway config", "ok", str(d))
+    if s.gateway.url:  # serve would start none: the external one must answer with its token
+        return _external_gateway(s)
+    return Check("gateway config", "ok", f"embedded (serve starts it): {d}")
+
+
+def _external_gateway(s: Settings) -> Check:
+    from .errors import ConfigError
+    from .gateway.remote import check_external
+
+    url = s.gateway.url
+    assert url is not None
+    try:
+        version = asyncio.run(check_external(url, s.gateway.auth_token, s.gateway.validate_cert))
+    except ConfigError as e:
+        return Check("gateway config", "fail", f"external: {e.message}",
+                     "check gateway.url and gateway.auth_token (KERNELMODE_GATEWAY__URL, __AUTH_TOKEN)")
+    return Check("gateway config", "ok", f"external (serve starts none): {url}, version {version}")
 
 
 def _data_dir(s: Settings) -> Check:

@@ -33,6 +33,7 @@ from .config import Settings
 from .errors import ConfigError, KernelmodeError, SandboxUnavailable
 from .gateway.client import GatewayClient, message_limit
 from .gateway.process import GatewayProcess, raise_open_files_limit
+from .gateway.remote import connect_external
 from .policy import CodePolicy
 from .sandbox import cgroups
 from .sandbox.docker_backend import server_id
@@ -191,6 +192,12 @@ class KernelmodeApp:
         await self.start_tools()
         dirs = self._prepare_dirs()
         await asyncio.to_thread(self._choose_backend)  # may ask a Docker engine (up to 5 s)
+        if s.gateway.url:  # an external gateway: none of our own, no local sandbox check
+            self.gateway, running_kernels = await connect_external(s, message_limit(s))
+            self.sandbox_report = self.limits_mechanism = f"the external gateway at {s.gateway.url}"
+            await self._start_rest(dirs, running_kernels)
+            self._gateway_watch = asyncio.create_task(self._watch_external(), name="gateway-watch")
+            return
         self.gateway_process = self._gateway_process(dirs)
         # A gateway that a crashed manager left running keeps its kernels: adopt them.
         adopted = await self.gateway_process.adopt()
@@ -216,7 +223,17 @@ class KernelmodeApp:
         self.gateway = GatewayClient(self.gateway_process.url, self.gateway_process.token,
                                      request_timeout=s.sessions.kernel_start_timeout_seconds + 10,
                                      max_message_bytes=message_limit(s))
+        await self._start_rest(dirs, set(adopted or ()))
+        self._gateway_watch = asyncio.create_task(self._watch_gateway(), name="gateway-watch")
+
+    async def _start_rest(self, dirs: dict[str, Path], running_kernels: set[str]) -> None:
+        """Everything after the gateway: stores, sessions (adopting those of ``running_kernels``),
+        the front doors."""
+        s = self.settings
+        assert self.gateway is not None
         self.store = SessionStore(self.data_dir / "sessions.sqlite3")
+        if s.gateway.url:  # a shared gateway runs others' kernels too: only ours are adopted or shut
+            running_kernels &= {i.kernel_id for i in self.store.all() if i.kernel_id}
         self.artifact_store = await self._start_store()
         scratch = self.data_dir / "scratch"
         scratch.mkdir(exist_ok=True, mode=0o700)
@@ -224,8 +241,7 @@ class KernelmodeApp:
         self.sessions = SessionManager(s, self.gateway, self.store, self.data_dir, dirs["state"],
                                        s.sandbox.backend, ToolBroker(self.tools, s.tool_calls),
                                        self.harvester, self.policy)
-        await self.sessions.start(set(adopted or ()))
-        self._gateway_watch = asyncio.create_task(self._watch_gateway(), name="gateway-watch")
+        await self.sessions.start(running_kernels)
         self.services = services = Services(
             settings=s, tenants=self.tenants, tools=self.tools, sessions=self.sessions,
             gateway=self.gateway, artifact_store=self.artifact_store, metrics=self.sessions.metrics,
@@ -313,6 +329,30 @@ class KernelmodeApp:
             audit("gateway_restarted", restarts=self.gateway_restarts)
             self.sessions.gateway_back()
 
+    async def _watch_external(self) -> None:
+        """An external gateway is not our child: it is asked every few seconds. Once it answers
+        again after it did not (restarted, or the network came back), the sessions whose kernels
+        it lost are marked dead, and the log names those that survived."""
+        assert self.gateway is not None
+        down = False
+        while not self._stopping:
+            await asyncio.sleep(max(2.0, 4 * self.settings.gateway.poll_interval_seconds))
+            try:
+                running = {str(k["id"]) for k in await self.gateway.list_kernels()}
+            except KernelmodeError as e:
+                if not down:
+                    log.error("the external kernel gateway does not answer: %s", e.message)
+                    audit("gateway_unreachable", url=self.settings.gateway.url)
+                down = True
+                continue
+            if down or self.sessions.kernels_vanished(running):
+                down = False
+                survived, lost = await self.sessions.external_gateway_back(running)
+                self.gateway_restarts += 1
+                log.warning("the external kernel gateway answers again; sessions that survived: %s; "
+                            "lost (kernel gone): %s", ", ".join(survived) or "none", ", ".join(lost) or "none")
+                audit("gateway_back", survived=survived, lost=lost)
+
     async def _start_store(self) -> ArtifactStore:
         cfg = self.settings.artifacts
         store: ArtifactStore
@@ -337,10 +377,11 @@ class KernelmodeApp:
         return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
 
     async def readiness(self) -> dict[str, Any]:
-        gateway_ok = bool(self.gateway_process and self.gateway_process.running and self.gateway
+        gateway_ok = bool((self.gateway_process is None or self.gateway_process.running) and self.gateway
                           and await self.gateway.ping())
         return {
-            "gateway": {"ok": gateway_ok, "restarts": self.gateway_restarts},
+            "gateway": {"ok": gateway_ok, "restarts": self.gateway_restarts,
+                        "mode": "external" if self.settings.gateway.url else "embedded"},
             "artifacts": {"ok": getattr(self, "store_error", None) is None,
                           "store": self.settings.artifacts.store,
                           "error": getattr(self, "store_error", None)},
@@ -367,7 +408,8 @@ class KernelmodeApp:
         if self.mcp_http is not None:
             await self.mcp_http.stop()
         if getattr(self, "sessions", None) is not None:
-            await self.sessions.stop()
+            # An external gateway keeps running, with the kernels of live sessions: adoptable.
+            await self.sessions.stop(keep_sessions=bool(self.settings.gateway.url))
         if self.gateway_process is not None:
             await self.gateway_process.stop()
         await self.tools.stop()

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import secrets
+import ssl
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -65,9 +66,12 @@ class GatewayClient:
     """REST calls to one Kernel Gateway."""
 
     def __init__(self, url: str, token: str, request_timeout: float = 60.0,
-                 max_message_bytes: int = 17 * 1024 * 1024) -> None:
+                 max_message_bytes: int = 17 * 1024 * 1024, kernel_name: str = "kernelmode",
+                 validate_cert: bool = True) -> None:
         self.url = url.rstrip("/")
         self.token = token
+        self.kernel_name = kernel_name
+        self.validate_cert = validate_cert  # an external gateway's https/wss (gateway.validate_cert)
         self.request_timeout = request_timeout
         # What a kernel's message may hold (message_limit): its metadata and content are
         # not decoded beyond it, and the websocket refuses frames much larger.
@@ -79,6 +83,19 @@ class GatewayClient:
     def ws_url(self) -> str:
         return "ws" + self.url[len("http") :]
 
+    def ws_options(self) -> dict[str, Any]:
+        """websockets.connect's TLS option: an unverified context when validate_cert is off."""
+        if not self.url.startswith("https") or self.validate_cert:
+            return {}
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return {"ssl": ctx}
+
+    async def check(self) -> dict[str, Any]:
+        """``GET /api`` with the token: the gateway's version, or GatewayUnavailable saying why."""
+        return dict(await self._request("GET", "/api", timeout=10) or {})
+
     async def _request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
         req = HTTPRequest(
             f"{self.url}{path}",
@@ -86,6 +103,7 @@ class GatewayClient:
             headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
             body=json.dumps(body) if body is not None else ("{}" if method == "POST" else None),
             request_timeout=timeout or self.request_timeout,
+            validate_cert=self.validate_cert,
         )
         try:
             resp = await self._http.fetch(req)
@@ -105,7 +123,7 @@ class GatewayClient:
     async def start_kernel(self, kernel_id: str, env: dict[str, str], timeout: float) -> None:
         """Start a kernel under an id of our choosing (it names the kernel's workspace too)."""
         # "env" must be present: without it the gateway gives the kernel its whole environment.
-        body = {"name": "kernelmode", "kernel_id": kernel_id, "env": env}
+        body = {"name": self.kernel_name, "kernel_id": kernel_id, "env": env}
         model = await self._request("POST", "/api/kernels", body, timeout)
         if model.get("id") != kernel_id:
             raise GatewayError(f"the gateway started kernel {model.get('id')} instead of {kernel_id}")
@@ -138,7 +156,7 @@ class GatewayClient:
                 url, additional_headers={"Authorization": f"token {self.token}"},
                 subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]
                 max_size=self.max_frame_bytes, max_queue=MAX_QUEUE, compression=None, open_timeout=30,
-                ping_interval=None,
+                ping_interval=None, **self.ws_options(),
             )
         except (OSError, websockets.WebSocketException, asyncio.TimeoutError) as e:
             raise KernelUnavailable(f"cannot open the websocket of kernel {kernel_id}: {e}") from e
@@ -180,6 +198,7 @@ class KernelConnection:
                 compression=None,
                 open_timeout=30,
                 ping_interval=None,
+                **self.client.ws_options(),
             )
         except (OSError, websockets.WebSocketException, asyncio.TimeoutError) as e:
             raise KernelUnavailable(f"cannot open the websocket of kernel {self.kernel_id}: {e}") from e

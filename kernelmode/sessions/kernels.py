@@ -26,6 +26,7 @@ from ..errors import KernelmodeError, KernelUnavailable
 from ..gateway.client import KERNEL_DEAD, GatewayClient, KernelConnection
 from ..gateway.exchange import ExecuteExchange, Message, Outcome
 from ..gateway.execution import OutputCollector
+from ..gateway.launch import launch_env
 from ..kernel.preamble import MARKER, boot_code
 from ..models import DeathCause, SessionInfo, ToolCall
 from ..packages.layer import PackageLayer
@@ -89,7 +90,8 @@ class Kernels:
 
     @property
     def start_timeout(self) -> float:
-        return self.settings.sessions.kernel_start_timeout_seconds
+        gw = self.settings.gateway
+        return gw.launch_timeout_seconds if gw.url else self.settings.sessions.kernel_start_timeout_seconds
 
     def collector(self) -> OutputCollector:
         cfg = self.settings.sessions
@@ -115,7 +117,7 @@ class Kernels:
             await asyncio.to_thread(k.layer.create)
         started = False
         try:
-            await self.gateway.start_kernel(kernel_id, k.params().to_env(), self.start_timeout)
+            await self.gateway.start_kernel(kernel_id, k.start_env(), self.start_timeout)
             started = True
             await k.connect(self.start_timeout)
         except BaseException as e:
@@ -158,6 +160,14 @@ class Kernel:
     def params(self) -> KernelParams:
         return KernelParams(workspace=self.workspace, limits=self.info.limits, session_id=self.info.session_id,
                             packages=self.layer.site if self.layer is not None else None)
+
+    def start_env(self) -> dict[str, str]:
+        """What a kernel start sends: the sandbox's parameters, and to an external gateway the
+        checked KERNEL_* launch parameters too (gateway/launch.py)."""
+        env = self.params().to_env()
+        if self.env.settings.gateway.url:
+            env.update(launch_env(self.info.tenant, self.info.limits))
+        return env
 
     def take_state_lost(self) -> bool:
         """Whether variables were lost since the last result said so (and forget it)."""
@@ -311,7 +321,7 @@ class Kernel:
         self.info.kernel_id = self.kernel_id
         self.state_lost = True
         timeout = self.env.start_timeout
-        await self.env.gateway.start_kernel(self.kernel_id, self.params().to_env(), timeout)
+        await self.env.gateway.start_kernel(self.kernel_id, self.start_env(), timeout)
         await self.connect(timeout)
         log.warning("session %s: its kernel was replaced (now %s)", self.info.session_id, self.kernel_id)
         audit("kernel_replaced", session_id=self.info.session_id, tenant=self.info.tenant, kernel_id=self.kernel_id)

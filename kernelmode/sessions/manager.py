@@ -113,9 +113,12 @@ class SessionManager:
         """``running_kernels``: kernels of an adopted gateway (left by a crashed manager); the
         sessions they belong to are taken over with their variables, the rest become ``lost``."""
         adoptable = recovery.adoptable(self.store, running_kernels)
-        lost = self.store.mark_all_lost(keep={i.session_id for i in adoptable})
-        if lost:
-            log.info("%d session(s) of a previous run are marked lost", lost)
+        adopted_ids = {i.session_id for i in adoptable}
+        gone = sorted(i.session_id for i in self.store.all()
+                      if i.status not in ("lost", "hibernated") and i.session_id not in adopted_ids)
+        lost = self.store.mark_all_lost(keep=adopted_ids)
+        if lost:  # named: the operator (and the sessions' owners) learn which did not survive
+            log.info("%d session(s) of a previous run are marked lost: %s", lost, ", ".join(gone))
         self.workspaces.mkdir(parents=True, exist_ok=True)
         self.workspaces.chmod(0o711)
         keep_mounted = {w for i in adoptable if (w := self.store.workspace(i.session_id)) is not None}
@@ -137,14 +140,17 @@ class SessionManager:
         self.reaper.start()
         self.pool.refill()
 
-    async def stop(self) -> None:
+    async def stop(self, keep_sessions: bool = False) -> None:
+        """``keep_sessions``: their kernels outlive this manager (an external gateway keeps them),
+        so they stay adoptable by the next `serve` instead of being marked lost."""
         await self.reaper.stop()
         if self._strays is not None:
             self._strays.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._strays
         for s in list(self._live.values()):
-            self.store.mark_lost(s.info)
+            if not keep_sessions:
+                self.store.mark_lost(s.info)
         # At once, not one by one: an MCP client gives its stdio server 2 s to exit. The kernels
         # of live sessions keep running (a successor may adopt them); only pool kernels go.
         await asyncio.gather(*(s.conn.close() for s in self._live.values() if s.conn),
@@ -172,6 +178,30 @@ class SessionManager:
 
     def gateway_back(self) -> None:
         self.pool.refill()
+
+    def kernels_vanished(self, running: set[str]) -> bool:
+        """Whether a live session's kernel is gone from an external gateway's list with its
+        websocket closed (a gateway restarted between two looks)."""
+        return any(s.kernel_id not in running and (s.conn is None or not s.conn.is_open)
+                   and s.kernel.state == "alive" for s in self._live.values())
+
+    async def external_gateway_back(self, running: set[str]) -> tuple[list[str], list[str]]:
+        """An external gateway answers again after it did not: the sessions whose kernels it no
+        longer runs are marked ``dead`` as in ``gateway_lost`` (their next run reports
+        ``state_lost``); returns the session ids that survived and those lost."""
+        survived, lost = [], []
+        for s in list(self._live.values()):
+            if s.kernel_id in running:
+                survived.append(s.info.session_id)
+                continue
+            lost.append(s.info.session_id)
+            if s.conn is not None:
+                await s.conn.close()
+            s.kernel.on_status(KERNEL_DEAD)
+            self.store.save(s.info, s.kernel_id, s.workspace)
+        await self.pool.drop(shutdown=False)  # its kernels may be gone too: start afresh
+        self.pool.refill()
+        return sorted(survived), sorted(lost)
 
     @property
     def pool_size(self) -> int:

@@ -52,8 +52,10 @@ async def adopt(kernels: Kernels, store: SessionStore, infos: list[SessionInfo],
     done = await asyncio.gather(*(one(i) for i in infos))
     adopted = [s for s in done if s is not None]
     if infos:
-        log.info("adopted %d of %d session(s) whose kernels outlived the previous manager",
-                 len(adopted), len(infos))
+        kept = {s.info.session_id for s in adopted}
+        log.info("adopted %d of %d session(s) whose kernels outlived the previous manager "
+                 "(survived: %s; lost: %s)", len(adopted), len(infos), ", ".join(sorted(kept)) or "none",
+                 ", ".join(sorted(i.session_id for i in infos if i.session_id not in kept)) or "none")
     return adopted
 
 

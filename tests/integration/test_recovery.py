@@ -65,7 +65,7 @@ def test_gateway_death_is_noticed_sessions_marked_and_gateway_restarted():
             _wait_for(lambda: c.get("/v1/sessions/a").json()["status"] == "dead", "the session marked dead", 30)
             # A new gateway answers.
             ready = _wait_for(lambda: (r := c.get("/readyz")).status_code == 200 and r.json(), "readiness")
-            assert ready["checks"]["gateway"] == {"ok": True, "restarts": 1}
+            assert ready["checks"]["gateway"] == {"ok": True, "restarts": 1, "mode": "embedded"}
             assert _gateway_pid(data_dir) != old_gateway
             # Nothing of the old kernel is left (its sandbox died with the gateway).
             _wait_for(lambda: not _processes_mentioning(old_kernel), "the old kernel's processes to end", 30)

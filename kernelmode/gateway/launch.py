@@ -1,0 +1,47 @@
+"""The ``KERNEL_*`` launch parameters the manager sends an external gateway with a kernel start.
+
+An Enterprise Gateway substitutes these values into launch commands and pod templates, so no
+value leaves the manager unchecked: each must match a strict charset (letters, digits, ``._-``,
+not starting with ``-``), and one that does not is refused, never passed on or "cleaned".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from ..errors import InvalidRequest
+from ..models import Limits
+
+# What EG and Kubernetes accept in usernames and label values alike; nothing a shell or a
+# template would read as syntax ($, quotes, ;, spaces, newlines, backticks, braces).
+SAFE_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,62}")
+SAFE_NAME = re.compile(r"KERNEL_[A-Z0-9_]{1,64}")
+
+
+def checked(name: str, value: str) -> str:
+    """``value`` unchanged if ``name`` and it are safe to send; else InvalidRequest (422,
+    naming the parameter)."""
+    if not SAFE_NAME.fullmatch(name):
+        raise InvalidRequest(f"launch parameter name {name!r} is not KERNEL_[A-Z0-9_]")
+    if not SAFE_VALUE.fullmatch(value):
+        raise InvalidRequest(
+            f"launch parameter {name} refused: {value[:80]!r} is not 1-63 characters of "
+            "letters, digits, '.', '_' or '-' (not starting with '-' or '.')",
+            details={"parameter": name})
+    return value
+
+
+def launch_env(tenant: str | None, limits: Limits, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``KERNEL_*`` env of one kernel start: username = tenant, and the session's limits
+    (each value checked); ``extra``: further KERNEL_* values (namespace, image), checked too."""
+    env = {
+        "KERNEL_MEMORY_MB": str(limits.memory_mb),
+        "KERNEL_PIDS": str(limits.pids),
+        "KERNEL_DISK_MB": str(limits.disk_mb),
+        "KERNEL_CPU_SECONDS": str(limits.cpu_seconds),
+    }
+    if tenant:
+        env["KERNEL_USERNAME"] = tenant
+    env.update(extra or {})
+    return {name: checked(name, value) for name, value in env.items()}

@@ -1,0 +1,40 @@
+"""KERNEL_* launch parameters: refused before they leave the manager unless strictly safe."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernelmode.errors import InvalidRequest
+from kernelmode.gateway.launch import checked, launch_env
+from kernelmode.models import Limits
+
+INJECTIONS = ["a$(id)b", "a`id`b", "x'y", 'x"y', "a\nb", "a;rm -rf /", "a b", "-rf", ".hidden",
+              "${KERNEL_X}", "a|b", "a&b", "a>b", "{{x}}", "", "x" * 64, "é"]
+
+
+@pytest.mark.parametrize("value", INJECTIONS)
+def test_injection_strings_are_refused(value: str) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        checked("KERNEL_USERNAME", value)
+    assert e.value.code == "invalid_request" and "KERNEL_USERNAME" in e.value.message
+
+
+@pytest.mark.parametrize("tenant", INJECTIONS[:-3])
+def test_a_tenant_name_that_would_inject_never_reaches_the_env(tenant: str) -> None:
+    if not tenant:
+        assert "KERNEL_USERNAME" not in launch_env(tenant, Limits())
+        return
+    with pytest.raises(InvalidRequest):
+        launch_env(tenant, Limits())
+
+
+@pytest.mark.parametrize("name", ["KERNEL_X;Y", "PATH", "KERNEL_", "kernel_username", "KERNEL_A B"])
+def test_bad_names_are_refused(name: str) -> None:
+    with pytest.raises(InvalidRequest):
+        checked(name, "ok")
+
+
+def test_safe_values_pass_unchanged() -> None:
+    env = launch_env("team-a.prod_1", Limits(memory_mb=512), {"KERNEL_NAMESPACE": "kernels"})
+    assert env == {"KERNEL_USERNAME": "team-a.prod_1", "KERNEL_MEMORY_MB": "512", "KERNEL_PIDS": "128",
+                   "KERNEL_DISK_MB": "1024", "KERNEL_CPU_SECONDS": "600", "KERNEL_NAMESPACE": "kernels"}

@@ -115,7 +115,8 @@ def test_wheel_install_setup_doctor_serve(workdir: Path) -> None:
     report = json.loads(doc.stdout)
     by_name = {c["name"]: c for c in report["checks"]}
     assert doc.returncode == 0 and report["ok"], doc.stdout
-    assert by_name["gateway config"]["detail"].startswith(str(venv))
+    # "embedded (serve starts it): PATH", the config inside the installed copy
+    assert by_name["gateway config"]["detail"].split(": ", 1)[-1].startswith(str(venv))
     assert by_name["bubblewrap"]["status"] == "ok"
 
     # -- kernelmode serve: ready, and runs code in the sandbox -------------------------------

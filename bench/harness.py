@@ -277,6 +277,23 @@ def sampling_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--samples and --batch must be >= 1, --warmup >= 0")
 
 
+def small_bench_main(doc: str | None, run: Callable[[argparse.Namespace], Awaitable[int]], samples: int,
+                     warmup: int, quick_samples: int) -> int:
+    """The command line of a benchmark that times a few operations per sandbox (--samples,
+    --warmup, --quick, --sandbox, --no-write), then ``run`` under ``run_stoppable``."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samples", type=int, default=samples)
+    p.add_argument("--warmup", type=int, default=warmup)
+    p.add_argument("--quick", action="store_true", help=f"{quick_samples} samples, 1 warm-up")
+    p.add_argument("--sandbox", choices=("bwrap", "docker"), default="bwrap")
+    p.add_argument("--no-write", action="store_true")
+    args = p.parse_args()
+    if args.quick:
+        args.samples, args.warmup = quick_samples, 1
+    require_kernel_venv(p)
+    return run_stoppable(run, args)
+
+
 def require_kernel_venv(p: argparse.ArgumentParser) -> None:
     """Exit with a usage error when the kernel environment is missing."""
     if not KERNEL_PYTHON.is_file():

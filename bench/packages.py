@@ -36,8 +36,7 @@ from harness import (
     Stats,
     machine_info,
     ms_since,
-    require_kernel_venv,
-    run_stoppable,
+    small_bench_main,
     verdict,
     write_section,
 )
@@ -187,17 +186,7 @@ Machine: {', '.join(f'{k}: {v}' for k, v in info.items() if k != 'date')}.
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--samples", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="5 samples, 1 warm-up")
-    p.add_argument("--sandbox", choices=("bwrap", "docker"), default="bwrap")
-    p.add_argument("--no-write", action="store_true")
-    args = p.parse_args()
-    if args.quick:
-        args.samples, args.warmup = 5, 1
-    require_kernel_venv(p)
-    return run_stoppable(run, args)
+    return small_bench_main(__doc__, run, samples=20, warmup=2, quick_samples=5)
 
 
 if __name__ == "__main__":

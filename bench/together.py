@@ -33,8 +33,7 @@ from harness import (
     Stats,
     machine_info,
     ms_since,
-    require_kernel_venv,
-    run_stoppable,
+    small_bench_main,
     write_section,
 )
 from packages import build_index
@@ -155,17 +154,7 @@ Machine: {', '.join(f'{k}: {v}' for k, v in info.items() if k != 'date')}.
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--samples", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--quick", action="store_true", help="4 samples, 1 warm-up")
-    p.add_argument("--sandbox", choices=("bwrap", "docker"), default="bwrap")
-    p.add_argument("--no-write", action="store_true")
-    args = p.parse_args()
-    if args.quick:
-        args.samples, args.warmup = 4, 1
-    require_kernel_venv(p)
-    return run_stoppable(run, args)
+    return small_bench_main(__doc__, run, samples=10, warmup=1, quick_samples=4)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,12 @@ class Server:
             self.proc.send_signal(sig)
         return self.proc.wait(timeout)
 
+    def discard(self) -> None:
+        """Stop it and remove what it left: its data dir and its log."""
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.log_path.unlink(missing_ok=True)
+
 
 def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None = None,
                  args: list[str] | None = None) -> Server:
@@ -103,9 +109,7 @@ def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None 
 def server() -> Iterator[Server]:
     srv = start_server()
     yield srv
-    srv.stop()
-    shutil.rmtree(srv.data_dir, ignore_errors=True)
-    srv.log_path.unlink(missing_ok=True)
+    srv.discard()
 
 
 @pytest.fixture()

@@ -4,7 +4,6 @@ tools, and running an example as a subprocess against a server."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,9 +33,7 @@ def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     cfg.write_text(HOST_TOOLS)
     srv = start_server(args=["--config", str(cfg)])
     yield srv
-    srv.stop()
-    shutil.rmtree(srv.data_dir, ignore_errors=True)
-    srv.log_path.unlink(missing_ok=True)
+    srv.discard()
 
 
 def run_example(name: str, server: Server, tmp_path: os.PathLike[str]) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -59,9 +58,7 @@ def gate_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                    .replace("@MCP_SERVER@", json.dumps(MCP_SERVER)).replace("@TIMEOUT@", str(TIMEOUT)))
     srv = start_server({"KM_INTERN_TOKEN": INTERN, "KM_OTHER_TOKEN": OTHER}, args=["--config", str(cfg)])
     yield srv
-    srv.stop()
-    shutil.rmtree(srv.data_dir, ignore_errors=True)
-    srv.log_path.unlink(missing_ok=True)
+    srv.discard()
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -190,9 +189,7 @@ def auto_srv() -> Iterator[Server]:
                       "KERNELMODE_SESSIONS__CHECKPOINT__MIN_INTERVAL_SECONDS": "0",
                       "KERNELMODE_SESSIONS__POOL_SIZE": "0"})
     yield s
-    s.stop()
-    shutil.rmtree(s.data_dir, ignore_errors=True)
-    s.log_path.unlink(missing_ok=True)
+    s.discard()
 
 
 def _checkpoints_when(api: httpx.Client, sid: str, count: int) -> list[dict]:

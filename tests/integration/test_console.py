@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -30,9 +29,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     cfg.write_text(CONFIG)
     s = start_server(args=["--config", str(cfg)])
     yield s
-    s.stop()
-    shutil.rmtree(s.data_dir, ignore_errors=True)
-    s.log_path.unlink(missing_ok=True)
+    s.discard()
 
 
 @pytest.fixture()

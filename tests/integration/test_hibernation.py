@@ -27,9 +27,7 @@ def srv() -> Iterator[Server]:
                       "KERNELMODE_SESSIONS__HIBERNATED_TTL_SECONDS": "3600",
                       "KERNELMODE_SESSIONS__POOL_SIZE": "0"})
     yield s
-    s.stop()
-    shutil.rmtree(s.data_dir, ignore_errors=True)
-    s.log_path.unlink(missing_ok=True)
+    s.discard()
 
 
 @pytest.fixture(scope="module")
@@ -144,9 +142,7 @@ def test_hibernated_sessions_are_deleted_after_their_ttl() -> None:
             log = [json.loads(line) for line in s.log().splitlines() if line.startswith("{")]
             assert log and not any(e.get("level") in ("error", "critical") for e in log)
     finally:
-        s.stop()
-        shutil.rmtree(s.data_dir, ignore_errors=True)
-        s.log_path.unlink(missing_ok=True)
+        s.discard()
 
 
 def test_hibernated_sessions_outlive_a_restart_of_the_server() -> None:

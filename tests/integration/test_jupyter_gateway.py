@@ -42,9 +42,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start_server({"KERNELMODE_SERVER__TENANTS": TENANTS, "KERNELMODE_SESSIONS__POOL_SIZE": "1"},
                      args=["--config", str(cfg)])
     yield s
-    s.stop()
-    shutil.rmtree(s.data_dir, ignore_errors=True)
-    s.log_path.unlink(missing_ok=True)
+    s.discard()
 
 
 def _free_port() -> int:

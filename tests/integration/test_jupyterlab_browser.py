@@ -31,9 +31,7 @@ pytestmark = pytest.mark.skipif(
 def srv() -> Iterator[Server]:
     s = start_server({"KERNELMODE_SESSIONS__POOL_SIZE": "1"})
     yield s
-    s.stop()
-    shutil.rmtree(s.data_dir, ignore_errors=True)
-    s.log_path.unlink(missing_ok=True)
+    s.discard()
 
 
 def test_jupyterlab_runs_a_cell_in_the_agents_session(srv: Server) -> None:

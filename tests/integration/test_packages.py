@@ -31,9 +31,7 @@ def index() -> Iterator[PackageIndex]:
 def pkg_server(index: PackageIndex) -> Iterator[Server]:
     srv = start_server({**index_env(index, index.tmp), "KERNELMODE_SESSIONS__POOL_SIZE": "1"})
     yield srv
-    srv.stop()
-    shutil.rmtree(srv.data_dir, ignore_errors=True)
-    srv.log_path.unlink(missing_ok=True)
+    srv.discard()
 
 
 @pytest.fixture()

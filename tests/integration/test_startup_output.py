@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import httpx
 
@@ -62,6 +61,4 @@ def test_block_shows_a_generated_token_that_works_and_text_logs() -> None:
         assert all(TEXT_LINE.match(x) for x in log if x and not x.startswith((" ", "Traceback")))
         assert not any(x.startswith("{") for x in log)
     finally:
-        srv.stop()
-        shutil.rmtree(srv.data_dir, ignore_errors=True)
-        srv.log_path.unlink(missing_ok=True)
+        srv.discard()

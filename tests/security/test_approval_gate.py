@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -42,9 +41,7 @@ def gated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     cfg.write_text(CONFIG)
     srv = start_server({"KM_OTHER_TOKEN": OTHER}, args=["--config", str(cfg)])
     yield srv
-    srv.stop()
-    shutil.rmtree(srv.data_dir, ignore_errors=True)
-    srv.log_path.unlink(missing_ok=True)
+    srv.discard()
 
 
 @pytest.fixture(scope="module")

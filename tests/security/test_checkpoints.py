@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,9 +28,7 @@ TENANTS = f"[{{name: alpha, token: '{ALPHA}'}}, {{name: beta, token: '{BETA}'}}]
 def srv() -> Iterator[Server]:
     s = start_server({"KERNELMODE_SERVER__TENANTS": TENANTS, "KERNELMODE_SESSIONS__POOL_SIZE": "1"})
     yield s
-    s.stop()
-    shutil.rmtree(s.data_dir, ignore_errors=True)
-    s.log_path.unlink(missing_ok=True)
+    s.discard()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import gc
 import json
-import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -46,9 +45,7 @@ def srv() -> Iterator[Server]:
     """A server of this module's own: its memory is measured, so no other test's sessions."""
     s = start_server({"KERNELMODE_SESSIONS__POOL_SIZE": "0"})
     yield s
-    s.stop()
-    shutil.rmtree(s.data_dir, ignore_errors=True)
-    s.log_path.unlink(missing_ok=True)
+    s.discard()
 
 
 @pytest.fixture()

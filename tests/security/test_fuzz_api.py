@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -137,9 +136,7 @@ def target() -> Iterator[Target]:
         yield Target(srv, api, public)
     finally:
         api.close()
-        srv.stop()
-        shutil.rmtree(srv.data_dir, ignore_errors=True)
-        srv.log_path.unlink(missing_ok=True)
+        srv.discard()
 
 
 @pytest.fixture(scope="module")

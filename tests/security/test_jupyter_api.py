@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 from collections.abc import Iterator
 
 import httpx
@@ -31,9 +30,7 @@ V1 = "v1.kernel.websocket.jupyter.org"
 def srv() -> Iterator[Server]:
     s = start_server({"KERNELMODE_SERVER__TENANTS": TENANTS, "KERNELMODE_SESSIONS__POOL_SIZE": "1"})
     yield s
-    s.stop()
-    shutil.rmtree(s.data_dir, ignore_errors=True)
-    s.log_path.unlink(missing_ok=True)
+    s.discard()
 
 
 @pytest.fixture(scope="module")

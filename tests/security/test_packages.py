@@ -37,9 +37,7 @@ def index() -> Iterator[PackageIndex]:
 def srv(index: PackageIndex) -> Iterator[Server]:
     s = start_server({**index_env(index, index.tmp), "KERNELMODE_SESSIONS__POOL_SIZE": "0"})
     yield s
-    s.stop()
-    shutil.rmtree(s.data_dir, ignore_errors=True)
-    s.log_path.unlink(missing_ok=True)
+    s.discard()
 
 
 @pytest.fixture(scope="module")

@@ -127,6 +127,14 @@ class JupyterHandler(BaseHandler):
 def find_session(sessions: SessionManager, principal: Principal, kernel_id: str) -> SessionInfo:
     """The caller's live session with this kernel id (another tenant's: SessionNotFound)."""
     wanted = kernel_id.lower()
+    # kernelmode's own ids (32 hex digits) are the kernel id itself: one lookup, not a listing
+    # of every session (a listing reads each live session's cgroup).
+    with contextlib.suppress(ValueError, SessionNotFound):
+        sid = uuid.UUID(wanted).hex
+        if kernel_id_of(sid) == wanted and sessions.may_see(principal, sid):
+            info = sessions.get(sid)
+            if info.status != "lost":
+                return info
     for info in sessions.all(principal):
         if info.status != "lost" and kernel_id_of(info.session_id) == wanted:
             return info

@@ -22,7 +22,9 @@ import http.server
 import io
 import os
 import re
+import shutil
 import tarfile
+import tempfile
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -171,6 +173,17 @@ def local_index(tmp: Path) -> Iterator[PackageIndex]:
     with serve_index(tmp / "index") as index:
         index.tmp, index.canary = tmp, canary
         yield index
+
+
+@contextmanager
+def temporary_index() -> Iterator[PackageIndex]:
+    """``local_index`` in a temporary folder, removed afterwards (the test modules' fixture)."""
+    tmp = Path(tempfile.mkdtemp(prefix="kmtest-index-"))
+    try:
+        with local_index(tmp) as index:
+            yield index
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def index_env(index: PackageIndex, tmp: Path) -> dict[str, str]:

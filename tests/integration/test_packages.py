@@ -5,10 +5,7 @@ imports them; refusals name their rule; the kernel's own packages are never repl
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -16,15 +13,13 @@ import pytest
 from kernelmode.client import Client
 from kernelmode.packages.errors import NoWheel, PackageRefused
 from tests.conftest import Server, start_server
-from tests.package_index import PackageIndex, index_env, local_index
+from tests.package_index import PackageIndex, index_env, temporary_index
 
 
 @pytest.fixture(scope="module")
 def index() -> Iterator[PackageIndex]:
-    tmp = Path(tempfile.mkdtemp(prefix="kmtest-index-"))
-    with local_index(tmp) as idx:
+    with temporary_index() as idx:
         yield idx
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from kernelmode.api.jupyter_api import kernel_id_of
 from tests.conftest import Server, start_server
-from tests.package_index import PackageIndex, index_env, local_index
+from tests.package_index import PackageIndex, index_env, temporary_index
 
 CONFIG = """
 tools:
@@ -33,10 +32,8 @@ SLEEPY = {"ttl_seconds": 10}  # hibernates after 10 s idle (hibernation is on, i
 
 @pytest.fixture(scope="module")
 def index() -> Iterator[PackageIndex]:
-    tmp = Path(tempfile.mkdtemp(prefix="kmtest-index-"))
-    with local_index(tmp) as idx:
+    with temporary_index() as idx:
         yield idx
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

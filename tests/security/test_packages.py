@@ -11,26 +11,21 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import Server, start_server
-from tests.package_index import PackageIndex, index_env, local_index
+from tests.package_index import PackageIndex, index_env, temporary_index
 
 from .conftest import report
 
 
 @pytest.fixture(scope="module")
 def index() -> Iterator[PackageIndex]:
-    tmp = Path(tempfile.mkdtemp(prefix="kmtest-index-"))
-    with local_index(tmp) as idx:
+    with temporary_index() as idx:
         yield idx
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -166,7 +166,8 @@ class Kernel:
         checked KERNEL_* launch parameters too (gateway/launch.py)."""
         env = self.params().to_env()
         if self.env.settings.gateway.url:
-            env.update(launch_env(self.info.tenant, self.info.limits))
+            # KERNEL_ID: Enterprise Gateway takes the id from there, not from the body.
+            env.update(launch_env(self.info.tenant, self.info.limits, {"KERNEL_ID": self.kernel_id}))
         return env
 
     def take_state_lost(self) -> bool:

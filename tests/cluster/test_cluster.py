@@ -90,6 +90,11 @@ def test_the_managers_disk_holds_no_workspace(served):
         assert found == [], found
         workspaces = data / "workspaces"
         assert not workspaces.exists() or not any(workspaces.iterdir()), list(workspaces.iterdir())
+        # What needs that disk says so, by name, instead of failing somewhere further on.
+        for path, body in (("packages", {"packages": ["tabulate"]}), ("checkpoint", {})):
+            r = c.post(f"/v1/sessions/nodisk/{path}", json=body)
+            assert r.status_code == 409 and r.json()["error"]["code"] == "host_only", (path, r.text)
+        assert run(c, "nodisk", "1 + 1")["result"] == "2"
         assert c.delete("/v1/sessions/nodisk").status_code in (200, 204)
 
 

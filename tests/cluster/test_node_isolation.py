@@ -183,6 +183,9 @@ def test_kernel_values_that_would_inject_do_not_run_on_the_node(eg, rig: Rig):
     kernel = r.json()["id"]
     try:
         assert not marker.exists()  # ... and nothing in them ran on the node
+        # The launcher's log on the node holds no connection payload (its HMAC key): level 30.
+        log = (rig.root / "logs" / f"kernel-{kernel}.log").read_text()
+        assert '"key"' not in log and "Payload" not in log, log[-2000:]
     finally:
         eg.request("DELETE", f"/api/kernels/{kernel}")
     # A start with no KERNEL_USERNAME is refused (EG would use its own user).

@@ -147,6 +147,8 @@ def test_kernel_pod_is_locked_down_and_sized_from_the_session(base: list[dict[st
     assert pod["metadata"]["labels"]["kernel_id"] == KERNEL_ID  # what EG finds its pod by
     assert pod["metadata"]["annotations"]["kernelmode.io/tenant"] == (tenant or "kernelmode")
     assert "runtimeClassName" not in pod["spec"]
+    assert {t["key"]: t["tolerationSeconds"] for t in pod["spec"]["tolerations"]} == {
+        "node.kubernetes.io/not-ready": 30, "node.kubernetes.io/unreachable": 30}
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     # The launcher's arguments are expanded from env EG appends; its log stays above level 10.
     for ref in re.findall(r"\$\((\w+)\)", " ".join(pod["spec"]["containers"][0]["args"])):

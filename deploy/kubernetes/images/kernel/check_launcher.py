@@ -92,7 +92,7 @@ def main() -> int:
         kc.start_channels()
         kc.wait_for_ready(timeout=60)
         t_ready = time.perf_counter() - t0
-        kc.execute_interactive("1+1", timeout=60)
+        kc.execute_interactive("1+1", timeout=60, output_hook=lambda m: None)
         idle = memory(name)
         out: list[str] = []
         reply = kc.execute_interactive("import json\n" + CODE, timeout=120, output_hook=lambda m: out.append(

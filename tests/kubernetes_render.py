@@ -91,7 +91,7 @@ def launcher_env(kernelspec: dict[str, Any], client_env: dict[str, str], kernel_
     env = {"PATH": eg_env["PATH"], **kernelspec.get("env", {})}
     env.update({k: v for k, v in client_env.items() if k.startswith("KERNEL_")})
     env["KERNEL_GATEWAY"] = "1"
-    env.setdefault("KERNEL_USERNAME", "kernelmode")
+    env.setdefault("KERNEL_USERNAME", eg_env["USER"])  # EG: getpass.getuser() when the client sends none
     env["KERNEL_POD_NAME"] = f"{env['KERNEL_USERNAME']}-{kernel_id}".lower().replace("_", "-").replace(".", "-")
     env.setdefault("KERNEL_SERVICE_ACCOUNT_NAME", eg_env["EG_DEFAULT_KERNEL_SERVICE_ACCOUNT_NAME"])
     env.setdefault("KERNEL_IMAGE", kernelspec["metadata"]["process_proxy"]["config"]["image_name"])

@@ -3,7 +3,8 @@
 # check each as its pod runs it (no cluster needed): `make k8s-check`.
 #   kernelmode/kernel-eg:latest              FROM the local kernelmode/kernel:latest (never rebuilt here)
 #   kernelmode/enterprise-gateway:3.3.0      FROM kernelmode/base:bookworm (BASE_IMAGE=... to change)
-# Then deploy/kubernetes/images/kernel/check_launcher.py and .../enterprise-gateway/check_gateway.py.
+# Then deploy/kubernetes/images/kernel/check_launcher.py and .../enterprise-gateway/check_gateway.py and
+# check_pod_launch.py (a kernel started through EG's Kubernetes path against a stand-in API).
 # pip in the builds trusts the host's CA bundle (copied into a temporary context as build-ca.crt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,3 +28,4 @@ build kernelmode/kernel-eg:latest deploy/kubernetes/images/kernel --build-arg "K
 build kernelmode/enterprise-gateway:3.3.0 deploy/kubernetes/images/enterprise-gateway --build-arg "BASE_IMAGE=$BASE_IMAGE"
 "$VENV/bin/python" deploy/kubernetes/images/kernel/check_launcher.py kernelmode/kernel-eg:latest
 "$VENV/bin/python" deploy/kubernetes/images/enterprise-gateway/check_gateway.py kernelmode/enterprise-gateway:3.3.0
+"$VENV/bin/python" deploy/kubernetes/images/enterprise-gateway/check_pod_launch.py kernelmode/enterprise-gateway:3.3.0

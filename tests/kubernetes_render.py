@@ -85,10 +85,9 @@ def yaml_safe(value: Any) -> str:
 
 def launcher_env(kernelspec: dict[str, Any], client_env: dict[str, str], kernel_id: str,
                  eg_env: dict[str, str]) -> dict[str, str]:
-    """The environment EG starts launch_kubernetes.py with (EG 3.3.0: the handler's PATH, the
-    kernelspec's env, the client's KERNEL_* values over it (RemoteKernelManager user overrides),
+    """The environment EG starts launch_kubernetes.py with (EG 3.3.0: the kernelspec's env, the client's KERNEL_* values over it (RemoteKernelManager user overrides),
     then what KubernetesProcessProxy and the launcher set)."""
-    env = {"PATH": eg_env["PATH"], **kernelspec.get("env", {})}
+    env = dict(kernelspec.get("env", {}))  # no PATH: EG starts the launcher with the kernel's env only
     env.update({k: v for k, v in client_env.items() if k.startswith("KERNEL_")})
     env["KERNEL_GATEWAY"] = "1"
     env.setdefault("KERNEL_USERNAME", eg_env["USER"])  # EG: getpass.getuser() when the client sends none

@@ -96,5 +96,10 @@ bench-quick: setup
 docker-setup:
 	bash scripts/docker-setup.sh
 
+# The Kubernetes images (deploy/kubernetes/images), built on the local kernel image, and checked as
+# their pods run them; no cluster needed, not part of `make test` (the builds fetch from PyPI).
+k8s-check: setup
+	bash scripts/k8s-images.sh
+
 clean:
 	rm -rf $(VENV) $(KVENV) .eg-venv .kernelmode .stamp-system .stamp-cluster

@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..artifacts.base import CHECKPOINT_PREFIX, ArtifactStore, StoreError
+from ..artifacts.channel import file_channel
 from ..artifacts.workspace import CHECKPOINT_DIR, FileNotFound, Workspace, clean_path
 from ..audit import audit
 from ..config import ADMIN_TENANT, Settings
@@ -252,7 +253,9 @@ class Checkpoints:
             if restore.error is not None:
                 raise CheckpointFailed(restore.error)
             s.changed_since_checkpoint = True
-            s.files = await asyncio.to_thread(s.workspace_view().scan)  # not artifacts of its first run
+            channel = file_channel(s.conn)
+            if channel is not None:  # the seeded files are not artifacts of its first run
+                await channel.scan(rebase=True)
 
     async def seed_workspace(self, ws: Workspace, info: CheckpointInfo) -> None:
         """Fill a new session's workspace with the checkpoint's files (a fork)."""

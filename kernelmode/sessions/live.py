@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from ..artifacts.workspace import FileEntry, Workspace
+from ..artifacts.workspace import Workspace
 from ..gateway.client import KernelConnection
 from ..models import SessionInfo
 from .kernels import Kernel
@@ -25,7 +25,6 @@ class LiveSession:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # runs in arrival order (FIFO)
     console_cells: int = 0  # cells a console attached to the session has running or queued
     attached: int = 0  # consoles and Jupyter clients attached now (a kernel's "connections")
-    files: dict[str, FileEntry] = field(default_factory=dict)  # workspace as of the last harvest
     # A run finished since the latest checkpoint: a restore from it may miss what that run made.
     changed_since_checkpoint: bool = True
     last_checkpoint: float = 0.0  # monotonic time of the latest checkpoint (automatic ones wait)
@@ -48,6 +47,9 @@ class LiveSession:
         return self.kernel.workspace
 
     def workspace_view(self) -> Workspace:
+        """The workspace on this host's disk: only for host-side features (checkpoints' workspace
+        tar and snapshot file, fork seeding). Files of clients and harvests go through the
+        kernel's channels (artifacts/channel.py), which work where no such disk is shared."""
         st = self.workspace.stat()
         owner = (st.st_uid, st.st_gid) if os.getuid() == 0 and st.st_uid != 0 else None
         return Workspace(self.workspace, owner)

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
+from ..artifacts.channel import file_channel
 from ..artifacts.harvester import Harvester
 from ..audit import audit
 from ..config import ADMIN_TENANT, Settings
@@ -163,7 +164,8 @@ class Runner:
                     raise SessionNotFound(f"session {session_id!r} was deleted while the code ran")
                 if self.harvester is not None and result.status == "ok":
                     # Never raises: a harvest problem is a note on the result, which stands.
-                    s.files = await self.harvester.harvest(session_id, result, s.workspace_view(), s.files)
+                    await self.harvester.harvest(session_id, result, file_channel(s.conn),
+                                                 run.collector.file_changes)
                 result.duration_ms = round((time.monotonic() - started) * 1000, 3)
                 if result.execution_count is not None:
                     s.info.execution_count = result.execution_count

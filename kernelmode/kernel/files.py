@@ -36,7 +36,7 @@ from typing import Any
 TARGET = "kernelmode.files"
 CHANGES_COMM = "kernelmode-files-changes"  # comm_id of the post-run change notes
 CHUNK = 1 << 20
-MAX_LISTING_BYTES = 8 << 20  # a listing's JSON stops growing here (paths can be long)
+MAX_LISTING_BYTES = 4 << 20  # a listing's JSON stops growing here (paths can be long)
 CHECKPOINT_DIR = ".kernelmode-checkpoint"
 UPLOAD_PREFIX = ".upload-"
 
@@ -414,16 +414,27 @@ def _post_run(result: Any) -> None:
         pass
 
 
-def install(shell: Any, config: dict[str, Any]) -> None:
-    """Register the comm target and the post-run hook; the first look is the baseline."""
+def configure(config: dict[str, Any]) -> None:
+    """Set the workspace root and bounds; the first look is the baseline of the change notes."""
     root = str(config.get("root") or ".")
     _state.update(root=root if os.path.isdir(root) else os.getcwd(),
                   max_entries=int(config.get("max_entries") or 10_000),
                   max_depth=int(config.get("max_depth") or 64),
-                  max_changes=int(config.get("max_changes") or 100), kernel=shell.kernel)
+                  max_changes=int(config.get("max_changes") or 100))
+    with _lock:
+        _state["baseline"] = scan()
+
+
+def install(shell: Any, config: dict[str, Any]) -> None:
+    """Register the comm target and the post-run hook in the running kernel."""
+    _state["kernel"] = shell.kernel
+    configure(config)
     shell.kernel.comm_manager.register_target(TARGET, _on_open)
     with contextlib.suppress(ValueError):
         shell.events.unregister("post_run_cell", _post_run)
     shell.events.register("post_run_cell", _post_run)
-    with _lock:
-        _state["baseline"] = scan()
+
+
+def on_open(comm: Any, msg: dict[str, Any]) -> None:
+    """The comm target's handler (public for tests that drive the agent in-process)."""
+    _on_open(comm, msg)

@@ -13,11 +13,14 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from kernelmode.artifacts.channel import FileChannel
 from kernelmode.artifacts.harvester import Harvester
 from kernelmode.artifacts.local import LocalStore
-from kernelmode.artifacts.workspace import Listing, Workspace, WorkspaceChanged, shown
+from kernelmode.artifacts.workspace import Workspace, WorkspaceChanged, shown
 from kernelmode.config import ArtifactSettings
+from kernelmode.kernel import files as agent
 from kernelmode.models import RunResult
+from tests.file_agent_loopback import Loopback
 
 BAD = b"\xff\xfe-bad.txt"  # not UTF-8
 
@@ -182,17 +185,20 @@ def _result() -> RunResult:
     return RunResult(run_id="r1", session_id="s1", status="ok", stdout="kept")
 
 
+def _channel(ws_dir: Path, **config: object) -> tuple[FileChannel, Loopback]:
+    loop = Loopback(ws_dir, **config)  # the real file agent, in-process (no kernel)
+    return FileChannel(loop), loop  # type: ignore[arg-type]
+
+
 def test_harvest_keeps_an_undecodable_name_under_its_escaped_key(tmp_path: Path) -> None:
     ws_dir = tmp_path / "ws"
     ws_dir.mkdir()
     harvester, store = _harvester(tmp_path)
-    ws = Workspace(ws_dir)
-    before = ws.scan()
+    channel, _ = _channel(ws_dir)
     with open(os.path.join(os.fsencode(ws_dir), BAD), "wb") as f:
         f.write(b"payload")
     result = _result()
-    after = asyncio.run(harvester.harvest("s1", result, ws, before))
-    assert os.fsdecode(BAD) in after
+    asyncio.run(harvester.harvest("s1", result, channel, None))
     assert [a.path for a in result.artifacts] == ["/mnt/data/\\xff\\xfe-bad.txt"]
     assert result.artifact_error is None
     assert asyncio.run(store.get("s1/r1/\\xff\\xfe-bad.txt")) == b"payload"
@@ -201,14 +207,10 @@ def test_harvest_keeps_an_undecodable_name_under_its_escaped_key(tmp_path: Path)
 
 def test_harvest_never_raises_and_notes_why(tmp_path: Path) -> None:
     harvester, _ = _harvester(tmp_path)
-
-    class Broken(Workspace):
-        def scan(self, max_entries: int = 0, max_depth: int = 0) -> Listing:
-            raise RecursionError("as the recursive walk did on a deep tree")
-
+    channel, loop = _channel(tmp_path)
+    loop.tamper = lambda data, bufs: ({"x": 1}, [b"{not json"])  # a kernel answering garbage
     result = _result()
-    before = Listing()
-    assert asyncio.run(harvester.harvest("s1", result, Broken(tmp_path), before)) is before
+    asyncio.run(harvester.harvest("s1", result, channel, None))
     assert result.artifact_error and "could not be read" in result.artifact_error
     assert result.stdout == "kept"
 
@@ -217,19 +219,15 @@ def test_harvest_skips_a_file_that_vanished_after_the_walk(tmp_path: Path) -> No
     ws_dir = tmp_path / "ws"
     ws_dir.mkdir()
     harvester, _ = _harvester(tmp_path)
-
-    class Vanishing(Workspace):
-        def scan(self, max_entries: int = 0, max_depth: int = 0) -> Listing:
-            listing = super().scan()
-            for p in ws_dir.iterdir():  # the kernel deletes or swaps them right after the walk
-                p.unlink()
-            (ws_dir / "b.txt").mkdir()
-            return listing
-
+    channel, _ = _channel(ws_dir)
     (ws_dir / "a.txt").write_text("a")
     (ws_dir / "b.txt").write_text("b")
+    note = json.dumps(agent._changes()).encode()  # the post-run note, then the kernel changes things
+    for p in ws_dir.iterdir():
+        p.unlink()
+    (ws_dir / "b.txt").mkdir()
     result = _result()
-    asyncio.run(harvester.harvest("s1", result, Vanishing(ws_dir), Listing()))
+    asyncio.run(harvester.harvest("s1", result, channel, note))
     assert result.artifacts == [] and result.artifacts_truncated
 
 
@@ -239,12 +237,11 @@ def test_a_walk_that_stopped_early_does_not_make_old_files_new(tmp_path: Path) -
     for i in range(50):
         (ws_dir / f"old{i}").touch()
     harvester, _ = _harvester(tmp_path)
-    ws = Workspace(ws_dir)
-    before = ws.scan(max_entries=10)
-    assert before.stopped
+    channel, _ = _channel(ws_dir, max_entries=10)
+    agent._state["max_entries"] = 1000
     (ws_dir / "new.txt").write_text("n")
     result = _result()
-    asyncio.run(harvester.harvest("s1", result, ws, before))
+    asyncio.run(harvester.harvest("s1", result, channel, None))
     assert [a.path for a in result.artifacts] == ["/mnt/data/new.txt"]
 
 

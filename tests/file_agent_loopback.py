@@ -51,6 +51,9 @@ class Loopback:
         queue.msg_id = uuid.uuid4().hex  # type: ignore[attr-defined]
         if self.silent:
             return queue
+        if msg_type == "create_subshell_request":
+            queue.put_nowait({"msg_type": "create_subshell_reply", "content": {"subshell_id": "loop"}})
+            return queue
         cid = content["comm_id"]
         msg = {"content": content, "buffers": [memoryview(b) for b in buffers or []]}
         if msg_type == "comm_open":

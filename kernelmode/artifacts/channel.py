@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import uuid
+import weakref
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ..errors import InvalidRequest, KernelmodeError, KernelUnavailable, PayloadTooLarge
-from ..gateway.client import KernelConnection
+from ..gateway.client import KernelConnection, next_message
 from ..gateway.exchange import DISCONNECTED_EVENT, KERNEL_STATUS_EVENT
 from ..gateway.frames import json_shape_error
 from ..kernel.files import CHUNK, TARGET
@@ -47,6 +48,7 @@ WINDOW = 4  # upload chunks in flight before the oldest's ack is awaited
 MAX_LISTING_BYTES = 16 << 20  # a listing's JSON (the agent stops at 4 MB)
 MAX_PATH_BYTES = 64 * 1024
 TIMEOUT = 60.0  # seconds the kernel may take to answer one message of a transfer
+SUBSHELL_TIMEOUT = 10.0  # for the kernel to make the file subshell (a control request)
 
 
 class FileTransferFailed(KernelmodeError):
@@ -149,12 +151,46 @@ def changes_buffer(raw: bytes, max_files: int) -> Changes:
     return parse_changes(_json_buffer({"buffers": [raw]}, MAX_LISTING_BYTES), max_files)
 
 
+# One subshell per kernel connection for file traffic (None: the kernel has none).
+_subshells: weakref.WeakKeyDictionary[KernelConnection, str | None] = weakref.WeakKeyDictionary()
+_subshell_locks: weakref.WeakKeyDictionary[KernelConnection, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+async def files_subshell(conn: KernelConnection) -> str | None:
+    """The kernel subshell (JEP 91, ipykernel 7) that carries this connection's file requests,
+    made on first use: its shell messages run on their own thread, so an upload or a listing
+    does not wait for a running cell. None when the kernel has no subshells (older ipykernel):
+    file requests then queue behind the running cell, up to the deadline."""
+    if conn in _subshells:
+        return _subshells[conn]
+    lock = _subshell_locks.setdefault(conn, asyncio.Lock())
+    async with lock:
+        if conn in _subshells:
+            return _subshells[conn]
+        found: str | None = None
+        queue = await conn.send("control", "create_subshell_request", {})
+        try:
+            deadline = asyncio.get_running_loop().time() + SUBSHELL_TIMEOUT
+            while (msg := await next_message(queue, deadline)) is not None:
+                if msg.get("msg_type") == "create_subshell_reply":
+                    sid = (msg.get("content") or {}).get("subshell_id")
+                    found = sid if isinstance(sid, str) and 0 < len(sid) <= 100 else None
+                    break
+                if msg.get("msg_type") in (DISCONNECTED_EVENT, KERNEL_STATUS_EVENT):
+                    raise KernelUnavailable("the kernel went away")
+        finally:
+            conn.forget(queue)
+        _subshells[conn] = found
+        return found
+
+
 class _Comm:
     """One comm to the agent: requests on it, each answered by one comm_msg."""
 
-    def __init__(self, conn: KernelConnection, timeout: float) -> None:
+    def __init__(self, conn: KernelConnection, timeout: float, subshell: str | None = None) -> None:
         self.conn = conn
         self.timeout = timeout
+        self.subshell = subshell
         self.comm_id = uuid.uuid4().hex
         self.opened = False
 
@@ -165,7 +201,7 @@ class _Comm:
             content["target_name"] = TARGET
             self.opened = True
         return await self.conn.send("shell", "comm_open" if opening else "comm_msg", content,
-                                    buffers=buffers)
+                                    buffers=buffers, subshell_id=self.subshell)
 
     async def answer(self, queue: asyncio.Queue[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
         """(data, message) of the reply to a request, its errors raised."""
@@ -212,7 +248,7 @@ class _Comm:
         if self.opened and self.conn.is_open:
             try:
                 await self.conn.send("shell", "comm_close", {"comm_id": self.comm_id, "data": {}},
-                                     expect_reply=False)
+                                     expect_reply=False, subshell_id=self.subshell)
             except KernelmodeError:
                 pass
 
@@ -277,7 +313,7 @@ class Download:
 class FileChannel:
     """File operations on one kernel's workspace (its file agent, over ``conn``)."""
 
-    def __init__(self, conn: KernelConnection | None, timeout: float = TIMEOUT) -> None:
+    def __init__(self, conn: KernelConnection | None, timeout: float = TIMEOUT, use_subshell: bool = True) -> None:
         if conn is None or not conn.is_open:
             raise KernelUnavailable("the session's kernel is not connected")
         if not conn.binary:
@@ -285,11 +321,18 @@ class FileChannel:
                                     "need v1.kernel.websocket.jupyter.org (binary buffers)")
         self.conn = conn
         self.timeout = timeout
+        self.use_subshell = use_subshell
+        self.subshell: str | None = None
 
     def _comm(self) -> _Comm:
-        return _Comm(self.conn, self.timeout)
+        return _Comm(self.conn, self.timeout, self.subshell)
+
+    async def _ready(self) -> None:
+        if self.use_subshell and self.subshell is None:
+            self.subshell = await files_subshell(self.conn)
 
     async def _once(self, data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        await self._ready()
         comm = self._comm()
         try:
             return await comm.call(data, opening=True)
@@ -313,6 +356,7 @@ class FileChannel:
 
     async def open_read(self, rel: PurePosixPath | str, max_bytes: int) -> Download:
         """Start reading a file; FileNotFound, PayloadTooLarge (over ``max_bytes``) at once."""
+        await self._ready()
         comm = self._comm()
         try:
             first, msg = await comm.call({"op": "read", "path": path_hex(rel), "max_bytes": max_bytes,
@@ -326,6 +370,7 @@ class FileChannel:
                     overwrite: bool, quota: dict[str, int] | None = None) -> tuple[str, FileEntry]:
         """Write a file (temp file + rename in the kernel) from ``chunks`` of at most CHUNK bytes,
         exactly ``size`` in all; WINDOW chunks in flight. (path in the kernel, its entry)."""
+        await self._ready()
         comm = self._comm()
         h = hashlib.sha256()
         sent = 0

@@ -81,3 +81,20 @@ def test_100_mb_round_trip_costs_bounded_manager_memory(server, api, session_fac
     assert received == size and got.hexdigest() == want.hexdigest()
     grew_mb = (_peak_kb(server.proc.pid) - before) / 1000
     assert grew_mb < 40, f"the manager's peak memory grew by {grew_mb:.0f} MB for a 100 MB round trip"
+
+
+def test_files_work_while_a_cell_runs(api, session_factory):
+    """File requests travel on the kernel's file subshell: they do not wait for a running cell."""
+    sid = session_factory()
+    r = api.post(f"/v1/sessions/{sid}/execute", json={
+        "code": "import time\nfor _ in range(600): time.sleep(0.1)", "wait_seconds": 0})
+    assert r.status_code in (200, 202), r.text
+    run_id = r.json()["run_id"]
+    try:
+        assert api.put(f"/v1/sessions/{sid}/files/during.txt", content=b"d").status_code == 201
+        assert api.get(f"/v1/sessions/{sid}/files/during.txt").content == b"d"
+        names = [f["name"] for f in api.get(f"/v1/sessions/{sid}/files").json()["files"]]
+        assert "during.txt" in names
+        assert api.get(f"/v1/runs/{run_id}").json()["status"] == "running"  # still going meanwhile
+    finally:
+        api.post(f"/v1/sessions/{sid}/interrupt")

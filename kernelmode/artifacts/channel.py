@@ -32,7 +32,7 @@ from ..errors import InvalidRequest, KernelmodeError, KernelUnavailable, Payload
 from ..gateway.client import KernelConnection, next_message
 from ..gateway.exchange import DISCONNECTED_EVENT, KERNEL_STATUS_EVENT
 from ..gateway.frames import json_shape_error
-from ..kernel.files import CHUNK, TARGET
+from ..kernel.files import TARGET
 from ..sandbox.spec import WORKSPACE_MOUNT
 from .workspace import (
     SCAN_MAX_ENTRIES,
@@ -44,6 +44,7 @@ from .workspace import (
     WorkspaceFull,
 )
 
+CHUNK = 2 << 20  # bytes per message; under the gateway's message cap (frames.message_limit)
 WINDOW = 4  # upload chunks in flight before the oldest's ack is awaited
 MAX_LISTING_BYTES = 16 << 20  # a listing's JSON (the agent stops at 4 MB)
 MAX_PATH_BYTES = 64 * 1024
@@ -422,9 +423,9 @@ async def _aiter(chunks: AsyncIterator[bytes] | Iterator[bytes]) -> AsyncIterato
 
 
 
-def file_channel(conn: KernelConnection | None) -> FileChannel | None:
+def file_channel(conn: KernelConnection | None, timeout: float = TIMEOUT) -> FileChannel | None:
     """The kernel's file channel, or None when its connection cannot carry one."""
     try:
-        return FileChannel(conn)
+        return FileChannel(conn, timeout)
     except KernelUnavailable:
         return None

@@ -253,7 +253,7 @@ class Checkpoints:
             if restore.error is not None:
                 raise CheckpointFailed(restore.error)
             s.changed_since_checkpoint = True
-            channel = file_channel(s.conn)
+            channel = file_channel(s.conn, self.settings.sessions.files_timeout_seconds)
             if channel is not None:  # the seeded files are not artifacts of its first run
                 await channel.scan(rebase=True)
 

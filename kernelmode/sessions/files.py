@@ -9,12 +9,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import BinaryIO
 
 from ..artifacts.base import StoreError
-from ..artifacts.channel import Download, FileChannel
+from ..artifacts.channel import CHUNK, Download, FileChannel
 from ..artifacts.harvester import SESSION_FILES, Harvester
 from ..artifacts.workspace import clean_path, mime_type
 from ..config import Settings
 from ..errors import KernelUnavailable, SessionNotFound
-from ..kernel.files import CHUNK
 from ..models import Artifact, FileList, SessionInfo, UploadResult, WorkspaceFile
 from .live import LiveSession, now
 from .store import SessionStore
@@ -32,6 +31,9 @@ class SessionFiles:
         self.harvester = harvester
         self.live = live
 
+    def _channel(self, s: LiveSession) -> FileChannel:
+        return FileChannel(s.conn, self.settings.sessions.files_timeout_seconds)
+
     # -- workspace (through the kernel's file agent: artifacts/channel.py) ------------------------
     async def upload(self, s: LiveSession, path: str, body: BinaryIO, size: int, overwrite: bool) -> UploadResult:
         """Write ``size`` bytes read from ``body`` to the workspace (atomically, in the kernel)."""
@@ -45,13 +47,12 @@ class SessionFiles:
 
         # An upload is an input, not something a run made: the agent keeps it out of the next
         # run's changes.
-        shown, _ = await FileChannel(s.conn).write(rel, chunks(), size, overwrite, quota)
+        shown, _ = await self._channel(s).write(rel, chunks(), size, overwrite, quota)
         return UploadResult(path=shown, size_bytes=size)
 
-    @staticmethod
-    async def list_files(s: LiveSession) -> FileList:
+    async def list_files(self, s: LiveSession) -> FileList:
         """The workspace's files, as far as its bounded walk got (``note`` says where it stopped)."""
-        files = await FileChannel(s.conn).scan()
+        files = await self._channel(s).scan()
         return FileList(files=[WorkspaceFile.model_validate(e.info()) for _, e in sorted(files.items())],
                         truncated=files.stopped is not None, note=files.stopped)
 
@@ -59,14 +60,13 @@ class SessionFiles:
         """(download, mime type) of a workspace file: ``download.size``, then its ``chunks()``."""
         rel = clean_path(path)
         # Streamed (two chunks in memory at most): the cap is a sanity bound, not a memory one.
-        download = await FileChannel(s.conn).open_read(rel, DOWNLOAD_MAX_BYTES if max_bytes is None else max_bytes)
+        download = await self._channel(s).open_read(rel, DOWNLOAD_MAX_BYTES if max_bytes is None else max_bytes)
         return download, mime_type(rel.name)
 
-    @staticmethod
-    async def delete_file(s: LiveSession, path: str) -> str:
+    async def delete_file(self, s: LiveSession, path: str) -> str:
         """Remove a file from the workspace; its path in the kernel."""
         rel = clean_path(path)
-        return await FileChannel(s.conn).delete(rel)
+        return await self._channel(s).delete(rel)
 
     # -- artifacts -----------------------------------------------------------------------------------
     async def artifacts(self, session_id: str) -> list[Artifact]:

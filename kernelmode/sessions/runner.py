@@ -164,8 +164,8 @@ class Runner:
                     raise SessionNotFound(f"session {session_id!r} was deleted while the code ran")
                 if self.harvester is not None and result.status == "ok":
                     # Never raises: a harvest problem is a note on the result, which stands.
-                    await self.harvester.harvest(session_id, result, file_channel(s.conn),
-                                                 run.collector.file_changes)
+                    channel = file_channel(s.conn, self.settings.sessions.files_timeout_seconds)
+                    await self.harvester.harvest(session_id, result, channel, run.collector.file_changes)
                 result.duration_ms = round((time.monotonic() - started) * 1000, 3)
                 if result.execution_count is not None:
                     s.info.execution_count = result.execution_count

@@ -219,13 +219,13 @@ class _Reader:
         self.sent = 0
 
     def next(self, first: bool = False) -> None:
-        want = self.chunk
-        if self.limit:  # a file growing meanwhile is cut at the limit (the manager checks too)
-            want = max(0, min(want, self.limit - self.sent))
+        # At most the size announced at the start: a file growing meanwhile is cut there (a
+        # download's Content-Length is that size; the manager checks it too).
+        want = max(0, min(self.chunk, self.size - self.sent))
         data = os.read(self.fd, want) if self.fd >= 0 and want else b""
         self.hash.update(data)
         self.sent += len(data)
-        eof = len(data) < want or not want
+        eof = len(data) < want or self.sent >= self.size
         reply: dict[str, Any] = {"eof": eof, "offset": self.sent - len(data)}
         if first:
             reply["size"] = self.size

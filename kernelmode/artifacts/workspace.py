@@ -1,4 +1,10 @@
-"""A session's workspace (``/mnt/data`` in its kernel) as the manager sees it on the host.
+"""A session's workspace (``/mnt/data`` in its kernel): client paths, entries, errors, and the
+host-side view.
+
+Clients' files and harvests go through the kernel's own channels (artifacts/channel.py and the
+file agent kernel/files.py, which walks and opens with the same rules as below). The host-side
+``Workspace`` stays only for what needs the manager's own disk: checkpoints (the workspace tar,
+the kernel's snapshot file) and seeding a fork's workspace.
 
 Kernel code controls everything in here, so nothing is trusted: paths are validated as text,
 then every component is opened without following links (``O_NOFOLLOW`` on each directory
@@ -18,7 +24,6 @@ import errno
 import mimetypes
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -206,22 +211,6 @@ class Workspace:
             os.close(dfd)
         return f"{WORKSPACE_MOUNT}/{rel}"
 
-    def entry(self, rel: PurePosixPath) -> FileEntry | None:
-        """The listing entry of one path (None if it is not a regular, singly-linked file)."""
-        try:
-            dfd = self._open_dir(rel.parts[:-1], create=False)
-        except OSError:
-            return None
-        try:
-            st = os.stat(rel.name, dir_fd=dfd, follow_symlinks=False)
-        except OSError:
-            return None
-        finally:
-            os.close(dfd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            return None
-        return FileEntry(str(rel), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
-
     # -- listing ---------------------------------------------------------------------------------------
     def scan(self, max_entries: int = SCAN_MAX_ENTRIES, max_depth: int = SCAN_MAX_DEPTH) -> Listing:
         """Regular, singly-linked files (no links followed), by relative path.
@@ -292,12 +281,6 @@ class Workspace:
             listing.stopped = f"{listing.stopped}; {note}" if listing.stopped else note
         return listing
 
-    def usage(self) -> tuple[int, int]:
-        """(bytes, files) of the workspace; a walk that stopped at its entry bound counts as
-        holding that many files (it holds at least that many entries)."""
-        files = self.scan()
-        return sum(f.size for f in files.values()), SCAN_MAX_ENTRIES if files.full else len(files)
-
 
 class Listing(dict[str, FileEntry]):
     """The files a walk found, by relative path, and why it did not see everything (if so)."""
@@ -307,31 +290,3 @@ class Listing(dict[str, FileEntry]):
         self.stopped: str | None = None  # "stopped after N entries...", for clients
         self.full = False  # stopped at the entry bound
         self.started_ns = time.time_ns()  # a file changed after this has a later ctime
-
-
-def temp_copy(ws: Workspace, rel: PurePosixPath, dest_dir: Path, max_bytes: int) -> tuple[Path, int, str]:
-    """Copy a workspace file (safely opened) to a private temp file: (path, size, sha256).
-
-    Stores then read the copy, so a kernel changing the file meanwhile cannot swap what is
-    stored for what was checked."""
-    import hashlib
-
-    fd, st = ws.open_file(rel)
-    if st.st_size > max_bytes:
-        os.close(fd)
-        raise PayloadTooLarge(f"{WORKSPACE_MOUNT}/{rel} is {st.st_size} bytes, over {max_bytes}")
-    h = hashlib.sha256()
-    size = 0
-    out = tempfile.NamedTemporaryFile(dir=dest_dir, delete=False)  # noqa: SIM115
-    try:
-        with os.fdopen(fd, "rb") as src, out:
-            while chunk := src.read(1 << 20):
-                size += len(chunk)
-                if size > max_bytes:
-                    raise PayloadTooLarge(f"{WORKSPACE_MOUNT}/{rel} grew over {max_bytes} bytes")
-                h.update(chunk)
-                out.write(chunk)
-    except BaseException:
-        Path(out.name).unlink(missing_ok=True)
-        raise
-    return Path(out.name), size, h.hexdigest()

@@ -165,7 +165,6 @@ def test_walk_survives_a_tree_that_changes_under_it(tmp_path: Path) -> None:
             listing = ws.scan()
             for e in listing.values():
                 e.info()
-            ws.usage()
     finally:
         stop.set()
         t.join(10)
@@ -243,16 +242,6 @@ def test_a_walk_that_stopped_early_does_not_make_old_files_new(tmp_path: Path) -
     result = _result()
     asyncio.run(harvester.harvest("s1", result, channel, None))
     assert [a.path for a in result.artifacts] == ["/mnt/data/new.txt"]
-
-
-@pytest.mark.parametrize("depth", [0, 1, 3])
-def test_entry_of_one_path(tmp_path: Path, depth: int) -> None:
-    rel = PurePosixPath(*(["d"] * depth), "f.txt")
-    (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-    (tmp_path / rel).write_text("abc")
-    entry = Workspace(tmp_path).entry(rel)
-    assert entry is not None and entry.size == 3 and entry.path == str(rel)
-    assert Workspace(tmp_path).entry(PurePosixPath("missing.txt")) is None
 
 
 def test_upload_whose_folder_vanishes_meanwhile_is_a_409(tmp_path: Path) -> None:

@@ -20,12 +20,13 @@ import asyncio
 import hashlib
 import json
 import os
+import tempfile
 import uuid
 import weakref
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import InvalidRequest, KernelmodeError, KernelUnavailable, PayloadTooLarge
@@ -367,10 +368,10 @@ class FileChannel:
             await comm.close()
             raise
 
-    async def write(self, rel: PurePosixPath, chunks: AsyncIterator[bytes] | Iterator[bytes], size: int,
+    async def write(self, rel: PurePosixPath, chunks: AsyncIterator[bytes] | Iterator[bytes], size: int | None,
                     overwrite: bool, quota: dict[str, int] | None = None) -> tuple[str, FileEntry]:
         """Write a file (temp file + rename in the kernel) from ``chunks`` of at most CHUNK bytes,
-        exactly ``size`` in all; WINDOW chunks in flight. (path in the kernel, its entry)."""
+        exactly ``size`` in all (None: unchecked); WINDOW chunks in flight. (path in the kernel, its entry)."""
         await self._ready()
         comm = self._comm()
         h = hashlib.sha256()
@@ -391,7 +392,7 @@ class FileChannel:
                 if not chunk:
                     continue
                 sent += len(chunk)
-                if sent > size:
+                if size is not None and sent > size:
                     raise InvalidRequest(f"the upload is longer than its declared {size} bytes")
                 h.update(chunk)
                 pending.append((seq, await comm.request({"seq": seq}, [chunk])))
@@ -400,7 +401,7 @@ class FileChannel:
                     await settle(pending.popleft())
             while pending:
                 await settle(pending.popleft())
-            if sent != size:
+            if size is not None and sent != size:
                 raise InvalidRequest(f"the upload ended after {sent} of its {size} bytes")
             done, _ = await comm.call({"op": "commit", "sha256": h.hexdigest()})
         finally:
@@ -429,3 +430,28 @@ def file_channel(conn: KernelConnection | None, timeout: float = TIMEOUT) -> Fil
         return FileChannel(conn, timeout)
     except KernelUnavailable:
         return None
+
+
+async def receive_file(channel: FileChannel, rel: PurePosixPath | str, max_bytes: int,
+                       directory: Path) -> tuple[Path, int, str]:
+    """A workspace file copied from the kernel into a private temp file in ``directory``:
+    (path, size, sha256), the checksum verified against the kernel's. Stores then read the
+    copy, so a kernel changing the file meanwhile cannot swap what is stored for what was checked."""
+    download = await channel.open_read(rel, max_bytes)
+    h = hashlib.sha256()
+    size = 0
+    fd, name = tempfile.mkstemp(dir=directory)
+    tmp = Path(name)
+    chunks = download.chunks()
+    try:
+        with os.fdopen(fd, "wb") as out:
+            async for chunk in chunks:
+                size += len(chunk)
+                h.update(chunk)
+                await asyncio.to_thread(out.write, chunk)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # noqa: ASYNC240 (a local temp file)
+        raise
+    finally:
+        await chunks.aclose()
+    return tmp, size, h.hexdigest()

@@ -3,7 +3,6 @@ outputs in the artifact store, and describe them (path, size, type, sha256, link
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -17,7 +16,7 @@ from ..config import ArtifactSettings
 from ..errors import KernelmodeError, KernelUnavailable, PayloadTooLarge
 from ..models import Artifact, RunResult
 from .base import ArtifactStore, StoreError
-from .channel import FileChannel, changes_buffer
+from .channel import FileChannel, changes_buffer, receive_file
 from .workspace import FileEntry, FileNotFound, mime_type
 
 log = logging.getLogger("kernelmode.artifacts")
@@ -97,7 +96,7 @@ class Harvester:
             result.artifacts_truncated = True
             return
         try:
-            tmp, size, sha = await self.receive(channel, entry.path, self.settings.max_artifact_bytes)
+            tmp, size, sha = await receive_file(channel, entry.path, self.settings.max_artifact_bytes, self.scratch)
         except (FileNotFound, PayloadTooLarge, OSError):  # gone, replaced (link, folder), grew past the cap
             result.artifacts_truncated = True
             return
@@ -107,28 +106,6 @@ class Harvester:
             await self._put(session_id, result, f"/mnt/data/{rel}", rel, tmp, size, sha)
         finally:
             tmp.unlink(missing_ok=True)  # noqa: ASYNC240 (a local temp file)
-
-    async def receive(self, channel: FileChannel, rel: str, max_bytes: int) -> tuple[Path, int, str]:
-        """A workspace file copied from the kernel into a private temp file: (path, size,
-        sha256), the checksum verified against the kernel's. Stores then read the copy."""
-        download = await channel.open_read(rel, max_bytes)
-        h = hashlib.sha256()
-        size = 0
-        fd, name = tempfile.mkstemp(dir=self.scratch)
-        tmp = Path(name)
-        chunks = download.chunks()
-        try:
-            with os.fdopen(fd, "wb") as out:
-                async for chunk in chunks:
-                    size += len(chunk)
-                    h.update(chunk)
-                    await asyncio.to_thread(out.write, chunk)
-        except BaseException:
-            tmp.unlink(missing_ok=True)  # noqa: ASYNC240
-            raise
-        finally:
-            await chunks.aclose()
-        return tmp, size, h.hexdigest()
 
     async def _keep_output(self, session_id: str, result: RunResult, index: int, output: dict[str, Any]) -> None:
         data = output.get("data", {})

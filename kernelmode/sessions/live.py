@@ -4,12 +4,10 @@ its workspace and of an attached console."""
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from ..artifacts.workspace import Workspace
 from ..gateway.client import KernelConnection
 from ..models import SessionInfo
 from .kernels import Kernel
@@ -45,14 +43,6 @@ class LiveSession:
     @property
     def workspace(self) -> Path:
         return self.kernel.workspace
-
-    def workspace_view(self) -> Workspace:
-        """The workspace on this host's disk: only for host-side features (checkpoints' workspace
-        tar and snapshot file, fork seeding). Files of clients and harvests go through the
-        kernel's channels (artifacts/channel.py), which work where no such disk is shared."""
-        st = self.workspace.stat()
-        owner = (st.st_uid, st.st_gid) if os.getuid() == 0 and st.st_uid != 0 else None
-        return Workspace(self.workspace, owner)
 
     def touch(self) -> None:
         t = now()

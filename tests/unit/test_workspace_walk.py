@@ -1,4 +1,5 @@
-"""The workspace walk (listings, harvests, upload accounting) on a real directory: bounded,
+"""The workspace walk (listings, harvests, upload accounting) of the kernel's file agent
+(kernel/files.py, run in-process behind a loopback) on a real directory: bounded,
 iterative, indifferent to what kernel code does to the tree meanwhile, and safe with names that
 are not UTF-8. The end-to-end attacks are in tests/security/test_workspace_abuse.py."""
 
@@ -16,7 +17,7 @@ import pytest
 from kernelmode.artifacts.channel import FileChannel
 from kernelmode.artifacts.harvester import Harvester
 from kernelmode.artifacts.local import LocalStore
-from kernelmode.artifacts.workspace import Workspace, WorkspaceChanged, shown
+from kernelmode.artifacts.workspace import Listing, WorkspaceChanged, shown
 from kernelmode.config import ArtifactSettings
 from kernelmode.kernel import files as agent
 from kernelmode.models import RunResult
@@ -66,10 +67,10 @@ def test_lists_regular_singly_linked_files_only(tmp_path: Path) -> None:
     os.link(tmp_path / "sub" / "deeper" / "b.csv", tmp_path / "hard.csv")
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / ".upload-0123").write_text("half an upload")
-    listing = Workspace(tmp_path).scan()
+    listing = _scan(tmp_path)
     assert sorted(listing) == ["a.txt"]  # b.csv and hard.csv are one file with two links
     (tmp_path / "hard.csv").unlink()
-    listing = Workspace(tmp_path).scan()
+    listing = _scan(tmp_path)
     assert sorted(listing) == ["a.txt", "sub/deeper/b.csv"]
     assert listing.stopped is None
 
@@ -79,8 +80,7 @@ def test_undecodable_name_is_carried_and_shown_escaped(tmp_path: Path) -> None:
     for raw in (BAD, b"dir\xe9/inner\x80.csv"):
         with open(os.path.join(os.fsencode(tmp_path), raw), "wb") as f:
             f.write(b"x")
-    ws = Workspace(tmp_path)
-    listing = ws.scan()
+    listing = _scan(tmp_path)
     assert len(listing) == 2
     infos = {e.info()["path"] for e in listing.values()}
     assert infos == {"/mnt/data/\\xff\\xfe-bad.txt", "/mnt/data/dir\\xe9/inner\\x80.csv"}
@@ -90,9 +90,8 @@ def test_undecodable_name_is_carried_and_shown_escaped(tmp_path: Path) -> None:
     sqlite3.connect(":memory:").execute("select ?", (text,))
     # The carried name still opens the file (the harvest copies it by that name).
     entry = listing[os.fsdecode(BAD)]
-    fd, st = ws.open_file(PurePosixPath(entry.path))
-    os.close(fd)
-    assert st.st_size == 1
+    channel, _ = _channel(tmp_path)
+    assert asyncio.run(_read(channel, entry.path)) == b"x"
     assert shown("plain-é.txt") == "plain-é.txt"
 
 
@@ -101,7 +100,7 @@ def test_a_tree_1500_deep_stops_at_the_depth_bound_without_recursion_or_fd_leak(
     (tmp_path / "top.txt").write_text("t")
     fds = _open_fds()
     try:
-        listing = Workspace(tmp_path).scan(max_depth=64)
+        listing = _scan(tmp_path, max_depth=64)
     finally:
         _remove_chain(tmp_path)
     assert _open_fds() <= fds  # none leaked (another test's leftovers may close meanwhile)
@@ -114,10 +113,10 @@ def test_a_tree_1500_deep_stops_at_the_depth_bound_without_recursion_or_fd_leak(
 def test_entries_are_bounded_with_a_note(tmp_path: Path) -> None:
     for i in range(300):
         (tmp_path / f"f{i}").touch()
-    listing = Workspace(tmp_path).scan(max_entries=100)
+    listing = _scan(tmp_path, max_entries=100)
     assert len(listing) == 100
     assert listing.stopped is not None and "100 entries" in listing.stopped
-    assert Workspace(tmp_path).scan(max_entries=1000).stopped is None
+    assert _scan(tmp_path, max_entries=1000).stopped is None
 
 
 def test_walk_survives_a_tree_that_changes_under_it(tmp_path: Path) -> None:
@@ -158,11 +157,11 @@ def test_walk_survives_a_tree_that_changes_under_it(tmp_path: Path) -> None:
 
     t = threading.Thread(target=churn, daemon=True)
     t.start()
-    ws = Workspace(tmp_path)
+    channel, _ = _channel(tmp_path)
     fds = _open_fds()
     try:
         for _ in range(300):
-            listing = ws.scan()
+            listing = asyncio.run(channel.scan())
             for e in listing.values():
                 e.info()
     finally:
@@ -170,6 +169,15 @@ def test_walk_survives_a_tree_that_changes_under_it(tmp_path: Path) -> None:
         t.join(10)
     assert swaps > 0
     assert _open_fds() <= fds  # none leaked (another test's leftovers may close meanwhile)
+
+
+def _scan(root: Path, **config: object) -> Listing:
+    channel, _ = _channel(root, **config)
+    return asyncio.run(channel.scan())
+
+
+async def _read(channel: FileChannel, rel: str) -> bytes:
+    return await (await channel.open_read(rel, 1 << 20)).read_all()
 
 
 def _harvester(tmp_path: Path) -> tuple[Harvester, LocalStore]:
@@ -254,6 +262,7 @@ def test_upload_whose_folder_vanishes_meanwhile_is_a_409(tmp_path: Path) -> None
         (tmp_path / "d").rmdir()
         yield b"second"
 
+    channel, _ = _channel(tmp_path)
     with pytest.raises(WorkspaceChanged) as e:
-        Workspace(tmp_path).write(PurePosixPath("d/f.txt"), chunks(), overwrite=False)
+        asyncio.run(channel.write(PurePosixPath("d/f.txt"), chunks(), None, overwrite=False))
     assert e.value.http_status == 409 and "try again" in e.value.message

@@ -274,6 +274,9 @@ class _Writer:
                     raise Refused("file_exists", f"/mnt/data/{_shown(self.parts)} is a directory")
             self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
                               dir_fd=self.dfd)
+        except OSError as e:  # the folder was removed, or the name made a folder, meanwhile
+            self.close()
+            raise self._changed(e) from None
         except BaseException:
             self.close()
             raise
@@ -288,9 +291,9 @@ class _Writer:
                     view = view[os.write(self.fd, view):]
                 self.hash.update(chunk)
             except OSError as e:
-                self.failed = Refused("workspace_full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "io_error",
-                                      f"the workspace is full: /mnt/data/{_shown(self.parts)} does not fit"
-                                      if e.errno in (errno.ENOSPC, errno.EDQUOT) else f"write failed: {e}")
+                self.failed = (Refused("workspace_full", f"the workspace is full: /mnt/data/{_shown(self.parts)} "
+                                       "does not fit") if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                               else self._changed(e))
                 self.close()
         if self.failed is not None:
             raise self.failed
@@ -309,12 +312,15 @@ class _Writer:
             st = os.stat(self.parts[-1], dir_fd=self.dfd, follow_symlinks=False)
         except OSError as e:
             self.close()
-            raise Refused("workspace_changed", f"/mnt/data/{_shown(self.parts)} changed while it was "
-                          f"uploaded ({errno.errorcode.get(e.errno or 0, 'error')}); try again") from None
+            raise self._changed(e) from None
         self.tmp = ""
         self.close()
         _note(self.rel, st)
         self.comm.send({"path": f"/mnt/data/{_shown(self.parts)}", "entry": _entry(self.rel, st)[1:]})
+
+    def _changed(self, e: OSError) -> Refused:
+        return Refused("workspace_changed", f"/mnt/data/{_shown(self.parts)} changed while it was "
+                       f"uploaded ({errno.errorcode.get(e.errno or 0, 'error')}); try again")
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -349,8 +355,10 @@ def _delete(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _send_error(comm: Any, e: BaseException) -> None:
-    code = e.code if isinstance(e, Refused) else "io_error"
-    comm.send({"error": {"code": code, "message": str(e)[:2000]}})
+    # An OSError here is kernel code changing the tree under the request: "try again".
+    code = e.code if isinstance(e, Refused) else "workspace_changed" if isinstance(e, OSError) else "io_error"
+    text = f"the workspace changed during the request ({e}); try again" if isinstance(e, OSError) else str(e)
+    comm.send({"error": {"code": code, "message": text[:2000]}})
 
 
 def _on_open(comm: Any, msg: dict[str, Any]) -> None:

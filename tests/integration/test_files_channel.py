@@ -120,3 +120,15 @@ def test_a_harvest_asks_the_kernel_nothing_when_nothing_changed(session_factory,
     assert [a["path"] for a in r["artifacts"]] == ["/mnt/data/made.txt"]
     assert run(sid, "1 + 1")["artifacts"] == []
     assert run(sid, "_ops")["result"] == "['read']"  # one read for made.txt; no listing, no 'changes'
+
+
+def test_files_after_the_kernel_died(api, session_factory, run):
+    """A kernel that died is readied again (file agent included) by the next file request."""
+    sid = session_factory()
+    assert api.put(f"/v1/sessions/{sid}/files/kept.txt", content=b"k").status_code == 201
+    died = run(sid, "import os; os._exit(1)")
+    assert died["status"] == "kernel_died", died
+    assert api.get(f"/v1/sessions/{sid}/files/kept.txt").content == b"k"
+    assert api.put(f"/v1/sessions/{sid}/files/new.txt", content=b"n").status_code == 201
+    r = run(sid, "open('made.txt', 'w').write('m')")
+    assert [a["path"] for a in r["artifacts"]] == ["/mnt/data/made.txt"]  # uploads are not artifacts

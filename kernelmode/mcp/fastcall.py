@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools.base import Tool
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, TextContent
@@ -141,19 +142,21 @@ class FastCalls:
         with self._in_flight(call.mcp_session):
             try:
                 await self.kmcp.await_start()  # what the SDK route's middleware does first
-                result = await call.tool.fn(**call.arguments, ctx=ctx)
-                if not isinstance(result, CallToolResult):
-                    result = call.tool.fn_metadata.convert_result(result)
+                # convert_result also checks the structured content against the output model.
+                result = call.tool.fn_metadata.convert_result(await call.tool.fn(**call.arguments, ctx=ctx))
                 dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
                 dumped = serialize_server_result(_METHOD, call.version, dumped)
                 envelope["result"] = await self.kmcp.cap_answer(_METHOD, dumped)
             except MCPError as e:
                 envelope["error"] = e.error.model_dump(by_alias=True, mode="json", exclude_none=True)
-            except Exception:  # what the SDK answers to a tool that crashed: no detail to the client
-                log.exception("Tool %r raised an unexpected exception", call.tool.name)
-                crashed = CallToolResult(content=[TextContent(text=f"Error executing tool {call.tool.name}")],
-                                         is_error=True)
-                envelope["result"] = crashed.model_dump(by_alias=True, mode="json", exclude_none=True)
+            except Exception as e:  # as the SDK answers: a deliberate ToolError's text, else none
+                if isinstance(e, (ToolError, ResourceError)) and not isinstance(e, UnexpectedToolError):
+                    text = f"Error executing tool {call.tool.name}: {e}"
+                else:
+                    log.exception("Tool %r raised an unexpected exception", call.tool.name)
+                    text = f"Error executing tool {call.tool.name}"
+                failed = CallToolResult(content=[TextContent(text=text)], is_error=True)
+                envelope["result"] = failed.model_dump(by_alias=True, mode="json", exclude_none=True)
         return json.dumps(envelope, separators=(",", ":")).encode()
 
     @contextmanager

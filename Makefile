@@ -11,7 +11,7 @@ KVENV := .kernel-venv
 PIP_FLAGS ?= -q --disable-pip-version-check
 ARGS ?=
 
-.PHONY: setup setup-run run test lint bench bench-quick clean docker-setup docker-test setup-cluster bench-cluster
+.PHONY: setup setup-run run test lint bench bench-quick bench-goals clean docker-setup docker-test setup-cluster bench-cluster k8s-check
 
 # Everything: the service, test tools, agent-framework adapters, the kernel environment.
 setup: .stamp-system .stamp-system-test $(VENV)/.stamp $(KVENV)/.stamp .stamp-cluster
@@ -90,6 +90,10 @@ bench-quick: setup
 	$(VENV)/bin/python bench/recovery.py --quick --no-write
 	$(VENV)/bin/python bench/load.py --quick --no-write
 	$(VENV)/bin/python bench/mcp_startup.py --quick --no-write
+
+# The performance goals (issue 18) in one table, met / not met: quick runs of the benchmarks.
+bench-goals: setup
+	$(VENV)/bin/python bench/goals.py --quick
 
 # The Docker sandbox backend: engine, daemon (no container network), base and kernel images.
 # Idempotent; a no-op in well under a second when all is there (scripts/docker-setup.sh).

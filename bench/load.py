@@ -631,7 +631,8 @@ def summary_line(res: dict[str, Any]) -> str:
             f"p50={s.median:.1f}ms p95={s.pct(95):.1f}ms p99={s.pct(99):.1f}ms max={max(s.samples):.1f}ms "
             f"{s.n / ld['wall']:.0f} runs/s; manager RSS {mb(m['before'])}->{mb(max(m['peak'], m['hwm'] or 0))}"
             f"->{mb(m['after'])} MB; flood: manager {mb(f['baseline'])}->{mb(fpeak)}->{mb(f['deleted'])} MB, "
-            f"bad replies {len(fl['bad'])}")
+            f"bad replies {len(fl['bad'])}; cpu_ms_per_run manager={ld['cpu']['manager']:.2f} "
+            f"gateway={ld['cpu']['gateway']:.2f}")
 
 
 def report(res: dict[str, Any], args: argparse.Namespace) -> str:

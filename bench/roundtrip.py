@@ -397,16 +397,17 @@ the moment the last required message has arrived:
   and the bubblewrap sandbox around the kernel.
 - **mcp** — the MCP tool call `run_python {{"code": "1+1"}}` to the same `kernelmode serve` (same
   process as `rest`) at `/mcp` over streamable HTTP, from the official mcp SDK's `Client`
-  (mcp {info_mcp}, HTTP through an `httpx2.AsyncClient`; the server answers each `tools/call` POST
-  as an SSE stream so that progress can reach the client mid-call). Timed around
+  (mcp {info_mcp}, HTTP through an `httpx2.AsyncClient`). The client asks for no progress and
+  declares no elicitation, so the server answers each call as one JSON body (`mcp.json_answers`;
+  the client keeps its TCP connection) on kernelmode's direct route for `run_python`
+  (`mcp.fast_calls`; `bench/mcp_ab.py` compares it with the SDK's route). Timed around
   `await client.call_tool(...)` until the `CallToolResult` is back and parsed
   (`structured_content["result"] == '2'`). The connection's own kernel session is created by the
-  first (warm-up) call. On top of the REST path's work: JSON-RPC framing and pydantic validation
-  on both ends, the ASGI bridge inside the server, SSE framing of the response, the client SDK's
-  task plumbing (anyio memory streams between its tasks), the client's jsonschema check of
-  `structured_content` against the tool's output schema, and a new TCP connection per call (the
-  SDK client closes the SSE response as soon as the result event has arrived, before the end of
-  the chunked body, so httpx2 cannot keep the connection alive).
+  first (warm-up) call. On top of the REST path's work: JSON-RPC framing and validation on both
+  ends, the client SDK's task plumbing (anyio memory streams between its tasks) and its HTTP
+  client, and the client's jsonschema check of `structured_content` against the tool's output
+  schema; the client's CPU (about 4 ms per call against 0.5 for REST's http.client) shares the
+  machine's CPUs with the server.
 - **stock_kg** — for context: a stock `python -m kernel_gateway` with default settings (only ip,
   port, token set; minimal environment) and its default `python3` kernel (the venv's ipykernel),
   driven with the `websockets` library over the kernel websocket until execute_reply + idle. Its

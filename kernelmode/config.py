@@ -340,6 +340,11 @@ class McpFrontSettings(_Section):
         True, description="Answer a call at /mcp as plain JSON when its SSE stream would carry only "
         "the answer (no progress token asked, no elicitation or sampling declared by the client): the "
         "client keeps its connection instead of opening one per call. false: always SSE.")
+    fast_calls: bool = Field(
+        True, description="Answer run_python and get_run calls that get a plain JSON answer "
+        "(json_answers) on a direct route instead of through the MCP SDK's per-message machinery: "
+        "the same checks and the same answer, a fraction of the server's CPU per call. false: "
+        "every call goes through the SDK.")
 
 
 class PackageSettings(_Section):

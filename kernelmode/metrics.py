@@ -58,6 +58,8 @@ class Metrics:
                                       ["reason", "tenant"], registry=r)
         self.gateway_restarts = Counter("kernelmode_gateway_restarts",
                                         "Kernel Gateway deaths followed by a restart", registry=r)
+        self.mcp_fast_calls = Counter("kernelmode_mcp_fast_calls", "MCP tool calls answered on the "
+                                      "direct route (mcp.fast_calls) instead of through the SDK", registry=r)
 
     def watch(self, read: Callable[[], tuple[dict[str, int], int, int]]) -> None:
         """``read() -> ({status: count}, pool kernels ready now, configured pool size)``, called at

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from jupyter_client.jsonutil import json_default
 
 from ..errors import KernelmodeError
@@ -151,17 +152,26 @@ def loads(data: bytes | bytearray | memoryview, max_bytes: int, max_depth: int =
     """JSON ``data`` decoded, once its size and shape are within bounds (else FrameError)."""
     if len(data) > max_bytes:
         raise FrameError(f"{len(data):,} bytes, over the limit of {max_bytes:,}")
-    problem = json_shape_error(data, max_depth, max_values)
+    raw = data if isinstance(data, bytes) else bytes(data)
+    problem = json_shape_error(raw, max_depth, max_values)
     if problem is not None:
         raise FrameError(problem)
-    raw = bytes(data)
+    surrogates = _SURROGATE_ESCAPE.search(raw) is not None
+    if not surrogates:
+        # orjson reads valid JSON as the standard library does, 3-5x faster (most of the
+        # manager's per-message decoding); whatever it refuses (bytes that are not UTF-8, NaN,
+        # integers past 64 bits) is read below as before.
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
     try:
         value = json.loads(raw.decode("utf-8", "replace"))
     except RecursionError:  # a backstop: the shape check already bounds the depth
         raise FrameError("it nests too deeply") from None
     except ValueError as e:
         raise FrameError(f"not JSON: {e}") from None
-    return scrub_surrogates(value) if _SURROGATE_ESCAPE.search(raw) else value
+    return scrub_surrogates(value) if surrogates else value
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ import time
 
 import zmq
 import zmq.asyncio
-from jupyter_client.session import DELIM
 from jupyter_server._tz import utcnow
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 from kernel_gateway.services.kernels.manager import SeedingMappingKernelManager
@@ -92,8 +91,8 @@ class NoDelayWebsocketConnection(ZMQChannelsWebsocketConnection):
         before it is framed and sent: one huge ``print`` then costs the manager nothing. Any
         other message over the manager's limit loses its content here, with a note."""
         if self.subprotocol == "v1.kernel.websocket.jupyter.org" and len(msg_list) >= 4:
-            if (STREAM_CHARS and getattr(stream, "channel", None) == "iopub"
-                    and len(msg_list[3]) > STREAM_CHARS + 1024):
+            iopub = getattr(stream, "channel", None) == "iopub"
+            if STREAM_CHARS and iopub and len(msg_list[3]) > STREAM_CHARS + 1024:
                 msg_list = _cut_stream(msg_list)
             if MAX_MESSAGE_BYTES:
                 msg_list = _cut_oversized(msg_list)
@@ -101,7 +100,33 @@ class NoDelayWebsocketConnection(ZMQChannelsWebsocketConnection):
                     self.log.warning("kernel %s: a message with a header over %d bytes was dropped",
                                      self.kernel_id, MAX_HEADER_BYTES)
                     return None
+            if iopub:
+                self._note_activity(msg_list)
         return super()._on_zmq_reply(stream, msg_list)
+
+    def _note_activity(self, parts: list) -> None:
+        """What jupyter_server's IOPub activity watcher records (the kernel's last activity, and
+        its execution state from status messages), read from the messages this connection
+        forwards anyway: a second IOPub socket per kernel woke this process for every message
+        a kernel published, ~0.7 ms of its CPU per `1+1` run (bench/RESULTS.md)."""
+        if len(parts[0]) > MAX_HEADER_BYTES or len(parts[1]) > MAX_HEADER_BYTES:
+            return
+        kernel, kernels = self.kernel_manager, self.multi_kernel_manager
+        try:
+            msg_type = json.loads(bytes(parts[0])).get("msg_type")
+            status = msg_type == "status"
+            parent_type = json.loads(bytes(parts[1])).get("msg_type") if status else None
+            state = json.loads(bytes(parts[3])).get("execution_state") if status else None
+        except (ValueError, TypeError, AttributeError, RecursionError):
+            return
+        track = kernels.track_message_type
+        if getattr(kernel, "execution_state", None) == "busy" or track(msg_type) or track(parent_type):
+            kernels.last_kernel_activity = kernel.last_activity = utcnow()
+        if status and isinstance(state, str):
+            if track(parent_type):
+                kernel.execution_state = state
+            elif getattr(kernel, "execution_state", None) == "starting" and state != "starting":
+                kernel.execution_state = "idle"
 
 
 class ManyKernelsMappingKernelManager(SeedingMappingKernelManager):
@@ -120,42 +145,19 @@ class ManyKernelsMappingKernelManager(SeedingMappingKernelManager):
             threading.Thread(target=watch_lease, args=(lease, timeout), name="lease", daemon=True).start()
 
     def start_watching_activity(self, kernel_id: str) -> None:
-        """jupyter_server's watcher, without its per-message cost.
+        """No IOPub socket of its own: the kernel's websocket connection notes its activity on
+        the way through (NoDelayWebsocketConnection._note_activity).
 
-        The stock one checks the signature of every IOPub message a kernel sends and parses its
-        header, parent header and (for a status) content with date parsing, only to note the
-        time and the execution state: that was the gateway's largest item per run (bench/
-        PROFILE.md). The same two facts here come from plain JSON loads of the header parts.
-        The signature adds nothing here: the websocket forwards the same messages unchecked."""
+        jupyter_server's watcher opened a second IOPub socket per kernel and so woke this process
+        for every message a kernel published, only to note the time and the execution state;
+        kernelmode reads neither from the gateway (the manager follows its sessions itself, and
+        the gateway's culling is off). The kernel is ready when this is called: its state is
+        ``idle`` (a websocket's nudge waits for the end of ``starting``)."""
         kernel = self._kernels[kernel_id]
         kernel.reason = ""
         kernel.last_activity = utcnow()
-        kernel._activity_stream = kernel.connect_iopub()
-        track = self.track_message_type
-
-        def record_activity(msg_list: list) -> None:
-            try:
-                # Frames, not copies (copy=False): a large output's parts are never copied here.
-                at = next(i for i, f in enumerate(msg_list) if len(f) == len(DELIM) and f.bytes == DELIM)
-                header = json.loads(bytes(msg_list[at + 2]))
-                parent = json.loads(bytes(msg_list[at + 3]))
-                msg_type = header.get("msg_type")
-                parent_type = parent.get("msg_type") if isinstance(parent, dict) else None
-            except (StopIteration, ValueError, IndexError, TypeError, AttributeError):
-                return
-            if track(msg_type) or track(parent_type) or kernel.execution_state == "busy":
-                self.last_kernel_activity = kernel.last_activity = utcnow()
-            if msg_type == "status":
-                try:
-                    state = json.loads(bytes(msg_list[at + 5])).get("execution_state")
-                except (ValueError, IndexError, TypeError, AttributeError):
-                    return
-                if track(parent_type):
-                    kernel.execution_state = state
-                elif kernel.execution_state == "starting" and state != "starting":
-                    kernel.execution_state = "idle"
-
-        kernel._activity_stream.on_recv(record_activity, copy=False)
+        kernel.execution_state = "idle"
+        kernel._activity_stream = None
 
     @default("context")
     def _context_default(self) -> zmq.asyncio.Context:

@@ -16,7 +16,11 @@ import contextlib
 from collections.abc import MutableMapping
 from typing import Any
 
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext
+from mcp.server.auth.middleware.bearer_auth import (
+    AuthenticatedUser,
+    AuthorizationContext,
+    authorization_context,
+)
 from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -28,6 +32,7 @@ from ..api.handlers import BaseHandler
 from ..errors import PayloadTooLarge
 from ..services import Services
 from .connections import TENANT_HEADER
+from .fastcall import FastCall, FastCalls
 from .plain import PlainClients, plain_client, sse_answer, wants_stream
 from .server import KernelmodeMCP
 
@@ -79,6 +84,10 @@ class McpHttp:
         )
         # Connections answered as plain JSON when the SSE stream would carry only the answer.
         self.plain = PlainClients(mcp.cfg.max_sessions) if mcp.cfg.json_answers else None
+        # run_python/get_run of those connections answered without the SDK's machinery (fastcall.py).
+        self.fast = FastCalls(mcp, self.manager, self.plain,
+                              lambda tenant: authorization_context(tenant_user(tenant))
+                              ) if self.plain is not None and mcp.cfg.fast_calls else None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -152,6 +161,12 @@ class McpHandler(BaseHandler):
             raise PayloadTooLarge(f"the MCP request is over this server's limit of "
                                   f"{self.mcp_http.max_body_bytes} bytes")
         req = self.request
+        fast = self.mcp_http.fast
+        if fast is not None and req.method == "POST":
+            call = fast.match(req.headers, body, self.principal.tenant)
+            if call is not None:
+                await self._fast_answer(fast, call)
+                return
         host, _, port = (req.host or "").rpartition(":")
         scope: dict[str, Any] = {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
@@ -208,6 +223,16 @@ class McpHandler(BaseHandler):
         await self.mcp_http.manager.handle_request(scope, receive, send)
         if not self._finished and not self._closed.is_set():
             self.finish()
+
+    async def _fast_answer(self, fast: FastCalls, call: FastCall) -> None:
+        """A fast call's answer: one JSON body, with the connection's id as the SDK sends it."""
+        answer = await fast.answer(call, self.principal.tenant)
+        self.services.metrics.mcp_fast_calls.inc()
+        if self._closed.is_set():
+            return
+        self.set_header("Content-Type", "application/json")
+        self.set_header(SESSION_HEADER, call.mcp_session)
+        self.finish(answer)
 
     def _send_plain(self, stream: bytes) -> None:
         """Write a buffered answer: an SSE stream's one JSON-RPC response as a JSON body, anything

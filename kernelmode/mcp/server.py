@@ -71,13 +71,19 @@ class KernelmodeMCP:
         start answers every such call with its reason (a protocol error, never a hang)."""
         params = ctx.params if isinstance(ctx.params, Mapping) else {}
         if self._services is None and ctx.method == "tools/call" and params.get("name") not in _NO_SESSION_TOOLS:
-            try:
-                self._services = await self._started()
-            except KernelmodeError as e:
-                raise MCPError(INTERNAL_ERROR, f"kernelmode could not start: {e.message}") from e
-            except Exception as e:  # anything else that stopped the start: say so, do not hang
-                raise MCPError(INTERNAL_ERROR, f"kernelmode could not start: {e!r}") from e
+            await self.await_start()
         return await call_next(ctx)
+
+    async def await_start(self) -> None:
+        """Wait for the service's start (at once once it ran); its failure as a protocol error."""
+        if self._services is not None:
+            return
+        try:
+            self._services = await self._started()
+        except KernelmodeError as e:
+            raise MCPError(INTERNAL_ERROR, f"kernelmode could not start: {e.message}") from e
+        except Exception as e:  # anything else that stopped the start: say so, do not hang
+            raise MCPError(INTERNAL_ERROR, f"kernelmode could not start: {e!r}") from e
 
     async def _cap_message(self, ctx: Any, call_next: Any) -> Any:
         """Every answer, measured as it goes on the wire, under ``mcp.max_message_bytes``: the one
@@ -85,7 +91,12 @@ class KernelmodeMCP:
         result = await call_next(ctx)
         if not isinstance(result, dict):
             return result  # a notification's (None)
-        if getattr(ctx, "method", None) == "tools/call":
+        return await self.cap_answer(getattr(ctx, "method", None), result)
+
+    async def cap_answer(self, method: str | None, result: dict[str, Any]) -> dict[str, Any]:
+        """An answer's wire form held to the text budget (tool calls) and the message cap (the
+        middleware above, and the direct route of fastcall.py)."""
+        if method == "tools/call":
             result = fit_text(result, self.cfg.max_text_chars)
         try:
             return await fit_message(result, self.cfg.max_message_bytes)

@@ -9,6 +9,7 @@ and the real MCP SDK client for the tenant that must still get in.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Iterator
 
@@ -121,3 +122,52 @@ async def test_the_connection_cap_is_per_tenant(srv: Server) -> None:
     finally:
         for sid in held:
             close(srv, ALPHA, sid)
+
+
+def fast_calls(srv: Server) -> int:
+    with srv.client() as c:
+        m = re.search(r"^kernelmode_mcp_fast_calls_total (\S+)$", c.get("/metrics").text, re.M)
+    assert m is not None
+    return int(float(m.group(1)))
+
+
+def run_python(srv: Server, token: str, sid: str, code: str, id_: int) -> httpx.Response:
+    with srv.client(token) as c:
+        return c.post("/mcp", headers={**ACCEPT, "mcp-session-id": sid, "mcp-protocol-version": VERSION},
+                      json=rpc("tools/call", {"name": "run_python", "arguments": {"code": code}}, id_=id_))
+
+
+def test_the_direct_route_serves_no_other_tenant(srv: Server) -> None:
+    """run_python on alpha's connection is answered on the direct route (mcp.fast_calls) for
+    alpha; beta (and the admin) naming that connection get the unknown-id 404 and reach neither
+    alpha's kernel nor the route."""
+    r = open_connection(srv, ALPHA)
+    assert r.status_code == 200, r.text
+    sid = r.headers["mcp-session-id"]
+    try:
+        before = fast_calls(srv)
+        mine = run_python(srv, ALPHA, sid, "secret = 'alpha-' + 'xyz'; secret", 3)
+        assert mine.status_code == 200 and "alpha-xyz" in mine.text, mine.text
+        assert mine.headers["content-type"].startswith("application/json")
+        assert fast_calls(srv) == before + 1  # the route was taken
+        unknown = run_python(srv, BETA, secrets.token_hex(16), "1", 4)
+        assert unknown.status_code == 404
+        for token in (BETA, srv.token):
+            stolen = run_python(srv, token, sid, "secret", 5)
+            assert stolen.status_code == 404, stolen.text
+            assert answer(stolen)["error"] == answer(unknown)["error"]
+            assert "alpha-xyz" not in stolen.text
+        # A forged tenant header changes nothing: the tenant comes from the token.
+        with srv.client(BETA) as c:
+            forged = c.post("/mcp", headers={**ACCEPT, "mcp-session-id": sid, "mcp-protocol-version": VERSION,
+                                             "x-kernelmode-tenant": "alpha"},
+                            json=rpc("tools/call", {"name": "run_python", "arguments": {"code": "secret"}}, id_=6))
+        assert forged.status_code == 404 and "alpha-xyz" not in forged.text
+        assert fast_calls(srv) == before + 1
+        again = run_python(srv, ALPHA, sid, "secret", 7)
+        assert again.status_code == 200 and "alpha-xyz" in again.text
+    finally:
+        with srv.client(ALPHA) as c:
+            c.post("/mcp", headers={**ACCEPT, "mcp-session-id": sid, "mcp-protocol-version": VERSION},
+                   json=rpc("tools/call", {"name": "close_session", "arguments": {}}, id_=8))
+        assert close(srv, ALPHA, sid).status_code == 200

@@ -95,6 +95,15 @@ def parse_call(body: bytes) -> tuple[int | str, str, dict[str, Any]] | None:
 class FastCalls:
     """Recognises the fast calls of plain clients and answers them."""
 
+    @staticmethod
+    def fits(kmcp: Any, manager: Any) -> bool:
+        """Whether this SDK keeps what the route reads (its connections, their owners, its
+        tools) where this module looks: another mcp release may not, and then every call goes
+        the SDK's way instead of failing."""
+        return (isinstance(getattr(manager, "_server_instances", None), dict)
+                and isinstance(getattr(manager, "_session_owners", None), dict)
+                and hasattr(getattr(kmcp.server, "_tool_manager", None), "get_tool"))
+
     def __init__(self, kmcp: Any, manager: Any, plain: PlainClients, owner: Callable[[str], Any]) -> None:
         """``kmcp``: the KernelmodeMCP (its tools, its start, its message cap); ``manager``: the
         SDK's session manager (the live connections and their owners); ``owner``: a tenant's

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -35,6 +36,8 @@ from .connections import TENANT_HEADER
 from .fastcall import FastCall, FastCalls
 from .plain import PlainClients, plain_client, sse_answer, wants_stream
 from .server import KernelmodeMCP
+
+log = logging.getLogger("kernelmode.mcp")
 
 SESSION_HEADER = "mcp-session-id"
 
@@ -88,6 +91,10 @@ class McpHttp:
         self.fast = FastCalls(mcp, self.manager, self.plain,
                               lambda tenant: authorization_context(tenant_user(tenant))
                               ) if self.plain is not None and mcp.cfg.fast_calls else None
+        if self.fast is not None and not FastCalls.fits(mcp, self.manager):
+            log.warning("mcp.fast_calls: this mcp release keeps its connections elsewhere; "
+                        "every call goes through the SDK")
+            self.fast = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 

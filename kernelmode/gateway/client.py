@@ -128,9 +128,9 @@ class GatewayClient:
         if model.get("id") != kernel_id:
             raise GatewayError(f"the gateway started kernel {model.get('id')} instead of {kernel_id}")
 
-    async def shutdown_kernel(self, kernel_id: str) -> None:
+    async def shutdown_kernel(self, kernel_id: str, timeout: float | None = None) -> None:
         with contextlib.suppress(KernelUnavailable):
-            await self._request("DELETE", f"/api/kernels/{kernel_id}")
+            await self._request("DELETE", f"/api/kernels/{kernel_id}", timeout=timeout)
 
     async def interrupt_kernel(self, kernel_id: str) -> None:
         await self._request("POST", f"/api/kernels/{kernel_id}/interrupt")
@@ -273,6 +273,27 @@ class KernelConnection:
 
     def forget(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
         self._listeners.pop(getattr(queue, "msg_id", ""), None)
+
+    async def ping(self, timeout: float) -> bool:
+        """Whether the kernel answers a kernel_info_request on its control channel within
+        ``timeout``: ipykernel serves control in a thread of its own, so a kernel busy with a cell
+        answers too; a frozen kernel, a dead node or a cut network does not."""
+        if not self.is_open:
+            return False
+        try:
+            queue = await self.send("control", "kernel_info_request", {})
+        except KernelUnavailable:
+            return False
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            while (msg := await next_message(queue, deadline)) is not None:
+                if msg.get("msg_type") == "kernel_info_reply":
+                    return True
+                if msg.get("msg_type") == DISCONNECTED_EVENT:
+                    return False
+            return False
+        finally:
+            self.forget(queue)
 
     async def kernel_info(self, timeout: float) -> dict[str, Any]:
         """Wait until the kernel answers on shell AND its IOPub output reaches us.

@@ -1,0 +1,137 @@
+"""Manager-owned liveness: every kernel is asked ``kernel_info`` on its control channel, with a
+deadline, once per ``gateway.probe_interval_seconds``; one that misses ``gateway.probe_misses``
+probes in a row is *lost*.
+
+Why the manager, and not the gateway: a gateway's view of its kernels is not enough. A kernel
+frozen by its node (SIGSTOP, a blackholed network) stays listed ``idle`` and never answers;
+Enterprise Gateway restarts a killed kernel under the same id and the old websocket goes silently
+dead; its DELETE on a lost node hangs 30 s and then fails (``GATEWAY-NOTES.md``). So:
+
+- a run in flight on a lost kernel ends at once as ``kernel_died`` with cause ``lost`` and a
+  ``detail`` saying what is known (never a guessed signal or OOM);
+- the session is marked ``dead`` with that cause; its next run starts a fresh kernel (and
+  restores the latest checkpoint), while the old kernel's DELETE goes on in the background;
+- a lost kernel of the warm pool is dropped and the pool refilled.
+
+ipykernel answers control in a thread of its own, so a kernel busy with a cell answers too; only
+C code that holds the GIL for longer than ``probe_timeout × probe_misses`` looks frozen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+
+from ..config import Settings
+from ..errors import KernelmodeError
+from ..gateway.client import KERNEL_DEAD, KERNEL_RESTARTING
+from ..models import DeathCause
+from .kernels import Kernel
+from .live import LiveSession
+from .pool import WarmPool
+
+log = logging.getLogger("kernelmode.sessions")
+
+
+class Liveness:
+    """Probes the kernels of ``live`` sessions and of ``pool``; ``on_lost`` is told of a session
+    whose kernel was given up (to record its new status)."""
+
+    def __init__(self, settings: Settings, live: Mapping[str, LiveSession], pool: WarmPool,
+                 on_lost: Callable[[LiveSession], None]) -> None:
+        self.settings = settings
+        self.live = live
+        self.pool = pool
+        self.on_lost = on_lost
+        self.probes = 0  # probes sent (a figure for tests and benchmarks)
+        self.lost = 0  # kernels given up
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def interval(self) -> float:
+        return self.settings.gateway.probe_interval_seconds
+
+    @property
+    def timeout(self) -> float:
+        return self.settings.gateway.probe_timeout_seconds
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop(), name="liveness")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.sweep()
+            except Exception:  # noqa: BLE001 - the watch must outlive one bad sweep
+                log.exception("liveness sweep failed")
+
+    async def sweep(self) -> None:
+        """One probe of every kernel, all at once (each bounded by the probe timeout)."""
+        sessions = [s for s in self.live.values() if self._due(s.kernel, s)]
+        pooled = [k for k in self.pool.waiting() if self._due(k, None)]
+        await asyncio.gather(*(self._check(s.kernel, s) for s in sessions),
+                             *(self._check(k, None) for k in pooled))
+
+    @staticmethod
+    def _due(k: Kernel, s: LiveSession | None) -> bool:
+        if k.closed or k.state == KERNEL_DEAD or k.conn is None:
+            return False  # torn down, already given up (replaced at its next run), or starting
+        # A run is (re)connecting it: that connect has a deadline of its own.
+        return not (s is not None and k.needs_ready and s.lock.locked())
+
+    async def _check(self, k: Kernel, s: LiveSession | None) -> None:
+        kernel_id = k.kernel_id
+        answered = await self.probe(k)
+        if k.kernel_id != kernel_id or k.closed or k.state == KERNEL_DEAD:
+            return  # replaced, discarded or given up while the probe went
+        if answered:
+            k.misses = 0
+            return
+        k.misses += 1
+        # A kernel the gateway is restarting may take a launch's time to answer again.
+        allowed = self.settings.gateway.probe_misses
+        if k.state == KERNEL_RESTARTING:
+            allowed = max(allowed, int(k.env.start_timeout // self.interval) + 1)
+        log.info("kernel %s did not answer a liveness probe (%d of %d)", kernel_id, k.misses, allowed)
+        if k.misses < allowed:
+            return
+        self.lost += 1
+        k.lose(DeathCause(kind="lost", detail=(
+            f"no answer to kernel_info within {self.timeout:g} s, {k.misses} times in a row "
+            "(its node, its network or the kernel itself stopped answering)")))
+        if s is not None:
+            self.on_lost(s)
+        else:
+            self.pool.evict(k)
+
+    async def probe(self, k: Kernel) -> bool:
+        """Whether ``k`` answers within the probe timeout: over its own websocket when that is
+        up, else over a fresh one (after a restart or a closed websocket: the old one may be
+        silently dead)."""
+        self.probes += 1
+        conn = k.conn
+        if conn is not None and conn.is_open and not k.needs_ready:
+            return await conn.ping(self.timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        probe_conn = None
+        try:
+            probe_conn = await asyncio.wait_for(k.env.gateway.connect(k.kernel_id, lambda _state: None),
+                                                self.timeout)
+            return await probe_conn.ping(max(deadline - loop.time(), 0.001))
+        except (KernelmodeError, asyncio.TimeoutError):
+            return False
+        finally:
+            if probe_conn is not None:
+                await probe_conn.close()

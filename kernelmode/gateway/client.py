@@ -115,7 +115,9 @@ class GatewayClient:
                 raise GatewayUnavailable(f"the kernel gateway did not answer {method} {path}: {e}") from e
             if e.code == 503:  # the sandbox refused a kernel: its provisioner says why
                 raise SandboxUnavailable(_gateway_message(e) or f"the sandbox refused {method} {path}") from e
-            raise GatewayError(f"kernel gateway {method} {path} failed with {e.code}: {text}") from e
+            # The gateway's own message when it sent one (not the traceback around it).
+            raise GatewayError(f"kernel gateway {method} {path} failed with {e.code}: "
+                               f"{_gateway_message(e) or text}") from e
         except OSError as e:
             raise GatewayUnavailable(f"the kernel gateway is unreachable: {e}") from e
         return json.loads(resp.body) if resp.body else None
@@ -138,8 +140,8 @@ class GatewayClient:
     async def restart_kernel(self, kernel_id: str, timeout: float) -> None:
         await self._request("POST", f"/api/kernels/{kernel_id}/restart", timeout=timeout)
 
-    async def list_kernels(self) -> list[dict[str, Any]]:
-        return list(await self._request("GET", "/api/kernels"))
+    async def list_kernels(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        return list(await self._request("GET", "/api/kernels", timeout=timeout))
 
     async def ping(self) -> bool:
         try:

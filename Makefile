@@ -11,10 +11,16 @@ KVENV := .kernel-venv
 PIP_FLAGS ?= -q --disable-pip-version-check
 ARGS ?=
 
-.PHONY: setup setup-run run test lint bench bench-quick clean docker-setup docker-test
+.PHONY: setup setup-run run test lint bench bench-quick clean docker-setup docker-test setup-cluster
 
 # Everything: the service, test tools, agent-framework adapters, the kernel environment.
-setup: .stamp-system .stamp-system-test $(VENV)/.stamp $(KVENV)/.stamp
+setup: .stamp-system .stamp-system-test $(VENV)/.stamp $(KVENV)/.stamp .stamp-cluster
+# The Enterprise Gateway rig (tests/cluster): sshd, nftables, EG's own .eg-venv and launcher.
+setup-cluster: .stamp-cluster
+.stamp-cluster: scripts/setup-cluster.sh tests/cluster/eg-requirements.txt .stamp-system-test
+	bash scripts/setup-cluster.sh
+	@touch $@
+
 # What `kernelmode serve` needs and nothing more.
 setup-run: .stamp-system $(VENV)/.stamp-run $(KVENV)/.stamp
 
@@ -87,4 +93,4 @@ docker-setup:
 	bash scripts/docker-setup.sh
 
 clean:
-	rm -rf $(VENV) $(KVENV) .kernelmode .stamp-system
+	rm -rf $(VENV) $(KVENV) .eg-venv .kernelmode .stamp-system .stamp-cluster

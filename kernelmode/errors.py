@@ -135,6 +135,13 @@ class SessionExists(Conflict):
     code = "session_exists"
 
 
+class HostOnly(Conflict):
+    """A feature that needs the session's workspace on the manager's own disk (checkpoints of
+    workspace files, package layers) asked for while the kernels run on a remote gateway."""
+
+    code = "host_only"
+
+
 class PayloadTooLarge(KernelmodeError):
     code = "payload_too_large"
     http_status = 413
@@ -162,6 +169,13 @@ class SandboxUnavailable(KernelmodeError):
 class GatewayError(KernelmodeError):
     code = "gateway_error"
     http_status = 502
+
+
+class GatewayForbidden(GatewayError):
+    """The gateway refused a request with 403 (Enterprise Gateway: a listing it does not allow,
+    a KERNEL_USERNAME it does not authorize)."""
+
+    code = "gateway_forbidden"
 
 
 class GatewayUnavailable(GatewayError):

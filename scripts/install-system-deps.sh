@@ -16,6 +16,12 @@ fi
 # browser test drives (Playwright's own browsers are not used).
 if [ "${1:-}" = "--test" ]; then
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  # The Enterprise Gateway rig (tests/cluster): an sshd per node namespace, nftables per node,
+  # ip/bridge (iproute2).
+  command -v /usr/sbin/sshd >/dev/null 2>&1 || need+=(openssh-server)
+  command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
+  command -v nft >/dev/null 2>&1 || command -v /usr/sbin/nft >/dev/null 2>&1 || need+=(nftables)
+  command -v ip >/dev/null 2>&1 || command -v /usr/sbin/ip >/dev/null 2>&1 || need+=(iproute2)
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 

@@ -22,7 +22,13 @@ from jupyter_client.session import Session as JupyterSession
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from websockets.asyncio.client import ClientConnection
 
-from ..errors import GatewayError, GatewayUnavailable, KernelUnavailable, SandboxUnavailable
+from ..errors import (
+    GatewayError,
+    GatewayForbidden,
+    GatewayUnavailable,
+    KernelUnavailable,
+    SandboxUnavailable,
+)
 from .exchange import DISCONNECTED_EVENT, KERNEL_STATUS_EVENT
 from .frames import Bounds, FrameError, decode_frame, encode_frame
 
@@ -113,6 +119,9 @@ class GatewayClient:
                 raise KernelUnavailable(f"the gateway does not know {path}: {text}") from e
             if e.code == 599:
                 raise GatewayUnavailable(f"the kernel gateway did not answer {method} {path}: {e}") from e
+            if e.code == 403:
+                raise GatewayForbidden(f"the kernel gateway refused {method} {path} (403): "
+                                       f"{_gateway_message(e) or text}") from e
             if e.code == 503:  # the sandbox refused a kernel: its provisioner says why
                 raise SandboxUnavailable(_gateway_message(e) or f"the sandbox refused {method} {path}") from e
             # The gateway's own message when it sent one (not the traceback around it).

@@ -17,6 +17,9 @@ from ..models import Limits
 # template would read as syntax ($, quotes, ;, spaces, newlines, backticks, braces).
 SAFE_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,62}")
 SAFE_NAME = re.compile(r"KERNEL_[A-Z0-9_]{1,64}")
+# KERNEL_USERNAME when the session has no tenant: Enterprise Gateway would otherwise fall back
+# to its own user (root is in its default unauthorized_users, and the rig refuses none).
+DEFAULT_USERNAME = "kernelmode"
 
 
 def checked(name: str, value: str) -> str:
@@ -33,7 +36,7 @@ def checked(name: str, value: str) -> str:
 
 
 def launch_env(tenant: str | None, limits: Limits, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The ``KERNEL_*`` env of one kernel start: username = tenant, and the session's limits
+    """The ``KERNEL_*`` env of one kernel start: username = tenant (or DEFAULT_USERNAME), and the session's limits
     (each value checked); ``extra``: further KERNEL_* values (namespace, image), checked too."""
     env = {
         "KERNEL_MEMORY_MB": str(limits.memory_mb),
@@ -41,7 +44,6 @@ def launch_env(tenant: str | None, limits: Limits, extra: Mapping[str, str] | No
         "KERNEL_DISK_MB": str(limits.disk_mb),
         "KERNEL_CPU_SECONDS": str(limits.cpu_seconds),
     }
-    if tenant:
-        env["KERNEL_USERNAME"] = tenant
+    env["KERNEL_USERNAME"] = tenant or DEFAULT_USERNAME
     env.update(extra or {})
     return {name: checked(name, value) for name, value in env.items()}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from ..errors import ConfigError
+from ..errors import ConfigError, GatewayForbidden
 from .client import GatewayClient
 
 if TYPE_CHECKING:
@@ -57,7 +57,14 @@ async def connect_external(s: Settings, max_message_bytes: int) -> tuple[Gateway
     client = GatewayClient(gw.url, gw.auth_token or "", request_timeout=gw.launch_timeout_seconds + 10,
                            max_message_bytes=max_message_bytes, kernel_name=gw.kernel_name,
                            validate_cert=gw.validate_cert)
-    kernels = {str(k["id"]) for k in await client.list_kernels()}
+    try:
+        kernels = {str(k["id"]) for k in await client.list_kernels()}
+    except GatewayForbidden:
+        # Enterprise Gateway's default: without the listing no session can be adopted and a
+        # restarted gateway's lost kernels cannot be named, so refuse to start instead.
+        raise ConfigError(f"the gateway at gateway.url={gw.url} refuses GET /api/kernels (403): "
+                          "on Enterprise Gateway set c.EnterpriseGatewayApp.list_kernels = True "
+                          "(EG_LIST_KERNELS=True)") from None
     log.info("using the external kernel gateway at %s (version %s, %d kernel(s) running there)",
              gw.url, version, len(kernels))
     return client, kernels

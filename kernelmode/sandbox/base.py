@@ -59,6 +59,7 @@ class KernelmodeProvisioner(LocalProvisioner):
     _death_recorded = False
     _launching = False
     params: KernelParams | None = None
+    _own_workspace: Path | None = None
 
     # -- hooks for subclasses -------------------------------------------------------------------
     def wrap_command(
@@ -117,9 +118,14 @@ class KernelmodeProvisioner(LocalProvisioner):
         assert km is not None, "a provisioner always has its kernel manager as parent"
         env: dict[str, str] = dict(kwargs.get("env") or {})
         limits = Limits.model_validate_json(self.default_limits or "{}")
-        self.params = KernelParams.pop_from_env(env, limits)
+        # No workspace sent (a manager with gateway.url): one of our own beside the runtime dir.
+        own = Path(self.runtime_dir).parent / "workspaces" / self.kernel_id if self.runtime_dir else None
+        self.params = KernelParams.pop_from_env(env, limits, own)
         if self.params is None:
             raise RuntimeError("kernelmode provisioner: the kernel request carries no workspace")
+        if own is not None and self.params.workspace == own:
+            own.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._own_workspace = own
         kdir = self.kernel_dir
         kdir.mkdir(parents=True, exist_ok=True, mode=0o700)
         # ZMQ over ipc sockets in the kernel's own directory: no TCP port anywhere.
@@ -202,6 +208,8 @@ class KernelmodeProvisioner(LocalProvisioner):
         if not restart:
             shutil.rmtree(self.kernel_dir, ignore_errors=True)
             self.log_path.unlink(missing_ok=True)
+            if self._own_workspace is not None:  # made here (no manager's workspace): ours to remove
+                shutil.rmtree(self._own_workspace, ignore_errors=True)
 
 
 def _is_socket(path: Path) -> bool:

@@ -48,12 +48,17 @@ class KernelParams:
         return self.packages if self.packages is not None and self.packages.is_dir() else None
 
     @classmethod
-    def pop_from_env(cls, env: dict[str, str], default_limits: Limits) -> KernelParams | None:
-        """Take the parameters out of ``env`` (they must not reach the kernel)."""
+    def pop_from_env(cls, env: dict[str, str], default_limits: Limits,
+                     default_workspace: Path | None = None) -> KernelParams | None:
+        """Take the parameters out of ``env`` (they must not reach the kernel). A manager that
+        drives this gateway from elsewhere (``gateway.url``) sends no workspace: then
+        ``default_workspace``, the gateway's own."""
         workspace = env.pop(ENV_WORKSPACE, None)
         limits = env.pop(ENV_LIMITS, None)
         session_id = env.pop(ENV_SESSION, "")
         packages = env.pop(ENV_PACKAGES, None)
+        if workspace is None and limits is not None and default_workspace is not None:
+            workspace = str(default_workspace)
         if workspace is None:
             return None
         parsed = Limits.model_validate_json(limits) if limits else default_limits

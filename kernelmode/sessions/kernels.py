@@ -31,7 +31,7 @@ from ..kernel.preamble import MARKER, boot_code
 from ..models import DeathCause, SessionInfo, ToolCall
 from ..packages.layer import PackageLayer
 from ..packages.service import PackageService
-from ..sandbox.spec import KernelParams, pop_death_record
+from ..sandbox.spec import ENV_WORKSPACE, KernelParams, pop_death_record
 from ..tools.broker import ToolBroker
 
 log = logging.getLogger("kernelmode.sessions")
@@ -91,6 +91,12 @@ class Kernels:
     retiring: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
+    def remote(self) -> bool:
+        """Kernels on a gateway the manager did not start (``gateway.url``): their workspaces
+        live with them, none is made on this disk (no loop volume, no package layer)."""
+        return self.settings.gateway.url is not None
+
+    @property
     def start_timeout(self) -> float:
         gw = self.settings.gateway
         return gw.launch_timeout_seconds if gw.url else self.settings.sessions.kernel_start_timeout_seconds
@@ -139,6 +145,8 @@ class Kernels:
         """Start a sandboxed kernel with its own workspace, connect, install the preamble."""
         kernel_id = str(uuid.uuid4())
         workspace = self.volumes.root / kernel_id
+        if self.remote:  # the gateway's kernel makes its own workspace
+            return await self._start_kernel(Kernel(self, kernel_id, workspace, info))
         create = asyncio.ensure_future(asyncio.to_thread(self.volumes.create, workspace, info.limits.disk_mb))
         try:
             await asyncio.shield(create)
@@ -153,6 +161,10 @@ class Kernels:
         k = Kernel(self, kernel_id, workspace, info)
         if k.layer is not None:
             await asyncio.to_thread(k.layer.create)
+        return await self._start_kernel(k)
+
+    async def _start_kernel(self, k: Kernel) -> Kernel:
+        kernel_id = k.kernel_id
         try:
             await asyncio.wait_for(self.launch(k), self.start_timeout + 5)
         except asyncio.TimeoutError:
@@ -203,7 +215,9 @@ class Kernel:
     @property
     def layer(self) -> PackageLayer | None:
         """The session's package layer (keyed by its workspace, which a replaced kernel keeps)."""
-        return self.env.packages.layer(self.workspace.name) if self.env.packages is not None else None
+        if self.env.packages is None or self.env.remote:
+            return None
+        return self.env.packages.layer(self.workspace.name)
 
     def params(self) -> KernelParams:
         return KernelParams(workspace=self.workspace, limits=self.info.limits, session_id=self.info.session_id,
@@ -213,8 +227,10 @@ class Kernel:
         """What a kernel start sends: the sandbox's parameters, and to an external gateway the
         checked KERNEL_* launch parameters too (gateway/launch.py)."""
         env = self.params().to_env()
-        if self.env.settings.gateway.url:
-            env.update(launch_env(self.info.tenant, self.info.limits))
+        if self.env.remote:
+            env.pop(ENV_WORKSPACE)  # a remote kernel's workspace is its own (sandbox/base.py)
+            # KERNEL_ID: Enterprise Gateway takes the id from there, not from the body.
+            env.update(launch_env(self.info.tenant, self.info.limits, {"KERNEL_ID": self.kernel_id}))
         return env
 
     def take_state_lost(self) -> bool:
@@ -430,7 +446,8 @@ class Kernel:
         await self.shutdown(in_gateway=shutdown and not lost)
         if shutdown and lost:  # nobody waits on the DELETE of a kernel that does not answer
             self.env.retire(self.kernel_id)
-        with contextlib.suppress(KernelmodeError):
-            await asyncio.to_thread(self.env.volumes.destroy, self.workspace)
+        if not self.env.remote:
+            with contextlib.suppress(KernelmodeError):
+                await asyncio.to_thread(self.env.volumes.destroy, self.workspace)
         if self.layer is not None:
             await asyncio.to_thread(self.layer.destroy)

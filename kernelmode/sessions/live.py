@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from ..artifacts.workspace import FileEntry, Workspace
+from ..errors import HostOnly
 from ..gateway.client import KernelConnection
 from ..models import SessionInfo
 from .kernels import Kernel
@@ -48,6 +49,9 @@ class LiveSession:
         return self.kernel.workspace
 
     def workspace_view(self) -> Workspace:
+        if self.kernel.env.remote:
+            raise HostOnly("this needs the session's workspace on the manager's disk, and with "
+                           "gateway.url set the workspace lives with the kernel on its node")
         st = self.workspace.stat()
         owner = (st.st_uid, st.st_gid) if os.getuid() == 0 and st.st_uid != 0 else None
         return Workspace(self.workspace, owner)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..errors import KernelmodeError
+from ..errors import HostOnly, KernelmodeError
 from ..models import LayerWheel, PackagesRequest, PackagesResult
 from ..packages.cache import CachedWheel
 from ..packages.layer import PackageLayer
@@ -35,22 +35,28 @@ def layer_wheels(layer: PackageLayer | None) -> list[LayerWheel]:
     return out
 
 
+def _layer(s: LiveSession) -> PackageLayer:
+    layer = s.kernel.layer
+    if layer is None:  # the SessionManager gives every kernel one, except on a remote gateway
+        raise HostOnly("package installs need the session's package layer on the manager's disk, "
+                       "which kernels on a remote gateway (gateway.url) cannot mount")
+    return layer
+
+
 class SessionPackages:
     def __init__(self, service: PackageService, live: Callable[[str], LiveSession | None]) -> None:
         self.service = service
         self._live = live
 
     async def install(self, s: LiveSession, packages: list[str], source: str) -> PackagesResult:
-        layer = s.kernel.layer
-        assert layer is not None, "the SessionManager always gives kernels a package layer"
+        layer = _layer(s)
         return await self.service.install(layer, packages, session_id=s.info.session_id,
                                           tenant=s.info.tenant, source=source)
 
     async def copy_in(self, s: LiveSession, wheels: list[LayerWheel], source: str = "fork") -> PackagesResult:
         """A fork (or a session from a checkpoint) gets the source's packages: the same cached
         wheels, unpacked into its own layer (independent of the source's from then on)."""
-        layer = s.kernel.layer
-        assert layer is not None, "the SessionManager always gives kernels a package layer"
+        layer = _layer(s)
         cached = [CachedWheel(w.name, w.version, w.filename, w.sha256, w.size) for w in wheels]
         return await self.service.copy_in(layer, cached, session_id=s.info.session_id,
                                           tenant=s.info.tenant, source=source)

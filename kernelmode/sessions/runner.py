@@ -161,7 +161,8 @@ class Runner:
                         s.info.status = "idle"
                 if session_id not in self.live:  # deleted (or reaped) while the code ran
                     raise SessionNotFound(f"session {session_id!r} was deleted while the code ran")
-                if self.harvester is not None and result.status == "ok":
+                # Remote kernels: no workspace on this disk to scan (the kernel's channels harvest).
+                if self.harvester is not None and result.status == "ok" and not s.kernel.env.remote:
                     # Never raises: a harvest problem is a note on the result, which stands.
                     s.files = await self.harvester.harvest(session_id, result, s.workspace_view(), s.files)
                 result.duration_ms = round((time.monotonic() - started) * 1000, 3)

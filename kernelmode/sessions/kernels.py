@@ -204,6 +204,7 @@ class Kernel:
         self.closed = False  # torn down: a run in progress must not wait for it
         self.lost_cause: DeathCause | None = None  # given up by the liveness probe (sessions/liveness.py)
         self.misses = 0  # liveness probes in a row without an answer
+        self.silent_since: float | None = None  # loop time of the first of those
         self.tools_installed: str | None = None  # the tool specs (JSON) the preamble holds
         self.latch = InterruptLatch()
 
@@ -249,6 +250,7 @@ class Kernel:
         await self.install_preamble(timeout)
         self.needs_ready = False
         self.state = "alive"
+        self.info.cause = None  # it answers: whatever befell its predecessor is over
 
     async def ensure_ready(self) -> bool:
         """Before a run: a fresh kernel if the gateway gave this one up (True: its id changed),
@@ -333,6 +335,9 @@ class Kernel:
         self.state_lost = True
         self.restore_pending = True
         self.info.status = "dead" if state == KERNEL_DEAD else "restarting"
+        if state == KERNEL_DEAD:  # what the gateway said, no more (it gives no cause)
+            self.info.cause = DeathCause(kind="unknown", detail="the gateway reported the kernel dead "
+                                         "(it could not restart it)")
         log.warning("session %s: kernel %s is %s", self.info.session_id, self.kernel_id, state)
         audit("kernel_died", session_id=self.info.session_id, tenant=self.info.tenant, kernel_id=self.kernel_id,
               then=state)
@@ -408,7 +413,7 @@ class Kernel:
         await self.shutdown(in_gateway=False)
         self.env.retire(self.kernel_id)
         self.lost_cause = self.info.cause = None
-        self.misses = 0
+        self.misses, self.silent_since = 0, None
         self.state_lost = True
         attempts = self.env.settings.gateway.launch_attempts
         for attempt in range(1, attempts + 1):

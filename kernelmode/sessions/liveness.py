@@ -95,16 +95,18 @@ class Liveness:
         answered = await self.probe(k)
         if k.kernel_id != kernel_id or k.closed or k.state == KERNEL_DEAD:
             return  # replaced, discarded or given up while the probe went
+        now = asyncio.get_running_loop().time()
         if answered:
-            k.misses = 0
+            k.misses, k.silent_since = 0, None
             return
         k.misses += 1
-        # A kernel the gateway is restarting may take a launch's time to answer again.
+        if k.silent_since is None:
+            k.silent_since = now
         allowed = self.settings.gateway.probe_misses
-        if k.state == KERNEL_RESTARTING:
-            allowed = max(allowed, int(k.env.start_timeout // self.interval) + 1)
         log.info("kernel %s did not answer a liveness probe (%d of %d)", kernel_id, k.misses, allowed)
-        if k.misses < allowed:
+        # A kernel the gateway is restarting may take a launch's time to answer again.
+        restarting = k.state == KERNEL_RESTARTING and now - k.silent_since < k.env.start_timeout
+        if k.misses < allowed or restarting:
             return
         self.lost += 1
         k.lose(DeathCause(kind="lost", detail=(

@@ -152,9 +152,9 @@ class GatewayClient:
     async def list_kernels(self, timeout: float | None = None) -> list[dict[str, Any]]:
         return list(await self._request("GET", "/api/kernels", timeout=timeout))
 
-    async def ping(self) -> bool:
+    async def ping(self, timeout: float = 5) -> bool:
         try:
-            await self._request("GET", "/api/kernelspecs", timeout=5)
+            await self._request("GET", "/api/kernelspecs", timeout=timeout)
             return True
         except GatewayError:
             return False

@@ -13,6 +13,11 @@ dead; its DELETE on a lost node hangs 30 s and then fails (``GATEWAY-NOTES.md``)
   restores the latest checkpoint), while the old kernel's DELETE goes on in the background;
 - a lost kernel of the warm pool is dropped and the pool refilled.
 
+Misses count only while the gateway itself answers (``GET /api/kernelspecs``), or once it has
+been silent longer than a kernel launch may take: a gateway that froze for a while (Enterprise
+Gateway did, 21 s to minutes, on a blackholed node) must not cost its healthy nodes' sessions
+their state. While it is silent, ``/readyz`` says so.
+
 ipykernel answers control in a thread of its own, so a kernel busy with a cell answers too; only
 C code that holds the GIL for longer than ``probe_timeout × probe_misses`` looks frozen.
 """
@@ -48,6 +53,7 @@ class Liveness:
         self.probes = 0  # probes sent (a figure for tests and benchmarks)
         self.lost = 0  # kernels given up
         self._task: asyncio.Task[None] | None = None
+        self._gateway_silent_since: float | None = None
 
     @property
     def interval(self) -> float:
@@ -78,10 +84,31 @@ class Liveness:
 
     async def sweep(self) -> None:
         """One probe of every kernel, all at once (each bounded by the probe timeout)."""
-        sessions = [s for s in self.live.values() if self._due(s.kernel, s)]
-        pooled = [k for k in self.pool.waiting() if self._due(k, None)]
-        await asyncio.gather(*(self._check(s.kernel, s) for s in sessions),
-                             *(self._check(k, None) for k in pooled))
+        due: list[tuple[Kernel, LiveSession | None]] = [(s.kernel, s) for s in self.live.values()
+                                                         if self._due(s.kernel, s)]
+        due += [(k, None) for k in self.pool.waiting() if self._due(k, None)]
+        ids = [k.kernel_id for k, _ in due]
+        answers = await asyncio.gather(*(self.probe(k) for k, _ in due))
+        if not all(answers) and not await self._gateway_answers():
+            return  # the gateway itself is silent: its kernels are not judged by it (yet)
+        for (k, s), kernel_id, answered in zip(due, ids, answers, strict=True):
+            if k.kernel_id == kernel_id and not k.closed and k.state != KERNEL_DEAD:  # else: replaced meanwhile
+                self._judge(k, s, answered)
+
+    async def _gateway_answers(self) -> bool:
+        """Whether misses count: the gateway answers (so its kernels do not), or it has been
+        silent longer than a kernel launch may take (then it is as good as gone). A gateway
+        that froze for a while (Enterprise Gateway did, on a blackholed node) must not cost the
+        sessions of its healthy nodes their state."""
+        loop = asyncio.get_running_loop()
+        if await self.pool.kernels.gateway.ping(self.timeout):
+            self._gateway_silent_since = None
+            return True
+        if self._gateway_silent_since is None:
+            self._gateway_silent_since = loop.time()
+            log.warning("the gateway does not answer either: kernels are not judged lost for up to %g s",
+                        self.pool.kernels.start_timeout)
+        return loop.time() - self._gateway_silent_since >= self.pool.kernels.start_timeout
 
     @staticmethod
     def _due(k: Kernel, s: LiveSession | None) -> bool:
@@ -90,11 +117,7 @@ class Liveness:
         # A run is (re)connecting it: that connect has a deadline of its own.
         return not (s is not None and k.needs_ready and s.lock.locked())
 
-    async def _check(self, k: Kernel, s: LiveSession | None) -> None:
-        kernel_id = k.kernel_id
-        answered = await self.probe(k)
-        if k.kernel_id != kernel_id or k.closed or k.state == KERNEL_DEAD:
-            return  # replaced, discarded or given up while the probe went
+    def _judge(self, k: Kernel, s: LiveSession | None, answered: bool) -> None:
         now = asyncio.get_running_loop().time()
         if answered:
             k.misses, k.silent_since = 0, None
@@ -103,7 +126,7 @@ class Liveness:
         if k.silent_since is None:
             k.silent_since = now
         allowed = self.settings.gateway.probe_misses
-        log.info("kernel %s did not answer a liveness probe (%d of %d)", kernel_id, k.misses, allowed)
+        log.info("kernel %s did not answer a liveness probe (%d of %d)", k.kernel_id, k.misses, allowed)
         # A kernel the gateway is restarting may take a launch's time to answer again.
         restarting = k.state == KERNEL_RESTARTING and now - k.silent_since < k.env.start_timeout
         if k.misses < allowed or restarting:

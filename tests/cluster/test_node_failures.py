@@ -160,7 +160,7 @@ def failure_case(cluster: tuple[rig_mod.Rig, eg_mod.EnterpriseGateway, Server],
         # The healthy node's sessions never noticed.
         for sid in kept:
             r = run(c, sid, "v")
-            assert r["status"] == "ok" and r["state_lost"] is False, r
+            assert r["status"] == "ok" and r["state_lost"] is False, (r["error"], r["state_lost"], r["cause"], r["stderr"][-500:])
             watch.check()
         # New sessions land on the surviving node (a launch tried on the failed one is retried).
         for sid in ("new-1", "new-2"):

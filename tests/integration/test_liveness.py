@@ -25,6 +25,8 @@ FAST = {
     "KERNELMODE_GATEWAY__PROBE_TIMEOUT_SECONDS": "2",
     "KERNELMODE_GATEWAY__PROBE_MISSES": "2",
     "KERNELMODE_GATEWAY__SHUTDOWN_TIMEOUT_SECONDS": "5",
+    # How long a silent gateway is given before its kernels count as lost (the frozen-gateway test).
+    "KERNELMODE_SESSIONS__KERNEL_START_TIMEOUT_SECONDS": "20",
 }
 
 
@@ -137,7 +139,8 @@ def test_an_idle_frozen_kernel_is_found_by_the_periodic_probe(srv: Server) -> No
 
 def test_a_frozen_gateway_hangs_nothing(srv: Server) -> None:
     """The whole gateway stops answering (as Enterprise Gateway did on a blackholed node): the
-    manager's own REST answers, a run ends as lost, DELETE does not wait on the gateway."""
+    manager's own REST answers, DELETE does not wait on the gateway, and once the gateway has
+    been silent longer than a kernel start may take, a run on it ends as lost."""
     with srv.client() as c:
         for sid in ("g1", "g2"):
             assert c.post("/v1/sessions", json={"session_id": sid}).status_code == 201

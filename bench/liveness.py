@@ -107,7 +107,7 @@ class Slowest(threading.Thread):
         with self.srv.client(timeout=600) as c:
             while not self.stop.is_set():
                 for name, call in (("manager", lambda: c.get("/v1/sessions")),
-                                   ("eg", lambda: self.eg.request("GET", "/api/kernels", timeout=600))):
+                                   ("eg", lambda: self.eg.request("GET", "/api/kernels"))):
                     t = time.monotonic()
                     with contextlib.suppress(httpx.HTTPError):
                         call()

@@ -11,7 +11,7 @@ KVENV := .kernel-venv
 PIP_FLAGS ?= -q --disable-pip-version-check
 ARGS ?=
 
-.PHONY: setup setup-run run test lint bench bench-quick clean docker-setup docker-test setup-cluster
+.PHONY: setup setup-run run test lint bench bench-quick clean docker-setup docker-test setup-cluster bench-cluster
 
 # Everything: the service, test tools, agent-framework adapters, the kernel environment.
 setup: .stamp-system .stamp-system-test $(VENV)/.stamp $(KVENV)/.stamp .stamp-cluster
@@ -78,6 +78,10 @@ bench: setup
 	$(VENV)/bin/python bench/load.py
 	$(VENV)/bin/python bench/mcp_startup.py
 	$(VENV)/bin/python bench/tool_search.py
+
+# Kernels on two namespace nodes through Enterprise Gateway (root; tests/cluster's rig).
+bench-cluster: setup
+	$(VENV)/bin/python bench/cluster.py
 
 bench-quick: setup
 	$(VENV)/bin/python bench/roundtrip.py --quick --no-write

@@ -24,7 +24,8 @@
     │   ├── CheckpointFailed         (409 checkpoint_failed)  sessions/checkpoints.py: nothing was saved
     │   ├── FileExists               (409 file_exists)        artifacts/workspace.py
     │   ├── ApprovalDecided          (409 approval_decided)   tools/approvals.py: answered, timed out or withdrawn
-    │   └── WorkspaceChanged         (409 workspace_changed)  artifacts/workspace.py: kernel code moved the folder
+    │   ├── WorkspaceChanged         (409 workspace_changed)  artifacts/workspace.py: kernel code moved the folder
+    │   └── HostOnly                 (409 host_only)          needs the manager's disk; kernels on gateway.url
     ├── PayloadTooLarge              (413 payload_too_large)
     │   ├── WorkspaceFull            (413 workspace_full)     artifacts/workspace.py
     │   └── ImageTooLarge            (413 image_too_large)    mcp/images.py: cannot be shown inline
@@ -32,6 +33,7 @@
     ├── QuotaExceeded                (429 quota_exceeded)     a tenant's sessions or runs per minute (Retry-After too)
     ├── SandboxUnavailable           (503 sandbox_unavailable)
     ├── GatewayError                 (502 gateway_error)      the Kernel Gateway failed us
+    │   ├── GatewayForbidden         (502 gateway_forbidden)  the gateway answered 403
     │   └── GatewayUnavailable       (503 gateway_unavailable)
     ├── KernelUnavailable            (503 kernel_unavailable) the session's kernel cannot run code
     ├── StoreError                   (502 store_error)        artifacts/base.py: the artifact store failed

@@ -37,10 +37,14 @@ class Hibernation:
         self.checkpoints = checkpoints
         self.kernels = kernels
         self.live = live
+        if self.cfg.hibernate_after_seconds is not None and kernels.remote:
+            log.warning("sessions.hibernate_after_seconds is ignored: hibernation checkpoints the "
+                        "workspace on this disk, and with gateway.url set it lives with the kernel")
 
     @property
     def on(self) -> bool:
-        return self.cfg.hibernate_after_seconds is not None
+        # Off with a remote gateway: its checkpoint needs the workspace on this disk (HostOnly).
+        return self.cfg.hibernate_after_seconds is not None and not self.kernels.remote
 
     def due(self, at: datetime) -> list[str]:
         """Live sessions idle past ``hibernate_after_seconds`` (or their own TTL), running nothing

@@ -35,6 +35,7 @@ from ..sandbox.spec import ENV_WORKSPACE, KernelParams, pop_death_record
 from ..tools.broker import ToolBroker
 
 log = logging.getLogger("kernelmode.sessions")
+REMOTE_ATTEMPT_SECONDS = 5.0  # a remote kernel's websocket that does not answer is replaced
 
 
 class InterruptLatch:
@@ -244,13 +245,34 @@ class Kernel:
         """A fresh websocket, kernel_info answered, the preamble installed."""
         if self.conn is not None:
             await self.conn.close()
-        self.conn = await self.env.gateway.connect(self.kernel_id, self.on_status)
-        await self.conn.kernel_info(timeout)
+        if self.env.remote:
+            self.conn = None
+            self.conn = await self._answering_connection(timeout)
+        else:
+            self.conn = await self.env.gateway.connect(self.kernel_id, self.on_status)
+            await self.conn.kernel_info(timeout)
         self.tools_installed = None  # a new or restarted kernel has no preamble yet
         await self.install_preamble(timeout)
         self.needs_ready = False
         self.state = "alive"
         self.info.cause = None  # it answers: whatever befell its predecessor is over
+
+    async def _answering_connection(self, timeout: float) -> KernelConnection:
+        """A websocket whose kernel answers. Enterprise Gateway wires a websocket to the kernel
+        process of the moment: one opened while it restarts a dead kernel (on another node)
+        stays wired to the dead one and never answers, so a fresh one is tried every few s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            conn = await self.env.gateway.connect(self.kernel_id, self.on_status)
+            try:
+                await conn.kernel_info(max(0.5, min(REMOTE_ATTEMPT_SECONDS, deadline - loop.time())))
+                return conn
+            except KernelUnavailable:
+                await conn.close()
+                if loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)  # a websocket that closes at once: no busy loop
 
     async def ensure_ready(self) -> bool:
         """Before a run: a fresh kernel if the gateway gave this one up (True: its id changed),

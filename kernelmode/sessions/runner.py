@@ -161,10 +161,12 @@ class Runner:
                         s.info.status = "idle"
                 if session_id not in self.live:  # deleted (or reaped) while the code ran
                     raise SessionNotFound(f"session {session_id!r} was deleted while the code ran")
-                # Remote kernels: no workspace on this disk to scan (the kernel's channels harvest).
-                if self.harvester is not None and result.status == "ok" and not s.kernel.env.remote:
+                if self.harvester is not None and result.status == "ok":
                     # Never raises: a harvest problem is a note on the result, which stands.
-                    s.files = await self.harvester.harvest(session_id, result, s.workspace_view(), s.files)
+                    # A remote kernel's workspace is not on this disk (the files work harvests it
+                    # through the kernel's channels).
+                    s.files = (s.files if s.kernel.env.remote else
+                               await self.harvester.harvest(session_id, result, s.workspace_view(), s.files))
                 result.duration_ms = round((time.monotonic() - started) * 1000, 3)
                 if result.execution_count is not None:
                     s.info.execution_count = result.execution_count

@@ -90,4 +90,30 @@ def test_the_managers_disk_holds_no_workspace(served):
         assert found == [], found
         workspaces = data / "workspaces"
         assert not workspaces.exists() or not any(workspaces.iterdir()), list(workspaces.iterdir())
+        # What needs that disk says so, by name, instead of failing somewhere further on.
+        for path, body in (("packages", {"packages": ["tabulate"]}), ("checkpoint", {})):
+            r = c.post(f"/v1/sessions/nodisk/{path}", json=body)
+            assert r.status_code == 409 and r.json()["error"]["code"] == "host_only", (path, r.text)
+        assert run(c, "nodisk", "1 + 1")["result"] == "2"
         assert c.delete("/v1/sessions/nodisk").status_code in (200, 204)
+
+
+def test_a_restarted_gateway_is_noticed_and_the_lost_sessions_named(served, eg, rig):
+    """Runs last in this module: it replaces the module's EG by a new one (same port, token)."""
+    from tests.cluster.eg import start
+
+    with served.client() as c:
+        assert c.post("/v1/sessions", json={"session_id": "before"}).status_code == 201
+        assert run(c, "before", "v = 41")["status"] == "ok"
+        eg.stop()  # a SIGTERM'd EG shuts its kernels down on the nodes
+        eg2 = start(rig, port=eg.port, token=eg.token)
+        try:
+            deadline = time.monotonic() + 90
+            while "answers again" not in served.log() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert "lost (kernel gone): " in served.log() and "before" in served.log().split("lost (kernel gone): ")[-1]
+            r = run(c, "before", "'v' in globals()")
+            assert r["status"] == "ok" and r["result"] == "False" and r["state_lost"] is True, r
+            assert c.get("/readyz").json()["checks"]["gateway"]["ok"] is True
+        finally:
+            eg2.stop()

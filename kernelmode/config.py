@@ -215,6 +215,17 @@ class GatewaySettings(_Section):
     launch_timeout_seconds: float = Field(60.0, gt=0, description="How long a kernel start on the "
                                           "external gateway may take.")
     validate_cert: bool = Field(True, description="Verify the external gateway's TLS certificate (https).")
+    # Manager-owned liveness (sessions/liveness.py): the gateway's own view is not trusted.
+    probe_interval_seconds: float = Field(5.0, gt=0, description="How often every kernel is asked "
+                                          "kernel_info on its control channel (one probe per kernel).")
+    probe_timeout_seconds: float = Field(10.0, gt=0, description="How long one liveness probe waits "
+                                         "for its answer.")
+    probe_misses: int = Field(3, ge=1, le=100, description="Probes in a row without an answer after "
+                              "which a kernel is lost (its run ends as kernel_died, cause 'lost').")
+    launch_attempts: int = Field(3, ge=1, le=20, description="Kernel starts tried (the gateway may "
+                                 "pick another node each time) before a create answers 503.")
+    shutdown_timeout_seconds: float = Field(15.0, gt=0, description="Bound on the background DELETE "
+                                            "of a lost or failed kernel (nothing waits for it).")
 
     @field_validator("config_dir", mode="after")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from .tools.base import ToolInfo, ToolMatch
 
@@ -99,6 +99,9 @@ class SessionInfo(BaseModel):
     tenant: str | None = Field(
         None, description="The tenant that owns the session: its token's tenant name ('admin' for the "
         "admin token).")
+    cause: DeathCause | None = Field(
+        None, description="Why its kernel was lost or died, while status is 'dead' (its next run "
+        "starts a fresh kernel); null otherwise.")
 
 
 class SessionList(BaseModel):
@@ -144,9 +147,20 @@ class RunError(BaseModel):
 class DeathCause(BaseModel):
     """Why a kernel died, so that programs need not parse prose."""
 
-    kind: Literal["exit", "signal", "oom", "unknown"]
+    kind: Literal["exit", "signal", "oom", "lost", "unknown"] = Field(
+        description="'lost': no answer within the liveness deadline, or the gateway no longer has the "
+        "kernel (node, network or gateway gone); 'unknown': it died and nothing said how.")
     exit_code: int | None = None
     signal: int | None = None
+    detail: str | None = Field(None, description="What is known, in words (set for 'lost').")
+
+    @model_serializer(mode="wrap")
+    def _without_empty_detail(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # ``detail`` is left out when empty: the older shape, which clients compare whole.
+        data = dict(handler(self))
+        if data.get("detail") is None:
+            data.pop("detail", None)
+        return data
 
 
 class ToolCall(BaseModel):

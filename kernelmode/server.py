@@ -338,7 +338,9 @@ class KernelmodeApp:
         while not self._stopping:
             await asyncio.sleep(max(2.0, 4 * self.settings.gateway.poll_interval_seconds))
             try:
-                running = {str(k["id"]) for k in await self.gateway.list_kernels()}
+                # Bounded like a probe: a gateway that hangs is as down as one that refuses.
+                running = {str(k["id"]) for k in await self.gateway.list_kernels(
+                    timeout=self.settings.gateway.probe_timeout_seconds)}
             except KernelmodeError as e:
                 if not down:
                     log.error("the external kernel gateway does not answer: %s", e.message)

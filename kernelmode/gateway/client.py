@@ -124,7 +124,9 @@ class GatewayClient:
                                        f"{_gateway_message(e) or text}") from e
             if e.code == 503:  # the sandbox refused a kernel: its provisioner says why
                 raise SandboxUnavailable(_gateway_message(e) or f"the sandbox refused {method} {path}") from e
-            raise GatewayError(f"kernel gateway {method} {path} failed with {e.code}: {text}") from e
+            # The gateway's own message when it sent one (not the traceback around it).
+            raise GatewayError(f"kernel gateway {method} {path} failed with {e.code}: "
+                               f"{_gateway_message(e) or text}") from e
         except OSError as e:
             raise GatewayUnavailable(f"the kernel gateway is unreachable: {e}") from e
         return json.loads(resp.body) if resp.body else None
@@ -137,9 +139,9 @@ class GatewayClient:
         if model.get("id") != kernel_id:
             raise GatewayError(f"the gateway started kernel {model.get('id')} instead of {kernel_id}")
 
-    async def shutdown_kernel(self, kernel_id: str) -> None:
+    async def shutdown_kernel(self, kernel_id: str, timeout: float | None = None) -> None:
         with contextlib.suppress(KernelUnavailable):
-            await self._request("DELETE", f"/api/kernels/{kernel_id}")
+            await self._request("DELETE", f"/api/kernels/{kernel_id}", timeout=timeout)
 
     async def interrupt_kernel(self, kernel_id: str) -> None:
         await self._request("POST", f"/api/kernels/{kernel_id}/interrupt")
@@ -147,12 +149,12 @@ class GatewayClient:
     async def restart_kernel(self, kernel_id: str, timeout: float) -> None:
         await self._request("POST", f"/api/kernels/{kernel_id}/restart", timeout=timeout)
 
-    async def list_kernels(self) -> list[dict[str, Any]]:
-        return list(await self._request("GET", "/api/kernels"))
+    async def list_kernels(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        return list(await self._request("GET", "/api/kernels", timeout=timeout))
 
-    async def ping(self) -> bool:
+    async def ping(self, timeout: float = 5) -> bool:
         try:
-            await self._request("GET", "/api/kernelspecs", timeout=5)
+            await self._request("GET", "/api/kernelspecs", timeout=timeout)
             return True
         except GatewayError:
             return False
@@ -296,6 +298,27 @@ class KernelConnection:
 
     def forget(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
         self._listeners.pop(getattr(queue, "msg_id", ""), None)
+
+    async def ping(self, timeout: float) -> bool:
+        """Whether the kernel answers a kernel_info_request on its control channel within
+        ``timeout``: ipykernel serves control in a thread of its own, so a kernel busy with a cell
+        answers too; a frozen kernel, a dead node or a cut network does not."""
+        if not self.is_open:
+            return False
+        try:
+            queue = await self.send("control", "kernel_info_request", {})
+        except KernelUnavailable:
+            return False
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            while (msg := await next_message(queue, deadline)) is not None:
+                if msg.get("msg_type") == "kernel_info_reply":
+                    return True
+                if msg.get("msg_type") == DISCONNECTED_EVENT:
+                    return False
+            return False
+        finally:
+            self.forget(queue)
 
     async def kernel_info(self, timeout: float) -> dict[str, Any]:
         """Wait until the kernel answers on shell AND its IOPub output reaches us.

@@ -15,16 +15,16 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..artifacts.volume import WorkspaceVolumes
 from ..audit import audit
 from ..config import Settings
-from ..errors import KernelmodeError, KernelUnavailable
+from ..errors import KernelmodeError, KernelUnavailable, SandboxUnavailable
 from ..gateway.client import KERNEL_DEAD, GatewayClient, KernelConnection
-from ..gateway.exchange import ExecuteExchange, Message, Outcome
+from ..gateway.exchange import KERNEL_STATUS_EVENT, ExecuteExchange, Message, Outcome
 from ..gateway.execution import OutputCollector
 from ..gateway.launch import launch_env
 from ..kernel.preamble import MARKER, boot_code
@@ -88,6 +88,8 @@ class Kernels:
     state_dir: Path
     broker: ToolBroker
     packages: PackageService | None = None  # the package layers, mounted into each kernel
+    # Background DELETEs of kernels given up (lost, or a failed start): nothing waits on them.
+    retiring: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
     def remote(self) -> bool:
@@ -104,12 +106,48 @@ class Kernels:
         cfg = self.settings.sessions
         return OutputCollector(cfg.max_output_bytes, max_display_bytes=cfg.max_display_bytes)
 
+    def retire(self, kernel_id: str) -> None:
+        """Ask the gateway to DELETE a kernel, in the background and bounded: a gateway whose
+        node is gone can hold a DELETE for 30 s and then fail (Enterprise Gateway does)."""
+        async def delete() -> None:
+            try:
+                await asyncio.wait_for(self.gateway.shutdown_kernel(kernel_id, self.settings.gateway.
+                                                                    shutdown_timeout_seconds),
+                                       self.settings.gateway.shutdown_timeout_seconds + 1)
+            except (KernelmodeError, asyncio.TimeoutError) as e:
+                log.warning("kernel %s: the gateway did not shut it down (%s); left to the gateway",
+                            kernel_id, e)
+                audit("kernel_orphaned", kernel_id=kernel_id, error=str(e)[:300])
+            pop_death_record(self.state_dir, kernel_id)
+
+        task = asyncio.create_task(delete(), name=f"retire-{kernel_id}")
+        self.retiring.add(task)
+        task.add_done_callback(self.retiring.discard)
+
     async def new(self, info: SessionInfo) -> Kernel:
+        """A started, connected, preamble-ready kernel: up to ``gateway.launch_attempts`` starts
+        (a gateway with several nodes may place each on another), then KernelUnavailable (503)
+        saying why the last one failed."""
+        attempts = self.settings.gateway.launch_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                return await self._start(info)
+            except SandboxUnavailable:
+                raise  # the sandbox refused these limits: another try gets the same answer
+            except KernelmodeError as e:
+                if attempt == attempts:
+                    raise KernelUnavailable(f"could not start a kernel ({attempts} attempt(s)); "
+                                            f"the last failed with: {e.message}") from e
+                log.warning("kernel start %d of %d failed (%s); trying again", attempt, attempts, e.message)
+                audit("kernel_start_failed", session_id=info.session_id, attempt=attempt, error=e.message[:300])
+        raise AssertionError("unreachable")
+
+    async def _start(self, info: SessionInfo) -> Kernel:
         """Start a sandboxed kernel with its own workspace, connect, install the preamble."""
         kernel_id = str(uuid.uuid4())
         workspace = self.volumes.root / kernel_id
         if self.remote:  # the gateway's kernel makes its own workspace
-            return await self._start(Kernel(self, kernel_id, workspace, info))
+            return await self._start_kernel(Kernel(self, kernel_id, workspace, info))
         create = asyncio.ensure_future(asyncio.to_thread(self.volumes.create, workspace, info.limits.disk_mb))
         try:
             await asyncio.shield(create)
@@ -124,22 +162,30 @@ class Kernels:
         k = Kernel(self, kernel_id, workspace, info)
         if k.layer is not None:
             await asyncio.to_thread(k.layer.create)
-        return await self._start(k)
+        return await self._start_kernel(k)
 
-    async def _start(self, k: Kernel) -> Kernel:
+    async def _start_kernel(self, k: Kernel) -> Kernel:
         kernel_id = k.kernel_id
-        started = False
         try:
-            await self.gateway.start_kernel(kernel_id, k.start_env(), self.start_timeout)
-            started = True
-            await k.connect(self.start_timeout)
+            await asyncio.wait_for(self.launch(k), self.start_timeout + 5)
+        except asyncio.TimeoutError:
+            # A start past its deadline may still come up later: DELETEd in the background.
+            await k.discard(shutdown=False)
+            self.retire(kernel_id)
+            raise KernelUnavailable(f"the kernel did not start within {self.start_timeout:g} s") from None
         except BaseException as e:
-            cause = pop_death_record(self.state_dir, kernel_id) if started else None
-            await k.discard(shutdown=started)
+            cause = pop_death_record(self.state_dir, kernel_id)
+            await k.discard(shutdown=False)
+            self.retire(kernel_id)
             if cause is not None and isinstance(e, KernelmodeError):
                 raise KernelUnavailable(f"the kernel died while starting ({cause.kind}): {e}") from e
             raise
         return k
+
+    async def launch(self, k: Kernel) -> None:
+        """Start ``k`` (its id) in the gateway and connect to it."""
+        await self.gateway.start_kernel(k.kernel_id, k.start_env(), self.start_timeout)
+        await k.connect(self.start_timeout)
 
 
 class Kernel:
@@ -157,6 +203,9 @@ class Kernel:
         self.state_lost = False  # the next result must say that variables are gone
         self.restore_pending = False  # died: the next run first restores the latest checkpoint
         self.closed = False  # torn down: a run in progress must not wait for it
+        self.lost_cause: DeathCause | None = None  # given up by the liveness probe (sessions/liveness.py)
+        self.misses = 0  # liveness probes in a row without an answer
+        self.silent_since: float | None = None  # loop time of the first of those
         self.tools_installed: str | None = None  # the tool specs (JSON) the preamble holds
         self.latch = InterruptLatch()
 
@@ -206,6 +255,7 @@ class Kernel:
         await self.install_preamble(timeout)
         self.needs_ready = False
         self.state = "alive"
+        self.info.cause = None  # it answers: whatever befell its predecessor is over
 
     async def _answering_connection(self, timeout: float) -> KernelConnection:
         """A websocket whose kernel answers. Enterprise Gateway wires a websocket to the kernel
@@ -235,7 +285,13 @@ class Kernel:
         if self.conn is None or not self.conn.is_open or self.needs_ready:
             # After a restart, a fresh websocket: the gateway then opens its ZMQ channels to the
             # new kernel's sockets instead of reusing ones bound to the old process.
-            await self.connect(self.env.start_timeout)
+            try:
+                await self.connect(self.env.start_timeout)
+            except KernelmodeError:
+                if self.state != KERNEL_DEAD:
+                    raise
+                await self.replace()  # found lost meanwhile (the liveness probe)
+                return True
         return False
 
     async def install_preamble(self, timeout: float) -> None:
@@ -303,9 +359,27 @@ class Kernel:
         self.state_lost = True
         self.restore_pending = True
         self.info.status = "dead" if state == KERNEL_DEAD else "restarting"
+        if state == KERNEL_DEAD:  # what the gateway said, no more (it gives no cause)
+            self.info.cause = DeathCause(kind="unknown", detail="the gateway reported the kernel dead "
+                                         "(it could not restart it)")
         log.warning("session %s: kernel %s is %s", self.info.session_id, self.kernel_id, state)
         audit("kernel_died", session_id=self.info.session_id, tenant=self.info.tenant, kernel_id=self.kernel_id,
               then=state)
+
+    def lose(self, cause: DeathCause) -> None:
+        """The kernel stopped answering (or its gateway forgot it): a run in flight ends now as
+        kernel_died with ``cause``; the next run gets a fresh kernel, without waiting on the
+        gateway's DELETE of this one."""
+        self.lost_cause = cause
+        self.state = KERNEL_DEAD
+        self.needs_ready = self.state_lost = self.restore_pending = True
+        self.info.status = "dead"
+        self.info.cause = cause
+        log.warning("session %s: kernel %s is lost: %s", self.info.session_id, self.kernel_id, cause.detail)
+        audit("kernel_lost", session_id=self.info.session_id, tenant=self.info.tenant, kernel_id=self.kernel_id,
+              detail=cause.detail)
+        if self.conn is not None:
+            self.conn.broadcast({"msg_type": KERNEL_STATUS_EVENT, "state": "lost"})
 
     def died_under_run(self) -> None:
         """A run saw the kernel die or its websocket close: ready it again before the next run."""
@@ -314,7 +388,10 @@ class Kernel:
         self.restore_pending = True
 
     async def death_cause(self) -> DeathCause:
-        """The provisioner's record of why the kernel died (it may take a moment to appear)."""
+        """The provisioner's record of why the kernel died (it may take a moment to appear);
+        the liveness probe's finding when it gave the kernel up (a remote gateway writes no record)."""
+        if self.lost_cause is not None:
+            return self.lost_cause
         if self.closed:
             return DeathCause(kind="unknown")
         deadline = time.monotonic() + 3 * self.env.settings.gateway.poll_interval_seconds + 1.0
@@ -355,14 +432,29 @@ class Kernel:
         self.restore_pending = False  # a restart asked for: the session starts empty
 
     async def replace(self) -> None:
-        """A fresh kernel under a new id on the same workspace (variables are gone)."""
-        await self.shutdown()
-        self.kernel_id = str(uuid.uuid4())
-        self.info.kernel_id = self.kernel_id
+        """A fresh kernel under a new id on the same workspace (variables are gone); the old one
+        is DELETEd in the background (a lost node's gateway may hold that DELETE for long)."""
+        await self.shutdown(in_gateway=False)
+        self.env.retire(self.kernel_id)
+        self.lost_cause = self.info.cause = None
+        self.misses, self.silent_since = 0, None
         self.state_lost = True
-        timeout = self.env.start_timeout
-        await self.env.gateway.start_kernel(self.kernel_id, self.start_env(), timeout)
-        await self.connect(timeout)
+        attempts = self.env.settings.gateway.launch_attempts
+        for attempt in range(1, attempts + 1):
+            self.kernel_id = str(uuid.uuid4())
+            self.info.kernel_id = self.kernel_id
+            try:
+                await asyncio.wait_for(self.env.launch(self), self.env.start_timeout + 5)
+                break
+            except (KernelmodeError, asyncio.TimeoutError) as e:
+                if self.conn is not None:
+                    await self.conn.close()
+                self.env.retire(self.kernel_id)
+                if attempt == attempts or isinstance(e, SandboxUnavailable):
+                    raise KernelUnavailable(f"could not start a new kernel for the session ({attempt} "
+                                            f"attempt(s)): {getattr(e, 'message', None) or 'timed out'}") from e
+                log.warning("session %s: kernel start %d of %d failed; trying again", self.info.session_id,
+                            attempt, attempts)
         log.warning("session %s: its kernel was replaced (now %s)", self.info.session_id, self.kernel_id)
         audit("kernel_replaced", session_id=self.info.session_id, tenant=self.info.tenant, kernel_id=self.kernel_id)
 
@@ -379,7 +471,10 @@ class Kernel:
     async def discard(self, shutdown: bool = True) -> None:
         """Close, shut down and forget the kernel and its workspace."""
         self.closed = True
-        await self.shutdown(in_gateway=shutdown)
+        lost = self.lost_cause is not None
+        await self.shutdown(in_gateway=shutdown and not lost)
+        if shutdown and lost:  # nobody waits on the DELETE of a kernel that does not answer
+            self.env.retire(self.kernel_id)
         if not self.env.remote:
             with contextlib.suppress(KernelmodeError):
                 await asyncio.to_thread(self.env.volumes.destroy, self.workspace)

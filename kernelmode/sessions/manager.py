@@ -41,6 +41,7 @@ from ..models import (
     ApprovalAnswer,
     Artifact,
     CheckpointInfo,
+    DeathCause,
     FileList,
     LimitsPatch,
     PackagesResult,
@@ -61,6 +62,7 @@ from .files import SessionFiles
 from .hibernation import Hibernation
 from .kernels import Kernels
 from .live import LiveSession, now
+from .liveness import Liveness
 from .packages import SessionPackages
 from .pool import WarmPool
 from .reaper import Reaper, expired
@@ -105,6 +107,8 @@ class SessionManager:
         self.runner.before_run, self.runner.after_run = self.checkpoints.before_run, self.checkpoints.after_run
         self.runner.revive = self.live_session
         self.hibernation = Hibernation(settings, store, self.checkpoints, self.kernels, self._live)
+        self.liveness = Liveness(settings, self._live, self.pool,
+                                 lambda s: self.store.save(s.info, s.kernel_id, s.workspace))
         self.metrics.watch(self._gauges)  # after the rooms: registering reads the gauges once
         # Where each kernel's memory use can be read (its cgroup), if anywhere.
         self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
@@ -139,12 +143,14 @@ class SessionManager:
                 await asyncio.to_thread(self.volumes.destroy, d)
         await asyncio.to_thread(self.packages.service.sweep, {w.name for w in keep})
         self.reaper.start()
+        self.liveness.start()
         self.pool.refill()
 
     async def stop(self, keep_sessions: bool = False) -> None:
         """``keep_sessions``: their kernels outlive this manager (an external gateway keeps them),
         so they stay adoptable by the next `serve` instead of being marked lost."""
         await self.reaper.stop()
+        await self.liveness.stop()
         if self._strays is not None:
             self._strays.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -170,10 +176,11 @@ class SessionManager:
         """The Kernel Gateway died, and every kernel with it: each session is marked ``dead``
         (its next run gets a fresh kernel on the same workspace and reports ``state_lost``), and
         the warm pool is dropped (refilled once a new gateway answers)."""
+        gone = DeathCause(kind="lost", detail="the kernel gateway exited, and its kernels with it")
         for s in list(self._live.values()):
+            s.kernel.lose(gone)
             if s.conn is not None:
                 await s.conn.close()
-            s.kernel.on_status(KERNEL_DEAD)
             self.store.save(s.info, s.kernel_id, s.workspace)
         await self.pool.drop(shutdown=False)
 
@@ -196,9 +203,10 @@ class SessionManager:
                 survived.append(s.info.session_id)
                 continue
             lost.append(s.info.session_id)
+            s.kernel.lose(DeathCause(kind="lost", detail="the gateway no longer runs this kernel "
+                                     "(it was restarted, or lost the kernel's node)"))
             if s.conn is not None:
                 await s.conn.close()
-            s.kernel.on_status(KERNEL_DEAD)
             self.store.save(s.info, s.kernel_id, s.workspace)
         await self.pool.drop(shutdown=False)  # its kernels may be gone too: start afresh
         self.pool.refill()

@@ -73,6 +73,17 @@ class WarmPool:
             self._next.set_result(None)
         self._next, self._claimed = None, False
 
+    def waiting(self) -> list[Kernel]:
+        """The kernels ready to be handed out (what the liveness probe watches)."""
+        return list(self._ready)
+
+    def evict(self, k: Kernel) -> None:
+        """``k`` stopped answering: out of the pool (its DELETE in the background), refill."""
+        if k in self._ready:
+            self._ready.remove(k)
+            asyncio.create_task(k.discard())
+            self.refill()
+
     def take(self, limits: Limits) -> Kernel | None:
         """A pool kernel for a session with the default limits; never one that ran any code."""
         if limits != self.settings.sandbox.limits:

@@ -140,6 +140,26 @@ def test_stop_leaves_the_gateway_and_a_restarted_serve_adopts_the_sessions(setup
         srv2.stop()
 
 
+def test_a_failing_launch_is_retried_then_answered_503_naming_the_cause(setup):
+    gw, srv, _ = setup
+    env = {**gw.env(), "KERNELMODE_GATEWAY__KERNEL_NAME": "no-such-kernelspec",
+           "KERNELMODE_GATEWAY__LAUNCH_ATTEMPTS": "2", "KERNELMODE_SESSIONS__POOL_SIZE": "0"}
+    bad = start_server(env)
+    try:
+        with bad.client() as c:
+            r = c.post("/v1/sessions", json={"session_id": "nope"})
+            assert r.status_code == 503, r.text
+            err = r.json()["error"]
+            assert err["code"] == "kernel_unavailable" and "2 attempt(s)" in err["message"], err
+            # The gateway's own answer (its message, not the traceback around it).
+            assert "POST /api/kernels failed with 500: Unknown server error" in err["message"], err
+            assert c.get("/v1/sessions/nope").status_code == 404  # nothing half-made is left
+        events = [json.loads(x) for x in bad.log().splitlines() if x.startswith('{"ts"')]
+        assert [e["attempt"] for e in events if e["event"] == "kernel_start_failed"] == [1]
+    finally:
+        bad.discard()
+
+
 def test_doctor_reports_the_external_mode(setup):
     gw, _, _ = setup
     data_dir = Path(tempfile.mkdtemp(prefix="kmextdoc-", dir="/tmp"))
@@ -170,7 +190,9 @@ def test_a_restarted_external_gateway_is_noticed_and_its_lost_sessions_named(set
             deadline = time.monotonic() + 60
             while "answers again" not in srv3.log() and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert c.get("/v1/sessions/keep").json()["status"] == "dead"
+            info = c.get("/v1/sessions/keep").json()
+            assert info["status"] == "dead" and info["cause"]["kind"] == "lost", info
+            assert "no longer runs" in info["cause"]["detail"]
             r = _run(c, "keep", "'v' in globals()")
             assert r["status"] == "ok" and r["result"] == "False" and r["state_lost"] is True, r
             assert c.get("/readyz").json()["checks"]["gateway"]["ok"] is True

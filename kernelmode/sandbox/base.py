@@ -18,7 +18,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Unicode
 
 from ..models import Limits
-from .spec import KernelParams, cause_from_exit, write_death_record
+from .spec import ENV_WORKSPACE, KernelParams, cause_from_exit, write_death_record
 
 log = logging.getLogger("kernelmode.sandbox")
 PORT_KEYS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
@@ -119,7 +119,10 @@ class KernelmodeProvisioner(LocalProvisioner):
         env: dict[str, str] = dict(kwargs.get("env") or {})
         limits = Limits.model_validate_json(self.default_limits or "{}")
         # No workspace sent (a manager with gateway.url): one of our own beside the runtime dir.
-        own = Path(self.runtime_dir).parent / "workspaces" / self.kernel_id if self.runtime_dir else None
+        # Only then is it ours to remove at the end: the embedded gateway's manager keeps its
+        # workspaces at this very path, and a hibernated session's files must outlive its kernel.
+        sent = ENV_WORKSPACE in env
+        own = Path(self.runtime_dir).parent / "workspaces" / self.kernel_id if self.runtime_dir and not sent else None
         self.params = KernelParams.pop_from_env(env, limits, own)
         if self.params is None:
             raise RuntimeError("kernelmode provisioner: the kernel request carries no workspace")

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from ..errors import InvalidRequest
 from ..models import Limits
+from ..sandbox.spec import LAUNCH_LIMITS
 
 # What EG and Kubernetes accept in usernames and label values alike; nothing a shell or a
 # template would read as syntax ($, quotes, ;, spaces, newlines, backticks, braces).
@@ -38,12 +39,7 @@ def checked(name: str, value: str) -> str:
 def launch_env(tenant: str | None, limits: Limits, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The ``KERNEL_*`` env of one kernel start: username = tenant (or DEFAULT_USERNAME), and the session's limits
     (each value checked); ``extra``: further KERNEL_* values (namespace, image), checked too."""
-    env = {
-        "KERNEL_MEMORY_MB": str(limits.memory_mb),
-        "KERNEL_PIDS": str(limits.pids),
-        "KERNEL_DISK_MB": str(limits.disk_mb),
-        "KERNEL_CPU_SECONDS": str(limits.cpu_seconds),
-    }
+    env = {name: str(getattr(limits, key)) for key, name in LAUNCH_LIMITS.items()}
     env["KERNEL_USERNAME"] = tenant or DEFAULT_USERNAME
     env.update(extra or {})
     return {name: checked(name, value) for name, value in env.items()}

@@ -57,12 +57,27 @@ class KernelParams:
         limits = env.pop(ENV_LIMITS, None)
         session_id = env.pop(ENV_SESSION, "")
         packages = env.pop(ENV_PACKAGES, None)
-        if workspace is None and limits is not None and default_workspace is not None:
+        remote_limits = _launch_limits(env)
+        if workspace is None and (limits is not None or remote_limits is not None) and default_workspace is not None:
             workspace = str(default_workspace)
         if workspace is None:
             return None
-        parsed = Limits.model_validate_json(limits) if limits else default_limits
+        parsed = Limits.model_validate_json(limits) if limits else remote_limits or default_limits
         return cls(Path(workspace), parsed, session_id, Path(packages) if packages else None)
+
+
+# The limits a manager with gateway.url sends (gateway/launch.py: plain checked numbers, the
+# names an Enterprise Gateway's pod template reads too).
+LAUNCH_LIMITS = {"memory_mb": "KERNEL_MEMORY_MB", "cpu_seconds": "KERNEL_CPU_SECONDS",
+                 "pids": "KERNEL_PIDS", "disk_mb": "KERNEL_DISK_MB", "open_files": "KERNEL_OPEN_FILES"}
+
+
+def _launch_limits(env: dict[str, str]) -> Limits | None:
+    """The limits of a start from a manager with gateway.url (None: it sent none); a value
+    that is not a valid limit fails the start, as a bad KERNEL_KM_LIMITS does."""
+    if not all(name in env for name in LAUNCH_LIMITS.values()):
+        return None
+    return Limits.model_validate({key: env[name] for key, name in LAUNCH_LIMITS.items()})
 
 
 def death_record_path(state_dir: Path, kernel_id: str) -> Path:

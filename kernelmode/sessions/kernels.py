@@ -26,12 +26,12 @@ from ..errors import KernelmodeError, KernelUnavailable, SandboxUnavailable
 from ..gateway.client import KERNEL_DEAD, GatewayClient, KernelConnection
 from ..gateway.exchange import KERNEL_STATUS_EVENT, ExecuteExchange, Message, Outcome
 from ..gateway.execution import OutputCollector
-from ..gateway.launch import launch_env
+from ..gateway.launch import SAFE_VALUE, launch_env
 from ..kernel.preamble import MARKER, boot_code
 from ..models import DeathCause, SessionInfo, ToolCall
 from ..packages.layer import PackageLayer
 from ..packages.service import PackageService
-from ..sandbox.spec import ENV_WORKSPACE, WORKSPACE_MOUNT, KernelParams, pop_death_record
+from ..sandbox.spec import ENV_SESSION, WORKSPACE_MOUNT, KernelParams, pop_death_record
 from ..tools.broker import ToolBroker
 
 log = logging.getLogger("kernelmode.sessions")
@@ -228,12 +228,16 @@ class Kernel:
     def start_env(self) -> dict[str, str]:
         """What a kernel start sends: the sandbox's parameters, and to an external gateway the
         checked KERNEL_* launch parameters too (gateway/launch.py)."""
-        env = self.params().to_env()
-        if self.env.remote:
-            env.pop(ENV_WORKSPACE)  # a remote kernel's workspace is its own (sandbox/base.py)
-            # KERNEL_ID: Enterprise Gateway takes the id from there, not from the body.
-            env.update(launch_env(self.info.tenant, self.info.limits, {"KERNEL_ID": self.kernel_id}))
-        return env
+        if not self.env.remote:
+            return self.params().to_env()
+        # To a gateway the manager did not start, only checked values (launch.py): no JSON, no
+        # host path. A remote kernel's workspace is its own; a kernelmode gateway reads the limits
+        # from KERNEL_MEMORY_MB & co. (KernelParams.pop_from_env). KERNEL_ID: Enterprise Gateway
+        # takes the id from there, not from the body.
+        extra = {"KERNEL_ID": self.kernel_id}
+        if SAFE_VALUE.fullmatch(self.info.session_id):  # else the label just goes without it
+            extra[ENV_SESSION] = self.info.session_id
+        return launch_env(self.info.tenant, self.info.limits, extra)
 
     def take_state_lost(self) -> bool:
         """Whether variables were lost since the last result said so (and forget it)."""

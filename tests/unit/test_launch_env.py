@@ -37,4 +37,22 @@ def test_bad_names_are_refused(name: str) -> None:
 def test_safe_values_pass_unchanged() -> None:
     env = launch_env("team-a.prod_1", Limits(memory_mb=512), {"KERNEL_NAMESPACE": "kernels"})
     assert env == {"KERNEL_USERNAME": "team-a.prod_1", "KERNEL_MEMORY_MB": "512", "KERNEL_PIDS": "128",
-                   "KERNEL_DISK_MB": "1024", "KERNEL_CPU_SECONDS": "600", "KERNEL_NAMESPACE": "kernels"}
+                   "KERNEL_DISK_MB": "1024", "KERNEL_CPU_SECONDS": "600", "KERNEL_OPEN_FILES": "1024",
+                   "KERNEL_NAMESPACE": "kernels"}
+
+
+def test_a_kernelmode_gateway_reads_the_limits_a_remote_start_sends() -> None:
+    """A manager with gateway.url sends plain checked numbers, no JSON and no host path; the
+    provisioner of a kernelmode gateway rebuilds the same limits and makes its own workspace."""
+    from pathlib import Path
+
+    from kernelmode.sandbox.spec import ENV_LIMITS, ENV_WORKSPACE, KernelParams
+
+    limits = Limits(memory_mb=512, pids=64, disk_mb=20, cpu_seconds=30, open_files=256)
+    env = launch_env("t1", limits, {"KERNEL_ID": "k1"})
+    assert ENV_LIMITS not in env and ENV_WORKSPACE not in env
+    assert all(checked(k, v) == v for k, v in env.items())
+    params = KernelParams.pop_from_env(dict(env), Limits(), Path("/own/k1"))
+    assert params is not None and params.limits == limits and params.workspace == Path("/own/k1")
+    with pytest.raises(ValueError):  # a value that is no limit fails the start
+        KernelParams.pop_from_env({**env, "KERNEL_PIDS": "1"}, Limits(), Path("/own/k1"))

@@ -167,6 +167,10 @@ class SessionSettings(_Section):
     pool_size: int = Field(2, ge=0, description="Warm kernels kept ready (not counted in max_sessions).")
     pool_refill_delay_seconds: float = Field(0.5, ge=0, description="Wait after a take before refilling.")
     max_workspace_files: int = Field(10_000, ge=1, description="Files a workspace may hold (uploads).")
+    files_timeout_seconds: float = Field(
+        60.0, gt=0, le=3600, description="How long the kernel's file agent may take to answer one "
+        "message of a file operation (upload, download, listing, delete, harvest) before it fails "
+        "with 503 files_timeout: the kernel is dead or stuck.")
     reap_interval_seconds: float = Field(15.0, gt=0)
     default_timeout_seconds: float = Field(60.0, gt=0)
     max_timeout_seconds: float = Field(3600.0, gt=0)

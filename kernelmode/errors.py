@@ -36,7 +36,9 @@
     │   ├── GatewayForbidden         (502 gateway_forbidden)  the gateway answered 403
     │   └── GatewayUnavailable       (503 gateway_unavailable)
     ├── KernelUnavailable            (503 kernel_unavailable) the session's kernel cannot run code
+    │   └── FilesTimeout             (503 files_timeout)      artifacts/channel.py: no answer to a file request in time
     ├── StoreError                   (502 store_error)        artifacts/base.py: the artifact store failed
+    ├── FileTransferFailed           (502 file_transfer_failed) artifacts/channel.py: the kernel's file agent answered wrongly
     ├── ToolFailed                   (502 tool_failed)        tools/base.py: a host tool gave no result
     │   └── ToolDenied               (403 tool_denied)        tools/broker.py: a call needing approval was denied
     ├── PackageFetchFailed           (502 package_fetch_failed) packages/errors.py: the index or pip failed

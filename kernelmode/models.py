@@ -218,6 +218,13 @@ class UploadResult(BaseModel):
     size_bytes: int
 
 
+class FileDeleted(BaseModel):
+    """The answer to ``DELETE /v1/sessions/{id}/files/{path}``."""
+
+    path: str = Field(description="The file removed, e.g. /mnt/data/sales.csv.")
+    deleted: bool = True
+
+
 class RestoredFrom(BaseModel):
     checkpoint_id: str
     age_seconds: float = Field(description="How old the checkpoint was when it was restored.")

@@ -7,7 +7,6 @@ import base64
 import binascii
 import json
 import logging
-import os
 import tempfile
 from typing import Any, BinaryIO, TypeVar, cast
 from urllib.parse import quote, unquote
@@ -16,6 +15,7 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 from tornado import web
 from tornado.http1connection import HTTP1Connection
+from tornado.iostream import StreamClosedError
 
 from ..artifacts.base import StoreError
 from ..artifacts.local import LocalStore
@@ -35,6 +35,7 @@ from ..models import (
     ArtifactList,
     CheckpointList,
     ExecuteRequest,
+    FileDeleted,
     Health,
     OneShotRequest,
     PackagesRequest,
@@ -393,26 +394,34 @@ class FileHandler(BaseHandler):
         self.send(result, 201)
 
     async def get(self, session_id: str, path: str) -> None:
-        fd, size, mime = await asyncio.to_thread(self.services.sessions.open_file, self.own(session_id), path)
-        with os.fdopen(fd, "rb") as f:
-            # Kernel code may be writing or truncating the file: never send more than the length
-            # announced, and read its first MiB before announcing, so a small file's is exact.
-            head = await asyncio.to_thread(f.read, min(size, 1 << 20))
-            if len(head) < 1 << 20:
-                size = len(head)
-            self.set_header("Content-Type", mime)
-            self.set_header("Content-Length", str(size))
-            self.set_header("X-Content-Type-Options", "nosniff")
-            name = path.rsplit("/", 1)[-1]
-            if mime in _ACTIVE_TYPES:
-                self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(name)}")
-            self.write(head)
-            remaining = size - len(head)
-            while remaining > 0 and (chunk := await asyncio.to_thread(f.read, min(remaining, 1 << 20))):
-                remaining -= len(chunk)
+        # Streamed from the kernel's file agent chunk by chunk (artifacts/channel.py): the
+        # manager holds two chunks, never the file. The length is the kernel's announcement;
+        # a kernel that then sends more or less fails the transfer (the connection is cut).
+        download, mime = await self.services.sessions.open_file(self.own(session_id), path)
+        self.set_header("Content-Type", mime)
+        self.set_header("Content-Length", str(download.size))
+        self.set_header("X-Content-Type-Options", "nosniff")
+        name = path.rsplit("/", 1)[-1]
+        if mime in _ACTIVE_TYPES:
+            self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(name)}")
+        chunks = download.chunks()
+        try:
+            self.write(await anext(chunks, b""))  # errors before the first byte answer as JSON
+            async for chunk in chunks:
                 self.write(chunk)
                 await self.flush()
+        except (KernelmodeError, StreamClosedError) as e:
+            if not self._headers_written:
+                raise
+            log.warning("download of %s from session %s failed midway: %s", name, session_id, e)
+            self.request.connection.close()  # type: ignore[union-attr]
+            return
+        finally:
+            await chunks.aclose()  # the kernel's side of the transfer is closed too
         self.finish()
+
+    async def delete(self, session_id: str, path: str) -> None:
+        self.send(FileDeleted(path=await self.services.sessions.delete_file(self.own(session_id), path)))
 
 
 class ArtifactsHandler(BaseHandler):

@@ -20,6 +20,7 @@ from ..models import (
     CheckpointList,
     ErrorBody,
     ExecuteRequest,
+    FileDeleted,
     FileList,
     Health,
     OneShotRequest,
@@ -37,7 +38,7 @@ from ..models import (
 from . import jupyter_openapi
 
 _MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health, ToolList,
-           FileList, ToolMatches, ArtifactList, UploadResult, RunProgress, OneShotRequest, ApprovalRequest,
+           FileList, ToolMatches, ArtifactList, UploadResult, FileDeleted, RunProgress, OneShotRequest, ApprovalRequest,
            ApprovalAnswer, PackagesRequest, PackagesResult, CheckpointInfo, CheckpointList]
 
 
@@ -57,6 +58,7 @@ def _errors(*codes: int) -> dict[str, Any]:
     text = {400: "Bad JSON", 401: "Missing or wrong token", 403: "Forbidden", 404: "Unknown session or run", 409: "Conflict",
             413: "Too large", 422: "Invalid request",
             429: "Too many sessions (too_many_sessions), or a tenant's quota is spent (quota_exceeded)",
+            502: "The kernel's file agent answered wrongly (file_transfer_failed)",
             503: "Kernel or gateway unavailable"}
     out = {str(c): _json("ErrorBody", text[c]) for c in codes}
     if 429 in codes:
@@ -84,6 +86,7 @@ _OPERATIONS = {
     ("/v1/sessions/{session_id}/files", "get"): ("listFiles", "files"),
     ("/v1/sessions/{session_id}/files/{path}", "put"): ("uploadFile", "files"),
     ("/v1/sessions/{session_id}/files/{path}", "get"): ("downloadFile", "files"),
+    ("/v1/sessions/{session_id}/files/{path}", "delete"): ("deleteFile", "files"),
     ("/v1/sessions/{session_id}/artifacts", "get"): ("listArtifacts", "artifacts"),
     ("/v1/artifacts/{key}", "get"): ("downloadArtifact", "artifacts"),
     ("/v1/sessions/{session_id}/notebook", "get"): ("exportNotebook", "sessions"),
@@ -209,9 +212,11 @@ def openapi_document() -> dict[str, Any]:
             "put": {"summary": "Upload a file (raw body); ?overwrite=true to replace",
                     "parameters": [{"name": "overwrite", "in": "query", "schema": {"type": "boolean"}}],
                     "requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-                    "responses": {"201": _json("UploadResult", "Stored"), **_errors(401, 404, 409, 413, 422, 503)}},
+                    "responses": {"201": _json("UploadResult", "Stored"), **_errors(401, 404, 409, 413, 422, 502, 503)}},
             "get": {"summary": "Download a workspace file",
-                    "responses": {"200": {"description": "The bytes"}, **_errors(401, 404, 422)}},
+                    "responses": {"200": {"description": "The bytes"}, **_errors(401, 404, 422, 502, 503)}},
+            "delete": {"summary": "Delete a workspace file (through the kernel's channels)",
+                       "responses": {"200": _json("FileDeleted", "Deleted"), **_errors(401, 404, 422, 502, 503)}},
         },
         "/v1/sessions/{session_id}/artifacts": {
             "parameters": [sid],

@@ -3,7 +3,6 @@ outputs in the artifact store, and describe them (path, size, type, sha256, link
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -14,10 +13,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..config import ArtifactSettings
-from ..errors import KernelmodeError
+from ..errors import KernelmodeError, KernelUnavailable, PayloadTooLarge
 from ..models import Artifact, RunResult
 from .base import ArtifactStore, StoreError
-from .workspace import FileEntry, Listing, Workspace, mime_type, temp_copy
+from .channel import FileChannel, changes_buffer, receive_file
+from .workspace import FileEntry, FileNotFound, mime_type
 
 log = logging.getLogger("kernelmode.artifacts")
 
@@ -39,25 +39,34 @@ class Harvester:
         self.scratch = scratch
         self.public_url = ""
 
-    async def harvest(self, session_id: str, result: RunResult, ws: Workspace,
-                      before: dict[str, FileEntry]) -> dict[str, FileEntry]:
-        """Walk the workspace after a run and keep in ``result.artifacts`` what it created or
-        changed; returns the walk (the next run's ``before``).
+    async def harvest(self, session_id: str, result: RunResult, channel: FileChannel | None,
+                      note: bytes | None) -> None:
+        """Keep in ``result.artifacts`` the files the run created or changed and its rich outputs.
 
-        Never raises: whatever goes wrong (the store, a workspace kernel code is changing or
-        made unreadable) is said in ``result.artifact_error`` and the run itself stands."""
-        try:
-            after = await asyncio.to_thread(ws.scan)
-        except Exception as e:  # noqa: BLE001 (the run's result must survive anything here)
-            log.exception("session %s run %s: the workspace walk failed", session_id, result.run_id)
-            result.artifact_error = f"the workspace could not be read, no files were kept ({type(e).__name__})"
-            return before
+        ``note``: the kernel's own list of changed files, sent before the run's idle status
+        (kernel/files.py's post-run hook); without it the kernel is asked (one round trip).
+        Only those files are then read, through the kernel's channels.
+
+        Never raises: whatever goes wrong (the store, the kernel's answers) is said in
+        ``result.artifact_error`` and the run itself stands."""
+        budget = self.settings.max_artifacts_per_run
         notes = []
-        if after.stopped:
-            result.artifacts_truncated = True
-            notes.append(f"the workspace walk {after.stopped}")
+        changed: list[FileEntry] = []
         try:
-            await self._keep(session_id, result, ws, self._changed(before, after))
+            if channel is None:
+                raise KernelUnavailable("the kernel is not connected")
+            changes = changes_buffer(note, budget + 1) if note is not None else await channel.changes(budget + 1)
+            changed = changes.files
+            if changes.truncated:
+                result.artifacts_truncated = True
+            if changes.stopped:
+                result.artifacts_truncated = True
+                notes.append(f"the workspace walk {changes.stopped}")
+        except KernelmodeError as e:
+            log.warning("session %s run %s: the changed files could not be listed: %s", session_id, result.run_id, e)
+            notes.append(f"the workspace could not be read, no files were kept ({e.code}: {e.message})")
+        try:
+            await self._keep(session_id, result, channel, changed)
         except StoreError as e:
             notes.append(f"the artifact store failed, some files were not kept: {e}")
             log.warning("session %s run %s: %s", session_id, result.run_id, e)
@@ -66,44 +75,29 @@ class Harvester:
             notes.append(f"keeping the run's files failed, some were not kept ({type(e).__name__})")
         if notes:
             result.artifact_error = "; ".join(notes)
-        return after
 
-    @staticmethod
-    def _changed(before: dict[str, FileEntry], after: dict[str, FileEntry]) -> list[FileEntry]:
-        """Files new or changed since ``before``. When that walk stopped early, a path it did not
-        see counts as new only if changed since it began (else it was merely not looked at)."""
-        since = before.started_ns if isinstance(before, Listing) and before.stopped else None
-        out = []
-        for rel, e in sorted(after.items()):
-            b = before.get(rel)
-            if b is None:
-                if since is None or e.ctime_ns >= since:
-                    out.append(e)
-            elif (b.size, b.mtime_ns, b.inode) != (e.size, e.mtime_ns, e.inode):
-                out.append(e)
-        return out
-
-    async def _keep(self, session_id: str, result: RunResult, ws: Workspace, changed: list[FileEntry]) -> None:
+    async def _keep(self, session_id: str, result: RunResult, channel: FileChannel | None,
+                    changed: list[FileEntry]) -> None:
         budget = self.settings.max_artifacts_per_run
         for entry in changed:
             if len(result.artifacts) >= budget:
                 result.artifacts_truncated = True
                 break
-            await self._keep_file(session_id, result, ws, entry)
+            if channel is not None:
+                await self._keep_file(session_id, result, channel, entry)
         for i, output in enumerate(result.outputs):
             if len(result.artifacts) >= budget:
                 result.artifacts_truncated = True
                 break
             await self._keep_output(session_id, result, i, output)
 
-    async def _keep_file(self, session_id: str, result: RunResult, ws: Workspace, entry: FileEntry) -> None:
+    async def _keep_file(self, session_id: str, result: RunResult, channel: FileChannel, entry: FileEntry) -> None:
         if entry.size > self.settings.max_artifact_bytes:
             result.artifacts_truncated = True
             return
         try:
-            tmp, size, sha = await asyncio.to_thread(
-                temp_copy, ws, PurePosixPath(entry.path), self.scratch, self.settings.max_artifact_bytes)
-        except (KernelmodeError, OSError):  # gone, replaced (link, folder, fifo), unreadable, grew past the cap
+            tmp, size, sha = await receive_file(channel, entry.path, self.settings.max_artifact_bytes, self.scratch)
+        except (FileNotFound, PayloadTooLarge, OSError):  # gone, replaced (link, folder), grew past the cap
             result.artifacts_truncated = True
             return
         try:

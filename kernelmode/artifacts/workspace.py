@@ -1,4 +1,10 @@
-"""A session's workspace (``/mnt/data`` in its kernel) as the manager sees it on the host.
+"""A session's workspace (``/mnt/data`` in its kernel): client paths, entries, errors, and the
+host-side view.
+
+The manager never reads or writes a workspace on its own disk: uploads, listings, downloads,
+deletes, harvests and checkpoints go through the kernel's own channels (artifacts/channel.py
+and the file agent kernel/files.py, which walks and opens files by the rules below). The host
+keeps only the workspace's volume (artifacts/volume.py: quota, mounted into the sandbox).
 
 Kernel code controls everything in here, so nothing is trusted: paths are validated as text,
 then every component is opened without following links (``O_NOFOLLOW`` on each directory
@@ -13,17 +19,12 @@ surrogate-escaped text, shown to clients with the bad bytes escaped (``\\xff``).
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import mimetypes
 import os
-import stat
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from ..errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge
 from ..sandbox.spec import WORKSPACE_MOUNT
@@ -117,188 +118,6 @@ class FileEntry:
         }
 
 
-class Workspace:
-    def __init__(self, root: Path, owner: tuple[int, int] | None = None) -> None:
-        self.root = root
-        self.owner = owner  # (uid, gid) of the kernel, when the service runs as root
-
-    # -- safe traversal ------------------------------------------------------------------------------
-    def _open_dir(self, parts: tuple[str, ...], create: bool) -> int:
-        """An fd of the directory ``root/parts``, reached without following any link."""
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            for part in parts:
-                try:
-                    nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                except FileNotFoundError:
-                    if not create:
-                        raise
-                    os.mkdir(part, 0o700, dir_fd=fd)
-                    if self.owner:
-                        os.chown(part, *self.owner, dir_fd=fd, follow_symlinks=False)
-                    nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                os.close(fd)
-                fd = nfd
-            return fd
-        except BaseException:
-            os.close(fd)
-            raise
-
-    def open_file(self, rel: PurePosixPath) -> tuple[int, os.stat_result]:
-        """Open a regular, singly-linked file for reading; FileNotFound otherwise."""
-        try:
-            dfd = self._open_dir(rel.parts[:-1], create=False)
-        except (FileNotFoundError, NotADirectoryError, OSError) as e:
-            raise FileNotFound(f"no file {WORKSPACE_MOUNT}/{rel}") from e
-        try:
-            fd = os.open(rel.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
-        except OSError as e:  # missing, a link (ELOOP), a fifo...
-            raise FileNotFound(f"no file {WORKSPACE_MOUNT}/{rel}") from e
-        finally:
-            os.close(dfd)
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            os.close(fd)
-            raise FileNotFound(f"no regular file {WORKSPACE_MOUNT}/{rel}")
-        return fd, st
-
-    def write(self, rel: PurePosixPath, chunks: Iterator[bytes] | bytes, overwrite: bool) -> str:
-        """Write a file atomically (temp file + rename); returns its path in the kernel."""
-        try:
-            dfd = self._open_dir(rel.parts[:-1], create=True)
-        except OSError as e:  # a parent is a file, or a link the kernel planted (ELOOP)
-            raise FileExists(f"a parent of {WORKSPACE_MOUNT}/{rel} is not a directory") from e
-        try:
-            try:
-                existing = os.stat(rel.name, dir_fd=dfd, follow_symlinks=False)
-            except FileNotFoundError:
-                existing = None
-            if existing is not None:
-                if not overwrite:
-                    raise FileExists(f"{WORKSPACE_MOUNT}/{rel} exists (add ?overwrite=true to replace it)")
-                if stat.S_ISDIR(existing.st_mode):
-                    raise FileExists(f"{WORKSPACE_MOUNT}/{rel} is a directory")
-            tmp = f".upload-{os.urandom(8).hex()}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    for chunk in [chunks] if isinstance(chunks, bytes) else chunks:
-                        f.write(chunk)  # ENOSPC on a full workspace volume
-            except OSError as e:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=dfd)
-                if e.errno == errno.ENOSPC:
-                    raise WorkspaceFull(f"the workspace is full: {WORKSPACE_MOUNT}/{rel} does not fit") from e
-                raise
-            try:
-                if self.owner:
-                    os.chown(tmp, *self.owner, dir_fd=dfd, follow_symlinks=False)
-                # rename replaces a link planted at the name; it never writes through it
-                os.rename(tmp, rel.name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=dfd)
-                raise
-        except OSError as e:  # the folder was removed, or the name made a folder, meanwhile
-            raise WorkspaceChanged(f"{WORKSPACE_MOUNT}/{rel} changed while it was uploaded "
-                                   f"({errno.errorcode.get(e.errno or 0, 'error')}); try again") from e
-        finally:
-            os.close(dfd)
-        return f"{WORKSPACE_MOUNT}/{rel}"
-
-    def entry(self, rel: PurePosixPath) -> FileEntry | None:
-        """The listing entry of one path (None if it is not a regular, singly-linked file)."""
-        try:
-            dfd = self._open_dir(rel.parts[:-1], create=False)
-        except OSError:
-            return None
-        try:
-            st = os.stat(rel.name, dir_fd=dfd, follow_symlinks=False)
-        except OSError:
-            return None
-        finally:
-            os.close(dfd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            return None
-        return FileEntry(str(rel), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
-
-    # -- listing ---------------------------------------------------------------------------------------
-    def scan(self, max_entries: int = SCAN_MAX_ENTRIES, max_depth: int = SCAN_MAX_DEPTH) -> Listing:
-        """Regular, singly-linked files (no links followed), by relative path.
-
-        Depth first, holding one fd per folder on the current path only (at most ``max_depth``).
-        An entry that vanishes, turns into something else or cannot be read between being listed
-        and being looked at is skipped: kernel code may change the tree while this runs."""
-        listing = Listing()
-        try:
-            root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError:
-            return listing
-        stack: list[tuple[int, Iterator[os.DirEntry[str]], str]] = []
-        deep = False
-
-        def enter(fd: int, prefix: str) -> None:
-            try:
-                stack.append((fd, os.scandir(fd), prefix))
-            except OSError:
-                os.close(fd)
-
-        enter(root, "")
-        seen = 0
-        try:
-            while stack:
-                fd, it, prefix = stack[-1]
-                try:
-                    entry = next(it, None)
-                except OSError:  # the folder broke under us (removed, I/O error): done with it
-                    entry = None
-                if entry is None:
-                    stack.pop()
-                    it.close()  # type: ignore[attr-defined]
-                    os.close(fd)
-                    continue
-                seen += 1
-                if seen > max_entries:
-                    listing.full = True
-                    listing.stopped = f"stopped after {max_entries} entries: the rest of the workspace was not looked at"
-                    break
-                name = entry.name
-                if name.startswith(".upload-"):  # an upload being written (Workspace.write)
-                    continue
-                if name == CHECKPOINT_DIR and not prefix:  # checkpoints in transit: not the user's files
-                    continue
-                try:
-                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                except OSError:  # gone already
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    if len(stack) > max_depth:
-                        deep = True
-                        continue
-                    try:  # it may have been swapped for a link or file since the stat: nofollow
-                        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                    except OSError:
-                        continue
-                    enter(sub, f"{prefix}{name}/")
-                elif stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
-                    rel = f"{prefix}{name}"
-                    listing[rel] = FileEntry(rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
-        finally:
-            for fd, it, _ in stack:
-                it.close()  # type: ignore[attr-defined]
-                os.close(fd)
-        if deep:
-            note = f"folders deeper than {max_depth} levels were not looked into"
-            listing.stopped = f"{listing.stopped}; {note}" if listing.stopped else note
-        return listing
-
-    def usage(self) -> tuple[int, int]:
-        """(bytes, files) of the workspace; a walk that stopped at its entry bound counts as
-        holding that many files (it holds at least that many entries)."""
-        files = self.scan()
-        return sum(f.size for f in files.values()), SCAN_MAX_ENTRIES if files.full else len(files)
-
-
 class Listing(dict[str, FileEntry]):
     """The files a walk found, by relative path, and why it did not see everything (if so)."""
 
@@ -307,31 +126,3 @@ class Listing(dict[str, FileEntry]):
         self.stopped: str | None = None  # "stopped after N entries...", for clients
         self.full = False  # stopped at the entry bound
         self.started_ns = time.time_ns()  # a file changed after this has a later ctime
-
-
-def temp_copy(ws: Workspace, rel: PurePosixPath, dest_dir: Path, max_bytes: int) -> tuple[Path, int, str]:
-    """Copy a workspace file (safely opened) to a private temp file: (path, size, sha256).
-
-    Stores then read the copy, so a kernel changing the file meanwhile cannot swap what is
-    stored for what was checked."""
-    import hashlib
-
-    fd, st = ws.open_file(rel)
-    if st.st_size > max_bytes:
-        os.close(fd)
-        raise PayloadTooLarge(f"{WORKSPACE_MOUNT}/{rel} is {st.st_size} bytes, over {max_bytes}")
-    h = hashlib.sha256()
-    size = 0
-    out = tempfile.NamedTemporaryFile(dir=dest_dir, delete=False)  # noqa: SIM115
-    try:
-        with os.fdopen(fd, "rb") as src, out:
-            while chunk := src.read(1 << 20):
-                size += len(chunk)
-                if size > max_bytes:
-                    raise PayloadTooLarge(f"{WORKSPACE_MOUNT}/{rel} grew over {max_bytes} bytes")
-                h.update(chunk)
-                out.write(chunk)
-    except BaseException:
-        Path(out.name).unlink(missing_ok=True)
-        raise
-    return Path(out.name), size, h.hexdigest()

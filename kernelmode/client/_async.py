@@ -18,6 +18,7 @@ from ..models import (
     ApprovalAnswer,
     Artifact,
     CheckpointInfo,
+    FileDeleted,
     Health,
     PackagesResult,
     RunProgress,
@@ -198,6 +199,10 @@ class AsyncClient(BaseClient):
         """A workspace file's bytes (``path`` relative to /mnt/data, or absolute under it)."""
         return await self._send(routes.download(session_id, path))
 
+    async def delete_file(self, session_id: str, path: str) -> FileDeleted:
+        """Delete a workspace file (FileNotFound if there is none)."""
+        return await self._send(routes.delete_file(session_id, path))
+
     async def list_files(self, session_id: str) -> list[WorkspaceFile]:
         """The files of the session's workspace."""
         return (await self._send(routes.session_call(routes.LIST_FILES, session_id))).files
@@ -271,6 +276,10 @@ class AsyncSession(BaseSession):
     async def download(self, path: str) -> bytes:
         """A workspace file's bytes."""
         return await self.client.download(self.id, path)
+
+    async def delete_file(self, path: str) -> FileDeleted:
+        """Delete a workspace file."""
+        return await self.client.delete_file(self.id, path)
 
     async def files(self) -> list[WorkspaceFile]:
         """The files of the workspace."""

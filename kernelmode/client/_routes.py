@@ -25,6 +25,7 @@ from ..models import (
     ArtifactList,
     CheckpointInfo,
     CheckpointList,
+    FileDeleted,
     FileList,
     Health,
     LimitsPatch,
@@ -107,6 +108,7 @@ RESTART = Route("POST", f"{_S}/restart", _model(SessionInfo))
 UPLOAD = Route("PUT", f"{_S}/files/{{path}}", _model(UploadResult), ok=(201,))
 DOWNLOAD = Route("GET", f"{_S}/files/{{path}}", _raw, retry_safe=True)
 LIST_FILES = Route("GET", f"{_S}/files", _model(FileList), retry_safe=True)
+DELETE_FILE = Route("DELETE", f"{_S}/files/{{path}}", _model(FileDeleted))
 ARTIFACTS = Route("GET", f"{_S}/artifacts", _model(ArtifactList), retry_safe=True)
 NOTEBOOK = Route("GET", f"{_S}/notebook", _raw, retry_safe=True)
 ONE_SHOT = Route("POST", "/v1/execute", _model(RunResult))
@@ -221,6 +223,10 @@ def remaining_length(f: IO[bytes]) -> int | None:
 
 def download(session_id: str, path: str) -> Call[bytes]:
     return DOWNLOAD.call(session_id=session_id, path=workspace_path(path))
+
+
+def delete_file(session_id: str, path: str) -> Call[FileDeleted]:
+    return DELETE_FILE.call(session_id=session_id, path=workspace_path(path))
 
 
 def session_call(route: Route[T], session_id: str, timeout: float | None = None) -> Call[T]:

@@ -18,6 +18,7 @@ from ..models import (
     ApprovalAnswer,
     Artifact,
     CheckpointInfo,
+    FileDeleted,
     Health,
     PackagesResult,
     RunProgress,
@@ -191,6 +192,10 @@ class Client(BaseClient):
         """A workspace file's bytes (``path`` relative to /mnt/data, or absolute under it)."""
         return self._send(routes.download(session_id, path))
 
+    def delete_file(self, session_id: str, path: str) -> FileDeleted:
+        """Delete a workspace file (FileNotFound if there is none)."""
+        return self._send(routes.delete_file(session_id, path))
+
     def list_files(self, session_id: str) -> list[WorkspaceFile]:
         """The files of the session's workspace."""
         return self._send(routes.session_call(routes.LIST_FILES, session_id)).files
@@ -263,6 +268,10 @@ class Session(BaseSession):
     def download(self, path: str) -> bytes:
         """A workspace file's bytes."""
         return self.client.download(self.id, path)
+
+    def delete_file(self, path: str) -> FileDeleted:
+        """Delete a workspace file."""
+        return self.client.delete_file(self.id, path)
 
     def files(self) -> list[WorkspaceFile]:
         """The files of the workspace."""

@@ -192,6 +192,11 @@ class KernelConnection:
         self._binary = False
 
     @property
+    def binary(self) -> bool:
+        """The v1 protocol (binary buffers) is spoken on this websocket."""
+        return self._binary
+
+    @property
     def is_open(self) -> bool:
         return self._ws is not None and self._reader is not None and not self._reader.done()
 
@@ -260,11 +265,20 @@ class KernelConnection:
             queue.put_nowait(event)
 
     async def send(self, channel: str, msg_type: str, content: dict[str, Any],
-                   expect_reply: bool = True) -> asyncio.Queue[dict[str, Any]]:
-        """Send a request; the returned queue receives every message that answers it."""
+                   expect_reply: bool = True, buffers: list[bytes] | None = None,
+                   subshell_id: str | None = None) -> asyncio.Queue[dict[str, Any]]:
+        """Send a request; the returned queue receives every message that answers it.
+        ``buffers`` (binary parts) need the v1 protocol; ``subshell_id``: a kernel subshell."""
         if not self.is_open or self._ws is None:
             raise KernelUnavailable(f"the websocket of kernel {self.kernel_id} is closed")
         msg = self._session.msg(msg_type, content)
+        if buffers:
+            if not self._binary:
+                raise KernelUnavailable("the gateway speaks only the legacy JSON protocol: binary "
+                                        "buffers (file transfers) need v1.kernel.websocket.jupyter.org")
+            msg["buffers"] = buffers
+        if subshell_id is not None:
+            msg["header"]["subshell_id"] = subshell_id
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         if expect_reply:
             self._listeners[msg["header"]["msg_id"]] = queue

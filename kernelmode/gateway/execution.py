@@ -6,6 +6,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ..kernel.files import CHANGES_COMM
 from ..models import RunError, RunResult, RunStatus
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -39,6 +40,8 @@ class OutputCollector:
         self.execution_count: int | None = None
         self.truncated = False
         self.reply_status: str | None = None
+        # The file agent's note of the files the cell changed (kernel/files.py, a JSON buffer).
+        self.file_changes: bytes | None = None
 
     def _take(self, kind: str, text: str) -> str:
         room = self.max_bytes - self._sizes[kind]
@@ -121,6 +124,9 @@ class OutputCollector:
                     evalue=content.get("evalue", ""),
                     traceback=strip_ansi("\n".join(content.get("traceback", []))),
                 )
+        elif kind == "comm_msg" and content.get("comm_id") == CHANGES_COMM and msg.get("buffers"):
+            self.file_changes = bytes(msg["buffers"][0])  # harvested after the run (artifacts/channel.py)
+            return
         else:
             return
         if self.on_change is not None:

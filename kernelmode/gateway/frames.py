@@ -210,6 +210,8 @@ def decode_frame(raw: str | bytes, bounds: Bounds, lenient: bool = False) -> dic
         return msg
     msg.update(metadata=metadata if isinstance(metadata, dict) else {},
                content=content if isinstance(content, dict) else {})
+    if len(parts) > MIN_PARTS:  # binary buffers (file transfers): views into the frame, not copies
+        msg["buffers"] = parts[MIN_PARTS:]
     return msg
 
 

@@ -15,7 +15,6 @@ import contextlib
 import functools
 import io
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, ParamSpec, TypeVar
 
@@ -280,17 +279,27 @@ class McpTools:
             found = await sessions.find_artifact(sid, ref)
         link = found[1].download_url if found else None
         try:
-            fd, size, mime = await asyncio.to_thread(sessions.open_file, sid, str(clean_path(rel)))
+            download, mime = await sessions.open_file(sid, str(clean_path(rel)))
         except KernelmodeError:
-            fd = -1
-        if fd >= 0:  # a file in the live workspace
-            with os.fdopen(fd, "rb") as f:
-                whole = mime in INLINE_TYPES
+            download = None
+        if download is not None:  # a file in the live workspace (read through the kernel's channels)
+            size = download.size
+            whole = mime in INLINE_TYPES
+            cap = size if whole else max(self.cfg.max_text_chars * 4, 64 * 1024)
+            parts: list[bytes] = []
+            got = 0
+            chunks = download.chunks()
+            try:
                 if whole and size > 64 * 1024 * 1024:
                     raise PayloadTooLarge(f"{rel} is {size_text(size)}, too large to show; download it instead")
-                cap = size if whole else max(self.cfg.max_text_chars * 4, 64 * 1024)
-                data = await asyncio.to_thread(f.read, cap)
-            return data, mime, rel.rsplit("/", 1)[-1], size, link
+                async for chunk in chunks:
+                    parts.append(chunk[:cap - got])
+                    got += len(parts[-1])
+                    if got >= cap:
+                        break
+            finally:
+                await chunks.aclose()
+            return b"".join(parts), mime, rel.rsplit("/", 1)[-1], size, link
         if found is None:
             raise FileNotFound(f"no file or output {ref!r} in session {sid}: see list_files, or the "
                                "files listed in a run's result")

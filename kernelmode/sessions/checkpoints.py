@@ -14,21 +14,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import shutil
 import stat
 import tarfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..artifacts.base import CHECKPOINT_PREFIX, ArtifactStore, StoreError
-from ..artifacts.workspace import CHECKPOINT_DIR, FileNotFound, Workspace, clean_path
+from ..artifacts.channel import FileChannel, FileTransferFailed, file_channel, receive_file
+from ..artifacts.workspace import CHECKPOINT_DIR, FileNotFound, clean_path
 from ..audit import audit
 from ..config import ADMIN_TENANT, Settings
-from ..errors import Conflict, KernelmodeError, KernelUnavailable, NotFound
+from ..errors import Conflict, KernelmodeError, KernelUnavailable, NotFound, PayloadTooLarge
 from ..gateway.exchange import ExecuteExchange
 from ..gateway.execution import OutputCollector
 from ..kernel.snapshot import MIME, snapshot_code
@@ -43,7 +44,7 @@ from .store import SessionStore
 log = logging.getLogger("kernelmode.sessions")
 
 _INDEX_SLACK = 16 * 1024 * 1024  # the snapshot's index and headers, on top of max_bytes
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_ARCHIVED_FILE = 1 << 40  # per workspace file; the workspace volume (disk_mb) bounds it really
 
 
 class CheckpointNotFound(NotFound):
@@ -140,14 +141,21 @@ class Checkpoints:
             return None
         if "error" in answer:
             raise CheckpointFailed(f"the kernel could not write its checkpoint: {answer['error']}")
-        ws = s.workspace_view()
+        # The kernel's snapshot file and the workspace come out through the kernel's channels
+        # (artifacts/channel.py), checked and copied to scratch, then stored.
+        channel = self._channel(s)
         tar = self.scratch / f"checkpoint-{cid}.tar"
-        fd, size = await asyncio.to_thread(_open_blob, ws, rel, self.cfg.max_bytes + _INDEX_SLACK)
+        blob: Path | None = None
         try:
-            # Stored straight from the descriptor opened without following links (one copy):
-            # /proc/self/fd/N reopens that very file, whatever the kernel does to the path.
-            await artifacts.put_file(namespace_key(cid), Path(f"/proc/self/fd/{fd}"), "application/octet-stream")
-            files, tar_size = await asyncio.to_thread(_archive, ws, tar)
+            try:
+                blob, size, _ = await receive_file(channel, rel, self.cfg.max_bytes + _INDEX_SLACK, self.scratch)
+            except FileNotFound as e:
+                raise CheckpointFailed("the kernel's checkpoint file is missing or not a plain file") from e
+            except PayloadTooLarge as e:
+                raise CheckpointFailed(f"the checkpoint file is larger than the cap of "
+                                       f"{self.cfg.max_bytes + _INDEX_SLACK} bytes") from e
+            await artifacts.put_file(namespace_key(cid), blob, "application/octet-stream")
+            files, tar_size = await _archive(channel, tar, self.scratch)
             if files:
                 await artifacts.put_file(workspace_key(cid), tar, "application/x-tar")
         except (StoreError, CheckpointFailed) as e:
@@ -157,8 +165,10 @@ class Checkpoints:
                 raise
             raise CheckpointFailed(f"the checkpoint could not be stored: {e}") from e
         finally:
-            os.close(fd)
-            await asyncio.to_thread(_unlink, ws, rel)
+            if blob is not None:
+                blob.unlink(missing_ok=True)
+            with contextlib.suppress(KernelmodeError):
+                await channel.delete(rel)
             tar.unlink(missing_ok=True)
         info = CheckpointInfo(
             checkpoint_id=cid, session_id=s.info.session_id, saved=list(answer.get("saved", [])),
@@ -224,8 +234,7 @@ class Checkpoints:
         skipped = [x.name for x in info.skipped]
         try:
             rel = PurePosixPath(CHECKPOINT_DIR, f"restore-{info.checkpoint_id}.kmck")
-            await asyncio.to_thread(_copy_in, self._need_store(), namespace_key(info.checkpoint_id),
-                                    s.workspace_view(), rel)
+            await _copy_in(self._need_store(), namespace_key(info.checkpoint_id), self._channel(s), rel)
             answer = await self._call(s.kernel, {"op": "load", "path": f"{WORKSPACE_MOUNT}/{rel}"})
         except (KernelmodeError, StoreError) as e:
             answer = {"error": str(e)}
@@ -247,14 +256,22 @@ class Checkpoints:
         """A new session (a fork) takes the checkpoint's files and variables; CheckpointFailed
         if they do not come back."""
         async with s.lock:
-            await self.seed_workspace(s.workspace_view(), source)
+            await self.seed_workspace(self._channel(s), source)
             restore = await self.restore(s, source)
             if restore.error is not None:
                 raise CheckpointFailed(restore.error)
             s.changed_since_checkpoint = True
-            s.files = await asyncio.to_thread(s.workspace_view().scan)  # not artifacts of its first run
+            channel = file_channel(s.conn, self.settings.sessions.files_timeout_seconds)
+            if channel is not None:  # the seeded files are not artifacts of its first run
+                await channel.scan(rebase=True)
 
-    async def seed_workspace(self, ws: Workspace, info: CheckpointInfo) -> None:
+    def _channel(self, s: LiveSession) -> FileChannel:
+        channel = file_channel(s.conn, self.settings.sessions.files_timeout_seconds)
+        if channel is None:
+            raise CheckpointFailed(f"session {s.info.session_id!r}: the kernel's channels cannot carry files")
+        return channel
+
+    async def seed_workspace(self, channel: FileChannel, info: CheckpointInfo) -> None:
         """Fill a new session's workspace with the checkpoint's files (a fork)."""
         if not info.workspace_files:
             return
@@ -267,7 +284,7 @@ class Checkpoints:
 
         try:
             await asyncio.to_thread(fetch)
-            await asyncio.to_thread(_unpack, tmp, ws)
+            await _unpack(tmp, channel)
         except StoreError as e:
             raise CheckpointFailed(f"the files of checkpoint {info.checkpoint_id} could not be read: {e}") from e
         finally:
@@ -322,66 +339,60 @@ class Checkpoints:
         return {"error": detail}
 
 
-# -- host-side file work (in threads; never following a link the kernel planted) -------------------
-def _open_blob(ws: Workspace, rel: PurePosixPath, cap: int) -> tuple[int, int]:
-    """(fd, size) of the kernel's checkpoint file, opened without following any link."""
-    try:
-        fd, st = ws.open_file(rel)
-    except FileNotFound as e:
-        _unlink(ws, rel)
-        raise CheckpointFailed("the kernel's checkpoint file is missing or not a plain file") from e
-    if st.st_size > cap:
-        os.close(fd)
-        _unlink(ws, rel)
-        raise CheckpointFailed(f"the checkpoint file is larger than the cap of {cap} bytes")
-    return fd, st.st_size
-
-
-def _copy_in(store: ArtifactStore, key: str, ws: Workspace, rel: PurePosixPath) -> None:
+# -- moving files through the kernel's channels ----------------------------------------------------
+async def _copy_in(store: ArtifactStore, key: str, channel: FileChannel, rel: PurePosixPath) -> None:
     """Stream a stored checkpoint into the workspace (never whole in the manager's memory)."""
     with store.reader(key) as f:
-        ws.write(rel, iter(lambda: f.read(1 << 22), b""), overwrite=True)
+        await channel.write(rel, _blocks(f, 1 << 21), None, overwrite=True)
 
 
-def _unlink(ws: Workspace, rel: PurePosixPath) -> None:
-    with contextlib.suppress(OSError):
-        top = os.open(ws.root, _DIR_FLAGS)
-        try:
-            d = os.open(rel.parts[0], _DIR_FLAGS, dir_fd=top)
-            try:
-                os.unlink(rel.name, dir_fd=d)
-            finally:
-                os.close(d)
-        finally:
-            os.close(top)
+async def _blocks(f: Any, size: int, limit: int | None = None) -> AsyncIterator[bytes]:
+    """Blocks of at most ``size`` bytes read (in a thread) from a file object, ``limit`` in all."""
+    left = limit
+    while left is None or left > 0:
+        block = await asyncio.to_thread(f.read, size if left is None else min(size, left))
+        if not block:
+            return
+        if left is not None:
+            left -= len(block)
+        yield block
 
 
-def _archive(ws: Workspace, dest: Path) -> tuple[int, int]:
-    """Tar the workspace's regular files (the bounded walk's); (files, bytes of the tar)."""
-    listing = ws.scan()
+async def _archive(channel: FileChannel, dest: Path, scratch: Path) -> tuple[int, int]:
+    """Tar the workspace's regular files (the agent's bounded walk), each pulled through the
+    channel into scratch first; (files, bytes of the tar)."""
+    listing = await channel.scan()
     if not listing:
         return 0, 0
     count, rel = 0, ""
     try:
         with tarfile.open(dest, "w") as tar:
-            for rel in sorted(listing):
+            for rel, entry in sorted(listing.items()):
                 try:
-                    fd, st = ws.open_file(PurePosixPath(rel))
+                    tmp, size, _ = await receive_file(channel, rel, MAX_ARCHIVED_FILE, scratch)
                 except FileNotFound:
                     continue  # gone since the walk
-                with os.fdopen(fd, "rb") as f:
+                except FileTransferFailed as e:  # changed while it was read (or a lying kernel)
+                    raise CheckpointFailed(f"the workspace could not be saved ({rel!r}: {e.message}); "
+                                           "try again") from e
+                try:
                     member = tarfile.TarInfo(rel)
-                    member.size, member.mtime, member.mode = st.st_size, int(st.st_mtime), 0o600
-                    tar.addfile(member, f)
+                    member.size, member.mtime, member.mode = size, entry.mtime_ns // 10**9, 0o600
+                    with tmp.open("rb") as f:
+                        await asyncio.to_thread(tar.addfile, member, f)
                     count += 1
-        return count, dest.stat().st_size
-    except OSError as e:  # the kernel shrank a file while it was read, or the scratch disk is full
-        dest.unlink(missing_ok=True)
-        raise CheckpointFailed(f"the workspace could not be saved ({rel!r} changed while it was "
-                               f"read, or the disk is full: {e}); try again") from e
+                finally:
+                    tmp.unlink(missing_ok=True)
+        return count, dest.stat().st_size  # noqa: ASYNC240 (a local temp file)
+    except OSError as e:  # the scratch disk is full
+        dest.unlink(missing_ok=True)  # noqa: ASYNC240
+        raise CheckpointFailed(f"the workspace could not be saved ({rel!r}: {e}); try again") from e
+    except BaseException:
+        dest.unlink(missing_ok=True)  # noqa: ASYNC240 (no half-written tar left behind)
+        raise
 
 
-def _unpack(src: Path, ws: Workspace) -> None:
+async def _unpack(src: Path, channel: FileChannel) -> None:
     """Write a checkpoint's files into a workspace: regular files only, each path cleaned."""
     with tarfile.open(src, "r") as tar:
         for member in tar:
@@ -393,4 +404,4 @@ def _unpack(src: Path, ws: Workspace) -> None:
                 continue
             f = tar.extractfile(member)
             if f is not None:
-                ws.write(rel, iter(lambda f=f: f.read(1 << 20), b""), overwrite=True)  # type: ignore[misc]
+                await channel.write(rel, _blocks(f, 1 << 21, member.size), member.size, overwrite=True)

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import BinaryIO
 
 from ..artifacts.base import StoreError
+from ..artifacts.channel import CHUNK, Download, FileChannel
 from ..artifacts.harvester import SESSION_FILES, Harvester
-from ..artifacts.workspace import WorkspaceFull, clean_path, mime_type
+from ..artifacts.workspace import clean_path, mime_type
 from ..config import Settings
 from ..errors import KernelUnavailable, SessionNotFound
 from ..models import Artifact, FileList, SessionInfo, UploadResult, WorkspaceFile
 from .live import LiveSession, now
 from .store import SessionStore
+
+DOWNLOAD_MAX_BYTES = 1 << 40
 
 
 class SessionFiles:
@@ -28,39 +31,42 @@ class SessionFiles:
         self.harvester = harvester
         self.live = live
 
-    # -- workspace -----------------------------------------------------------------------------------
+    def _channel(self, s: LiveSession) -> FileChannel:
+        return FileChannel(s.conn, self.settings.sessions.files_timeout_seconds)
+
+    # -- workspace (through the kernel's file agent: artifacts/channel.py) ------------------------
     async def upload(self, s: LiveSession, path: str, body: BinaryIO, size: int, overwrite: bool) -> UploadResult:
-        """Write ``size`` bytes read from ``body`` to the workspace (atomically)."""
+        """Write ``size`` bytes read from ``body`` to the workspace (atomically, in the kernel)."""
         rel = clean_path(path)
-        ws = s.workspace_view()
-        cap = s.info.limits.disk_mb * 1024 * 1024
-        used, count = await asyncio.to_thread(ws.usage)
-        if used + size > cap:
-            raise WorkspaceFull(f"the workspace would exceed its {s.info.limits.disk_mb} MB "
-                                f"({used} bytes used); delete files or ask for a larger disk_mb")
-        if count >= self.settings.sessions.max_workspace_files:
-            raise WorkspaceFull(f"the workspace holds its maximum of {count} files")
-        chunks = iter(lambda: body.read(1 << 20), b"")
-        shown = await asyncio.to_thread(ws.write, rel, chunks, overwrite)
-        # An upload is an input, not something a run made: not an artifact of the next run.
-        entry = await asyncio.to_thread(ws.entry, rel)
-        if entry is not None:
-            s.files[str(rel)] = entry
+        quota = {"bytes": s.info.limits.disk_mb * 1024 * 1024, "mb": s.info.limits.disk_mb,
+                 "files": self.settings.sessions.max_workspace_files}
+
+        async def chunks() -> AsyncIterator[bytes]:
+            while chunk := await asyncio.to_thread(body.read, CHUNK):
+                yield chunk
+
+        # An upload is an input, not something a run made: the agent keeps it out of the next
+        # run's changes.
+        shown, _ = await self._channel(s).write(rel, chunks(), size, overwrite, quota)
         return UploadResult(path=shown, size_bytes=size)
 
-    @staticmethod
-    async def list_files(s: LiveSession) -> FileList:
+    async def list_files(self, s: LiveSession) -> FileList:
         """The workspace's files, as far as its bounded walk got (``note`` says where it stopped)."""
-        files = await asyncio.to_thread(s.workspace_view().scan)
+        files = await self._channel(s).scan()
         return FileList(files=[WorkspaceFile.model_validate(e.info()) for _, e in sorted(files.items())],
                         truncated=files.stopped is not None, note=files.stopped)
 
-    @staticmethod
-    def open_file(s: LiveSession, path: str) -> tuple[int, int, str]:
-        """(fd, size, mime type) of a workspace file, opened without following links."""
+    async def open_file(self, s: LiveSession, path: str, max_bytes: int | None = None) -> tuple[Download, str]:
+        """(download, mime type) of a workspace file: ``download.size``, then its ``chunks()``."""
         rel = clean_path(path)
-        fd, st = s.workspace_view().open_file(rel)
-        return fd, st.st_size, mime_type(rel.name)
+        # Streamed (two chunks in memory at most): the cap is a sanity bound, not a memory one.
+        download = await self._channel(s).open_read(rel, DOWNLOAD_MAX_BYTES if max_bytes is None else max_bytes)
+        return download, mime_type(rel.name)
+
+    async def delete_file(self, s: LiveSession, path: str) -> str:
+        """Remove a file from the workspace; its path in the kernel."""
+        rel = clean_path(path)
+        return await self._channel(s).delete(rel)
 
     # -- artifacts -----------------------------------------------------------------------------------
     async def artifacts(self, session_id: str) -> list[Artifact]:

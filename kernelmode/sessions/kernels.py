@@ -31,7 +31,7 @@ from ..kernel.preamble import MARKER, boot_code
 from ..models import DeathCause, SessionInfo, ToolCall
 from ..packages.layer import PackageLayer
 from ..packages.service import PackageService
-from ..sandbox.spec import ENV_WORKSPACE, KernelParams, pop_death_record
+from ..sandbox.spec import ENV_WORKSPACE, WORKSPACE_MOUNT, KernelParams, pop_death_record
 from ..tools.broker import ToolBroker
 
 log = logging.getLogger("kernelmode.sessions")
@@ -263,7 +263,9 @@ class Kernel:
         assert self.conn is not None
         collector = self.env.collector()
         exchange = ExecuteExchange(collector, on_input=lambda msg: self.answer_input("preamble", msg, []))
-        await exchange.send(self.conn, boot_code(specs), silent=True)
+        files_config = {"root": WORKSPACE_MOUNT,  # the file agent (kernel/files.py)
+                        "max_changes": self.env.settings.artifacts.max_artifacts_per_run}
+        await exchange.send(self.conn, boot_code(specs, files_config), silent=True)
         try:
             outcome = await exchange.collect(deadline)
             if outcome == "timeout":

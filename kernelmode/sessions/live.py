@@ -4,13 +4,10 @@ its workspace and of an attached console."""
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from ..artifacts.workspace import FileEntry, Workspace
-from ..errors import HostOnly
 from ..gateway.client import KernelConnection
 from ..models import SessionInfo
 from .kernels import Kernel
@@ -26,7 +23,6 @@ class LiveSession:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # runs in arrival order (FIFO)
     console_cells: int = 0  # cells a console attached to the session has running or queued
     attached: int = 0  # consoles and Jupyter clients attached now (a kernel's "connections")
-    files: dict[str, FileEntry] = field(default_factory=dict)  # workspace as of the last harvest
     # A run finished since the latest checkpoint: a restore from it may miss what that run made.
     changed_since_checkpoint: bool = True
     last_checkpoint: float = 0.0  # monotonic time of the latest checkpoint (automatic ones wait)
@@ -47,14 +43,6 @@ class LiveSession:
     @property
     def workspace(self) -> Path:
         return self.kernel.workspace
-
-    def workspace_view(self) -> Workspace:
-        if self.kernel.env.remote:
-            raise HostOnly("this needs the session's workspace on the manager's disk, and with "
-                           "gateway.url set the workspace lives with the kernel on its node")
-        st = self.workspace.stat()
-        owner = (st.st_uid, st.st_gid) if os.getuid() == 0 and st.st_uid != 0 else None
-        return Workspace(self.workspace, owner)
 
     def touch(self) -> None:
         t = now()

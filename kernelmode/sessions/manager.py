@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..artifacts.base import StoreError
+from ..artifacts.channel import Download
 from ..artifacts.harvester import Harvester
 from ..artifacts.volume import WorkspaceVolumes
 from ..audit import audit
@@ -487,17 +488,34 @@ class SessionManager:
         return s.info
 
     # -- files (files) -----------------------------------------------------------------------------
+    async def _files_session(self, session_id: str) -> LiveSession:
+        """The live session with its kernel's file agent reachable: files travel through the
+        kernel's channels, so a kernel that is not ready (restarted, woken) is readied first."""
+        s = self.live_session(session_id)
+        k = s.kernel
+        if k.conn is not None and k.conn.is_open and not k.needs_ready and k.tools_installed is not None:
+            return s
+        async with s.lock:
+            if await k.ensure_ready():
+                self.store.save(s.info, s.kernel_id, s.workspace)
+            await k.install_preamble(k.env.start_timeout)
+        return s
+
     async def upload(self, session_id: str, path: str, body: BinaryIO, size: int, overwrite: bool) -> UploadResult:
         """Write ``size`` bytes read from ``body`` to the workspace (atomically)."""
-        return await self.files.upload(self.live_session(session_id), path, body, size, overwrite)
+        return await self.files.upload(await self._files_session(session_id), path, body, size, overwrite)
 
     async def list_files(self, session_id: str) -> FileList:
         """The workspace's files, as far as its bounded walk got (``note`` says where it stopped)."""
-        return await self.files.list_files(self.live_session(session_id))
+        return await self.files.list_files(await self._files_session(session_id))
 
-    def open_file(self, session_id: str, path: str) -> tuple[int, int, str]:
-        """(fd, size, mime type) of a workspace file, opened without following links."""
-        return self.files.open_file(self.live_session(session_id), path)
+    async def open_file(self, session_id: str, path: str, max_bytes: int | None = None) -> tuple[Download, str]:
+        """(download, mime type) of a workspace file: ``download.size``, then ``download.chunks()``."""
+        return await self.files.open_file(await self._files_session(session_id), path, max_bytes)
+
+    async def delete_file(self, session_id: str, path: str) -> str:
+        """Remove a workspace file; its path in the kernel (FileNotFound if there is none)."""
+        return await self.files.delete_file(await self._files_session(session_id), path)
 
     async def artifacts(self, session_id: str) -> list[Artifact]:
         """Artifacts of the session's runs (also after the session was deleted), fresh links."""

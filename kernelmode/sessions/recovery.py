@@ -37,8 +37,6 @@ async def adopt(kernels: Kernels, store: SessionStore, infos: list[SessionInfo],
             if info.session_id in in_flight:
                 await s.kernel.interrupt()
             await s.kernel.connect(timeout)
-            if not kernels.remote:  # a remote kernel's workspace is not on this disk
-                s.files = await asyncio.to_thread(s.workspace_view().scan)
         except KernelmodeError as e:
             log.warning("session %s: its kernel could not be adopted (%s)", info.session_id, e)
             await s.kernel.shutdown()

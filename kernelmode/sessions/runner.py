@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
+from ..artifacts.channel import file_channel
 from ..artifacts.harvester import Harvester
 from ..audit import audit
 from ..config import ADMIN_TENANT, Settings
@@ -163,10 +164,8 @@ class Runner:
                     raise SessionNotFound(f"session {session_id!r} was deleted while the code ran")
                 if self.harvester is not None and result.status == "ok":
                     # Never raises: a harvest problem is a note on the result, which stands.
-                    # A remote kernel's workspace is not on this disk (the files work harvests it
-                    # through the kernel's channels).
-                    s.files = (s.files if s.kernel.env.remote else
-                               await self.harvester.harvest(session_id, result, s.workspace_view(), s.files))
+                    channel = file_channel(s.conn, self.settings.sessions.files_timeout_seconds)
+                    await self.harvester.harvest(session_id, result, channel, run.collector.file_changes)
                 result.duration_ms = round((time.monotonic() - started) * 1000, 3)
                 if result.execution_count is not None:
                     s.info.execution_count = result.execution_count

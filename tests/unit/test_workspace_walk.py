@@ -1,4 +1,5 @@
-"""The workspace walk (listings, harvests, upload accounting) on a real directory: bounded,
+"""The workspace walk (listings, harvests, upload accounting) of the kernel's file agent
+(kernel/files.py, run in-process behind a loopback) on a real directory: bounded,
 iterative, indifferent to what kernel code does to the tree meanwhile, and safe with names that
 are not UTF-8. The end-to-end attacks are in tests/security/test_workspace_abuse.py."""
 
@@ -13,11 +14,14 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from kernelmode.artifacts.channel import FileChannel
 from kernelmode.artifacts.harvester import Harvester
 from kernelmode.artifacts.local import LocalStore
-from kernelmode.artifacts.workspace import Listing, Workspace, WorkspaceChanged, shown
+from kernelmode.artifacts.workspace import Listing, WorkspaceChanged, shown
 from kernelmode.config import ArtifactSettings
+from kernelmode.kernel import files as agent
 from kernelmode.models import RunResult
+from tests.file_agent_loopback import Loopback
 
 BAD = b"\xff\xfe-bad.txt"  # not UTF-8
 
@@ -63,10 +67,10 @@ def test_lists_regular_singly_linked_files_only(tmp_path: Path) -> None:
     os.link(tmp_path / "sub" / "deeper" / "b.csv", tmp_path / "hard.csv")
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / ".upload-0123").write_text("half an upload")
-    listing = Workspace(tmp_path).scan()
+    listing = _scan(tmp_path)
     assert sorted(listing) == ["a.txt"]  # b.csv and hard.csv are one file with two links
     (tmp_path / "hard.csv").unlink()
-    listing = Workspace(tmp_path).scan()
+    listing = _scan(tmp_path)
     assert sorted(listing) == ["a.txt", "sub/deeper/b.csv"]
     assert listing.stopped is None
 
@@ -76,8 +80,7 @@ def test_undecodable_name_is_carried_and_shown_escaped(tmp_path: Path) -> None:
     for raw in (BAD, b"dir\xe9/inner\x80.csv"):
         with open(os.path.join(os.fsencode(tmp_path), raw), "wb") as f:
             f.write(b"x")
-    ws = Workspace(tmp_path)
-    listing = ws.scan()
+    listing = _scan(tmp_path)
     assert len(listing) == 2
     infos = {e.info()["path"] for e in listing.values()}
     assert infos == {"/mnt/data/\\xff\\xfe-bad.txt", "/mnt/data/dir\\xe9/inner\\x80.csv"}
@@ -87,9 +90,8 @@ def test_undecodable_name_is_carried_and_shown_escaped(tmp_path: Path) -> None:
     sqlite3.connect(":memory:").execute("select ?", (text,))
     # The carried name still opens the file (the harvest copies it by that name).
     entry = listing[os.fsdecode(BAD)]
-    fd, st = ws.open_file(PurePosixPath(entry.path))
-    os.close(fd)
-    assert st.st_size == 1
+    channel, _ = _channel(tmp_path)
+    assert asyncio.run(_read(channel, entry.path)) == b"x"
     assert shown("plain-é.txt") == "plain-é.txt"
 
 
@@ -98,7 +100,7 @@ def test_a_tree_1500_deep_stops_at_the_depth_bound_without_recursion_or_fd_leak(
     (tmp_path / "top.txt").write_text("t")
     fds = _open_fds()
     try:
-        listing = Workspace(tmp_path).scan(max_depth=64)
+        listing = _scan(tmp_path, max_depth=64)
     finally:
         _remove_chain(tmp_path)
     assert _open_fds() <= fds  # none leaked (another test's leftovers may close meanwhile)
@@ -111,10 +113,10 @@ def test_a_tree_1500_deep_stops_at_the_depth_bound_without_recursion_or_fd_leak(
 def test_entries_are_bounded_with_a_note(tmp_path: Path) -> None:
     for i in range(300):
         (tmp_path / f"f{i}").touch()
-    listing = Workspace(tmp_path).scan(max_entries=100)
+    listing = _scan(tmp_path, max_entries=100)
     assert len(listing) == 100
     assert listing.stopped is not None and "100 entries" in listing.stopped
-    assert Workspace(tmp_path).scan(max_entries=1000).stopped is None
+    assert _scan(tmp_path, max_entries=1000).stopped is None
 
 
 def test_walk_survives_a_tree_that_changes_under_it(tmp_path: Path) -> None:
@@ -155,19 +157,27 @@ def test_walk_survives_a_tree_that_changes_under_it(tmp_path: Path) -> None:
 
     t = threading.Thread(target=churn, daemon=True)
     t.start()
-    ws = Workspace(tmp_path)
+    channel, _ = _channel(tmp_path)
     fds = _open_fds()
     try:
         for _ in range(300):
-            listing = ws.scan()
+            listing = asyncio.run(channel.scan())
             for e in listing.values():
                 e.info()
-            ws.usage()
     finally:
         stop.set()
         t.join(10)
     assert swaps > 0
     assert _open_fds() <= fds  # none leaked (another test's leftovers may close meanwhile)
+
+
+def _scan(root: Path, **config: object) -> Listing:
+    channel, _ = _channel(root, **config)
+    return asyncio.run(channel.scan())
+
+
+async def _read(channel: FileChannel, rel: str) -> bytes:
+    return await (await channel.open_read(rel, 1 << 20)).read_all()
 
 
 def _harvester(tmp_path: Path) -> tuple[Harvester, LocalStore]:
@@ -182,17 +192,20 @@ def _result() -> RunResult:
     return RunResult(run_id="r1", session_id="s1", status="ok", stdout="kept")
 
 
+def _channel(ws_dir: Path, **config: object) -> tuple[FileChannel, Loopback]:
+    loop = Loopback(ws_dir, **config)  # the real file agent, in-process (no kernel)
+    return FileChannel(loop), loop  # type: ignore[arg-type]
+
+
 def test_harvest_keeps_an_undecodable_name_under_its_escaped_key(tmp_path: Path) -> None:
     ws_dir = tmp_path / "ws"
     ws_dir.mkdir()
     harvester, store = _harvester(tmp_path)
-    ws = Workspace(ws_dir)
-    before = ws.scan()
+    channel, _ = _channel(ws_dir)
     with open(os.path.join(os.fsencode(ws_dir), BAD), "wb") as f:
         f.write(b"payload")
     result = _result()
-    after = asyncio.run(harvester.harvest("s1", result, ws, before))
-    assert os.fsdecode(BAD) in after
+    asyncio.run(harvester.harvest("s1", result, channel, None))
     assert [a.path for a in result.artifacts] == ["/mnt/data/\\xff\\xfe-bad.txt"]
     assert result.artifact_error is None
     assert asyncio.run(store.get("s1/r1/\\xff\\xfe-bad.txt")) == b"payload"
@@ -201,14 +214,10 @@ def test_harvest_keeps_an_undecodable_name_under_its_escaped_key(tmp_path: Path)
 
 def test_harvest_never_raises_and_notes_why(tmp_path: Path) -> None:
     harvester, _ = _harvester(tmp_path)
-
-    class Broken(Workspace):
-        def scan(self, max_entries: int = 0, max_depth: int = 0) -> Listing:
-            raise RecursionError("as the recursive walk did on a deep tree")
-
+    channel, loop = _channel(tmp_path)
+    loop.tamper = lambda data, bufs: ({"x": 1}, [b"{not json"])  # a kernel answering garbage
     result = _result()
-    before = Listing()
-    assert asyncio.run(harvester.harvest("s1", result, Broken(tmp_path), before)) is before
+    asyncio.run(harvester.harvest("s1", result, channel, None))
     assert result.artifact_error and "could not be read" in result.artifact_error
     assert result.stdout == "kept"
 
@@ -217,19 +226,15 @@ def test_harvest_skips_a_file_that_vanished_after_the_walk(tmp_path: Path) -> No
     ws_dir = tmp_path / "ws"
     ws_dir.mkdir()
     harvester, _ = _harvester(tmp_path)
-
-    class Vanishing(Workspace):
-        def scan(self, max_entries: int = 0, max_depth: int = 0) -> Listing:
-            listing = super().scan()
-            for p in ws_dir.iterdir():  # the kernel deletes or swaps them right after the walk
-                p.unlink()
-            (ws_dir / "b.txt").mkdir()
-            return listing
-
+    channel, _ = _channel(ws_dir)
     (ws_dir / "a.txt").write_text("a")
     (ws_dir / "b.txt").write_text("b")
+    note = json.dumps(agent._changes()).encode()  # the post-run note, then the kernel changes things
+    for p in ws_dir.iterdir():
+        p.unlink()
+    (ws_dir / "b.txt").mkdir()
     result = _result()
-    asyncio.run(harvester.harvest("s1", result, Vanishing(ws_dir), Listing()))
+    asyncio.run(harvester.harvest("s1", result, channel, note))
     assert result.artifacts == [] and result.artifacts_truncated
 
 
@@ -239,23 +244,12 @@ def test_a_walk_that_stopped_early_does_not_make_old_files_new(tmp_path: Path) -
     for i in range(50):
         (ws_dir / f"old{i}").touch()
     harvester, _ = _harvester(tmp_path)
-    ws = Workspace(ws_dir)
-    before = ws.scan(max_entries=10)
-    assert before.stopped
+    channel, _ = _channel(ws_dir, max_entries=10)
+    agent._state["max_entries"] = 1000
     (ws_dir / "new.txt").write_text("n")
     result = _result()
-    asyncio.run(harvester.harvest("s1", result, ws, before))
+    asyncio.run(harvester.harvest("s1", result, channel, None))
     assert [a.path for a in result.artifacts] == ["/mnt/data/new.txt"]
-
-
-@pytest.mark.parametrize("depth", [0, 1, 3])
-def test_entry_of_one_path(tmp_path: Path, depth: int) -> None:
-    rel = PurePosixPath(*(["d"] * depth), "f.txt")
-    (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-    (tmp_path / rel).write_text("abc")
-    entry = Workspace(tmp_path).entry(rel)
-    assert entry is not None and entry.size == 3 and entry.path == str(rel)
-    assert Workspace(tmp_path).entry(PurePosixPath("missing.txt")) is None
 
 
 def test_upload_whose_folder_vanishes_meanwhile_is_a_409(tmp_path: Path) -> None:
@@ -268,6 +262,7 @@ def test_upload_whose_folder_vanishes_meanwhile_is_a_409(tmp_path: Path) -> None
         (tmp_path / "d").rmdir()
         yield b"second"
 
+    channel, _ = _channel(tmp_path)
     with pytest.raises(WorkspaceChanged) as e:
-        Workspace(tmp_path).write(PurePosixPath("d/f.txt"), chunks(), overwrite=False)
+        asyncio.run(channel.write(PurePosixPath("d/f.txt"), chunks(), None, overwrite=False))
     assert e.value.http_status == 409 and "try again" in e.value.message

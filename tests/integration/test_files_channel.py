@@ -1,0 +1,100 @@
+"""Workspace files through the kernel's own channels (artifacts/channel.py <-> kernel/files.py):
+delete, a 100 MB round trip in bounded manager memory, names that are not UTF-8, and the
+client's delete_file. Real server, real kernels."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import pytest
+
+from kernelmode.client import Client
+from kernelmode.errors import KernelmodeError
+
+MB = 1_000_000
+
+
+def _peak_kb(pid: int) -> int:
+    """The process's peak resident memory (VmHWM), in kB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_delete_a_file(api, session_factory, run):
+    sid = session_factory()
+    assert api.put(f"/v1/sessions/{sid}/files/d/a.txt", content=b"a").status_code == 201
+    r = api.delete(f"/v1/sessions/{sid}/files/d/a.txt")
+    assert r.status_code == 200 and r.json() == {"path": "/mnt/data/d/a.txt", "deleted": True}
+    assert api.get(f"/v1/sessions/{sid}/files/d/a.txt").json()["error"]["code"] == "file_not_found"
+    again = api.delete(f"/v1/sessions/{sid}/files/d/a.txt")
+    assert again.status_code == 404 and again.json()["error"]["code"] == "file_not_found"
+    folder = api.delete(f"/v1/sessions/{sid}/files/d")
+    assert folder.status_code == 422, folder.text  # a folder is not deleted as a file
+    bad = api.delete(f"/v1/sessions/{sid}/files/../etc/passwd")
+    assert bad.status_code in (404, 422)
+    assert run(sid, "import os; os.listdir('/mnt/data/d')")["result"] == "[]"
+
+
+def test_client_delete_file_and_names_that_are_not_utf8(server, session_factory, run):
+    sid = session_factory()
+    assert run(sid, "open(b'/mnt/data/\\xff-bad.txt', 'wb').write(b'x')")["status"] == "ok"
+    with Client(server.url, token=server.token) as c:
+        s = c.session(sid)
+        names = [f.path for f in s.files()]
+        assert "/mnt/data/\\xff-bad.txt" in names
+        s.upload("keep.txt", b"k")
+        assert s.delete_file("keep.txt").deleted
+        with pytest.raises(KernelmodeError) as e:
+            s.delete_file("keep.txt")
+        assert e.value.code == "file_not_found" and e.value.http_status == 404
+        assert "/mnt/data/keep.txt" not in [f.path for f in s.files()]
+
+
+def test_100_mb_round_trip_costs_bounded_manager_memory(server, api, session_factory, run):
+    sid = session_factory()
+    size = 100 * MB
+    block = hashlib.sha256(b"seed").digest() * (MB // 32)  # 1 MB, not compressible by accident
+
+    def body() -> Iterator[bytes]:
+        for _ in range(size // MB):
+            yield block
+
+    want = hashlib.sha256()
+    for chunk in body():
+        want.update(chunk)
+    before = _peak_kb(server.proc.pid)
+    r = api.put(f"/v1/sessions/{sid}/files/big.bin", content=body(), headers={"Content-Length": str(size)})
+    assert r.status_code == 201, r.text
+    check = run(sid, "import hashlib; hashlib.sha256(open('big.bin','rb').read()).hexdigest()")
+    assert check["result"].strip("'") == want.hexdigest()
+    got = hashlib.sha256()
+    received = 0
+    with api.stream("GET", f"/v1/sessions/{sid}/files/big.bin") as resp:
+        assert resp.status_code == 200 and int(resp.headers["content-length"]) == size
+        for chunk in resp.iter_bytes():
+            received += len(chunk)
+            got.update(chunk)
+    assert received == size and got.hexdigest() == want.hexdigest()
+    grew_mb = (_peak_kb(server.proc.pid) - before) / 1000
+    assert grew_mb < 40, f"the manager's peak memory grew by {grew_mb:.0f} MB for a 100 MB round trip"
+
+
+def test_files_work_while_a_cell_runs(api, session_factory):
+    """File requests travel on the kernel's file subshell: they do not wait for a running cell."""
+    sid = session_factory()
+    r = api.post(f"/v1/sessions/{sid}/execute", json={
+        "code": "import time\nfor _ in range(600): time.sleep(0.1)", "wait_seconds": 0})
+    assert r.status_code in (200, 202), r.text
+    run_id = r.json()["run_id"]
+    try:
+        assert api.put(f"/v1/sessions/{sid}/files/during.txt", content=b"d").status_code == 201
+        assert api.get(f"/v1/sessions/{sid}/files/during.txt").content == b"d"
+        names = [f["name"] for f in api.get(f"/v1/sessions/{sid}/files").json()["files"]]
+        assert "during.txt" in names
+        assert api.get(f"/v1/runs/{run_id}").json()["status"] == "running"  # still going meanwhile
+    finally:
+        api.post(f"/v1/sessions/{sid}/interrupt")

@@ -1,7 +1,7 @@
 """100 MB upload and download through the kernel's channels vs a local file copy of the same bytes.
 
 Uploads (PUT /v1/sessions/{id}/files/{path}, streamed from the client) and downloads (GET,
-streamed to the client) travel manager -> gateway websocket -> kernel file agent as 1 MiB
+streamed to the client) travel manager -> gateway websocket -> kernel file agent as 2 MiB
 binary buffers of comm messages, each checked and acknowledged (artifacts/channel.py). The
 floor: ``shutil.copyfile`` of the same 100 MB on this host's disk. Also reported: the manager's
 peak resident memory (VmHWM) before and after, which must not grow by the file's size.
@@ -101,7 +101,7 @@ same run, rather than the absolute figures.
 
 Manager peak resident memory (VmHWM): {peak_before:.0f} MB before, {peak_after:.0f} MB after
 {args.rounds} round trips of 100 MB (grew {peak_after - peak_before:.0f} MB: the file is streamed in
-1 MiB chunks, never held).
+2 MiB chunks, never held).
 """
     print(body)
     if not args.no_write:

@@ -287,6 +287,7 @@ class Download:
         assert self._first is not None, "chunks() once"
         data, msg = self._first
         self._first = None
+        pending: asyncio.Queue[dict[str, Any]] | None = None
         try:
             while True:
                 chunk, eof = self._take(data, msg, received)
@@ -303,8 +304,11 @@ class Download:
                     yield chunk
                 if pending is None:
                     return
-                data, msg = await self.comm.answer(pending)
+                queue, pending = pending, None
+                data, msg = await self.comm.answer(queue)
         finally:
+            if pending is not None:  # the reader stopped early: the chunk asked for is not awaited
+                self.comm.conn.forget(pending)
             await self.comm.close()
 
     async def read_all(self) -> bytes:

@@ -16,8 +16,8 @@ from ..config import ArtifactSettings
 from ..errors import KernelmodeError, KernelUnavailable, PayloadTooLarge
 from ..models import Artifact, RunResult
 from .base import ArtifactStore, StoreError
-from .channel import FileChannel, changes_buffer, receive_file
-from .workspace import FileEntry, FileNotFound, mime_type
+from .channel import FileChannel, FileTransferFailed, changes_buffer, receive_file
+from .workspace import FileEntry, FileNotFound, WorkspaceChanged, mime_type
 
 log = logging.getLogger("kernelmode.artifacts")
 
@@ -97,7 +97,8 @@ class Harvester:
             return
         try:
             tmp, size, sha = await receive_file(channel, entry.path, self.settings.max_artifact_bytes, self.scratch)
-        except (FileNotFound, PayloadTooLarge, OSError):  # gone, replaced (link, folder), grew past the cap
+        except (FileNotFound, PayloadTooLarge, WorkspaceChanged, FileTransferFailed, OSError):
+            # gone, replaced (link, folder), grew past the cap, changed while read: the others go on
             result.artifacts_truncated = True
             return
         try:

@@ -98,3 +98,37 @@ def test_files_work_while_a_cell_runs(api, session_factory):
         assert api.get(f"/v1/runs/{run_id}").json()["status"] == "running"  # still going meanwhile
     finally:
         api.post(f"/v1/sessions/{sid}/interrupt")
+
+
+SPY = """
+import sys
+_agent = sys.modules['kernelmode_files']
+_ops = []
+def _spy(comm, msg):
+    _ops.append(msg['content']['data'].get('op'))
+    _agent.on_open(comm, msg)
+get_ipython().kernel.comm_manager.register_target('kernelmode.files', _spy)
+"""
+
+
+def test_a_harvest_asks_the_kernel_nothing_when_nothing_changed(session_factory, run):
+    """The post-run note names the changed files: the manager reads just those, and sends no
+    request at all after a run that changed nothing."""
+    sid = session_factory()
+    assert run(sid, SPY)["status"] == "ok"
+    r = run(sid, "open('made.txt', 'w').write('m')")
+    assert [a["path"] for a in r["artifacts"]] == ["/mnt/data/made.txt"]
+    assert run(sid, "1 + 1")["artifacts"] == []
+    assert run(sid, "_ops")["result"] == "['read']"  # one read for made.txt; no listing, no 'changes'
+
+
+def test_files_after_the_kernel_died(api, session_factory, run):
+    """A kernel that died is readied again (file agent included) by the next file request."""
+    sid = session_factory()
+    assert api.put(f"/v1/sessions/{sid}/files/kept.txt", content=b"k").status_code == 201
+    died = run(sid, "import os; os._exit(1)")
+    assert died["status"] == "kernel_died", died
+    assert api.get(f"/v1/sessions/{sid}/files/kept.txt").content == b"k"
+    assert api.put(f"/v1/sessions/{sid}/files/new.txt", content=b"n").status_code == 201
+    r = run(sid, "open('made.txt', 'w').write('m')")
+    assert [a["path"] for a in r["artifacts"]] == ["/mnt/data/made.txt"]  # uploads are not artifacts

@@ -85,7 +85,7 @@ def test_rest_run_wakes_a_hibernated_session(api: httpx.Client) -> None:
 
 def test_files_of_a_hibernated_session_stay_and_it_sleeps_again(api: httpx.Client) -> None:
     sid, _ = _hibernated_session(api, "open('/mnt/data/kept.txt', 'w').write('still here')\nn = 1")
-    files = api.get(f"/v1/sessions/{sid}/files").json()["files"]  # no kernel needed for files
+    files = api.get(f"/v1/sessions/{sid}/files").json()["files"]  # starts its kernel: files go through it
     assert [f["path"] for f in files] == ["/mnt/data/kept.txt"]
     r = api.post(f"/v1/sessions/{sid}/execute", json={"code": "n += 1\nn, open('/mnt/data/kept.txt').read()"})
     assert r.json()["result"] == "(2, 'still here')"

@@ -13,7 +13,8 @@ import pytest
 
 from kernelmode.artifacts.channel import FileChannel, FilesTimeout, FileTransferFailed
 from kernelmode.artifacts.workspace import FileExists, FileNotFound
-from kernelmode.errors import PayloadTooLarge
+from kernelmode.errors import KernelUnavailable, PayloadTooLarge
+from kernelmode.gateway.frames import Bounds, decode_frame, encode_frame
 from tests.file_agent_loopback import Loopback
 
 
@@ -128,3 +129,19 @@ def test_the_changes_note_is_bounded(tmp_path: Path) -> None:
     _lie(loop, lambda d, b: (d, [json.dumps({"files": [[f"f{i}", 1, 1, 1, 1] for i in range(500)]}).encode()]))
     with pytest.raises(FileTransferFailed, match="more than 51"):
         asyncio.run(channel.changes(51))
+
+
+def test_file_transfers_need_the_binary_protocol(tmp_path: Path) -> None:
+    """A gateway speaking only the legacy JSON protocol would carry buffers as base64: refused."""
+    loop = Loopback(tmp_path)
+    loop.binary = False  # type: ignore[misc]
+    with pytest.raises(KernelUnavailable, match="legacy JSON protocol"):
+        FileChannel(loop)  # type: ignore[arg-type]
+
+
+def test_buffers_survive_a_v1_frame_both_ways() -> None:
+    msg = {"header": {"msg_id": "1", "msg_type": "comm_msg"}, "parent_header": {}, "metadata": {},
+           "content": {"comm_id": "c", "data": {"seq": 0}}, "buffers": [b"\x00\xff" * 1000, b"x"]}
+    back = decode_frame(encode_frame(msg, "shell"), Bounds(max_part_bytes=1 << 20), lenient=True)
+    assert [bytes(b) for b in back["buffers"]] == [b"\x00\xff" * 1000, b"x"]
+    assert back["content"] == msg["content"]

@@ -46,3 +46,31 @@ def test_checkpoint_restore_after_death_and_fork_on_nodes(served):
         finally:
             c.delete("/v1/sessions/cp-fork")
             c.delete("/v1/sessions/cp")
+
+
+def test_100_mb_round_trip_to_a_node_costs_bounded_manager_memory(served):
+    from tests.integration.test_files_channel import MB, _peak_kb
+
+    size = 100 * MB
+    block = hashlib.sha256(b"node").digest() * (MB // 32)  # 1 MB, not compressible by accident
+    want = hashlib.sha256(block * (size // MB)).hexdigest()
+    with served.client() as c:
+        assert c.post("/v1/sessions", json={"session_id": "big"}).status_code == 201
+        try:
+            before = _peak_kb(served.proc.pid)
+            r = c.put("/v1/sessions/big/files/big.bin", content=(block for _ in range(size // MB)),
+                      headers={"Content-Length": str(size)}, timeout=600)
+            assert r.status_code == 201, r.text
+            check = run(c, "big", "import hashlib; hashlib.sha256(open('big.bin','rb').read()).hexdigest()")
+            assert check["result"].strip("'") == want, check
+            got, received = hashlib.sha256(), 0
+            with c.stream("GET", "/v1/sessions/big/files/big.bin", timeout=600) as resp:
+                assert resp.status_code == 200 and int(resp.headers["content-length"]) == size
+                for chunk in resp.iter_bytes():
+                    received += len(chunk)
+                    got.update(chunk)
+            assert received == size and got.hexdigest() == want
+            grew_mb = (_peak_kb(served.proc.pid) - before) / 1000
+            assert grew_mb < 40, f"the manager's peak memory grew by {grew_mb:.0f} MB for 100 MB through EG"
+        finally:
+            c.delete("/v1/sessions/big")

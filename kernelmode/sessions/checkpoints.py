@@ -26,7 +26,7 @@ from typing import Any
 
 from ..artifacts.base import CHECKPOINT_PREFIX, ArtifactStore, StoreError
 from ..artifacts.channel import FileChannel, FileTransferFailed, file_channel, receive_file
-from ..artifacts.workspace import CHECKPOINT_DIR, FileNotFound, clean_path
+from ..artifacts.workspace import CHECKPOINT_DIR, FileExists, FileNotFound, clean_path
 from ..audit import audit
 from ..config import ADMIN_TENANT, Settings
 from ..errors import Conflict, KernelmodeError, KernelUnavailable, NotFound, PayloadTooLarge
@@ -216,6 +216,7 @@ class Checkpoints:
         """After the kernel died (and was restarted or replaced): load the latest checkpoint into
         the fresh kernel before the next run. None when there is nothing to restore."""
         k = s.kernel
+        await self.reseed(s)
         if not k.restore_pending:
             return None
         k.restore_pending = False
@@ -271,8 +272,27 @@ class Checkpoints:
             raise CheckpointFailed(f"session {s.info.session_id!r}: the kernel's channels cannot carry files")
         return channel
 
-    async def seed_workspace(self, channel: FileChannel, info: CheckpointInfo) -> None:
-        """Fill a new session's workspace with the checkpoint's files (a fork)."""
+    async def reseed(self, s: LiveSession) -> None:
+        """A remote kernel's workspace is on its node and goes with the kernel: after a death or
+        a wake, put back the latest checkpoint's files that are not there (a kernel the gateway
+        restarted on the same node kept its files; those are never overwritten). A failure is
+        logged: the run goes on with what the workspace has."""
+        k = s.kernel
+        if not k.files_pending:
+            return
+        k.files_pending = False
+        latest = self.store.checkpoints(s.info.session_id)
+        if not latest or self.artifacts is None:
+            return
+        try:
+            await self.seed_workspace(self._channel(s), latest[0], overwrite=False)
+        except KernelmodeError as e:
+            log.warning("session %s: the files of checkpoint %s did not come back: %s",
+                        s.info.session_id, latest[0].checkpoint_id, e)
+
+    async def seed_workspace(self, channel: FileChannel, info: CheckpointInfo, overwrite: bool = True) -> None:
+        """Fill a workspace with the checkpoint's files (a fork; a remote kernel's after a death,
+        without ``overwrite``: files already there stay as they are)."""
         if not info.workspace_files:
             return
         store = self._need_store()
@@ -284,7 +304,7 @@ class Checkpoints:
 
         try:
             await asyncio.to_thread(fetch)
-            await _unpack(tmp, channel)
+            await _unpack(tmp, channel, overwrite)
         except StoreError as e:
             raise CheckpointFailed(f"the files of checkpoint {info.checkpoint_id} could not be read: {e}") from e
         finally:
@@ -392,7 +412,7 @@ async def _archive(channel: FileChannel, dest: Path, scratch: Path) -> tuple[int
         raise
 
 
-async def _unpack(src: Path, channel: FileChannel) -> None:
+async def _unpack(src: Path, channel: FileChannel, overwrite: bool = True) -> None:
     """Write a checkpoint's files into a workspace: regular files only, each path cleaned."""
     with tarfile.open(src, "r") as tar:
         for member in tar:
@@ -404,4 +424,8 @@ async def _unpack(src: Path, channel: FileChannel) -> None:
                 continue
             f = tar.extractfile(member)
             if f is not None:
-                await channel.write(rel, _blocks(f, 1 << 21, member.size), member.size, overwrite=True)
+                try:
+                    await channel.write(rel, _blocks(f, 1 << 21, member.size), member.size, overwrite=overwrite)
+                except FileExists:
+                    if overwrite:
+                        raise

@@ -37,14 +37,10 @@ class Hibernation:
         self.checkpoints = checkpoints
         self.kernels = kernels
         self.live = live
-        if self.cfg.hibernate_after_seconds is not None and kernels.remote:
-            log.warning("sessions.hibernate_after_seconds is ignored: hibernation checkpoints the "
-                        "workspace on this disk, and with gateway.url set it lives with the kernel")
 
     @property
     def on(self) -> bool:
-        # Off with a remote gateway: its checkpoint needs the workspace on this disk (HostOnly).
-        return self.cfg.hibernate_after_seconds is not None and not self.kernels.remote
+        return self.cfg.hibernate_after_seconds is not None
 
     def due(self, at: datetime) -> list[str]:
         """Live sessions idle past ``hibernate_after_seconds`` (or their own TTL), running nothing
@@ -77,7 +73,9 @@ class Hibernation:
                     return False
             await k.shutdown()
             # A hibernated session holds files only: its volume is detached (kept), no loop device.
-            await asyncio.to_thread(self.kernels.volumes.unmount, s.workspace)
+            # A remote kernel's workspace went with it: its checkpoint holds the files.
+            if not self.kernels.remote:
+                await asyncio.to_thread(self.kernels.volumes.unmount, s.workspace)
             del self.live[sid]
             t = now()
             s.info.status = "hibernated"
@@ -94,10 +92,12 @@ class Hibernation:
         workspace = self.store.workspace(info.session_id)
         assert workspace is not None and info.kernel_id is not None
         # Mounted at once (a short subprocess): uploads and listings may come before any run.
-        self.kernels.volumes.attach(workspace)
+        if not self.kernels.remote:
+            self.kernels.volumes.attach(workspace)
         info.status = "idle"
         k = Kernel(self.kernels, info.kernel_id, workspace, info)
         k.state, k.needs_ready, k.state_lost, k.restore_pending = KERNEL_DEAD, True, True, True
+        k.files_pending = self.kernels.remote
         s = self.live[info.session_id] = LiveSession(kernel=k)
         s.changed_since_checkpoint = False  # its latest checkpoint is all it had
         s.touch()

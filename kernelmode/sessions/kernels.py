@@ -202,6 +202,9 @@ class Kernel:
         self.needs_ready = False  # restarted or died: reconnect and install the preamble again
         self.state_lost = False  # the next result must say that variables are gone
         self.restore_pending = False  # died: the next run first restores the latest checkpoint
+        # A remote kernel's workspace lives and dies with it on its node: after a death or a wake
+        # the latest checkpoint's files go back first (Checkpoints.reseed).
+        self.files_pending = False
         self.closed = False  # torn down: a run in progress must not wait for it
         self.lost_cause: DeathCause | None = None  # given up by the liveness probe (sessions/liveness.py)
         self.misses = 0  # liveness probes in a row without an answer
@@ -362,6 +365,7 @@ class Kernel:
         self.needs_ready = True
         self.state_lost = True
         self.restore_pending = True
+        self.files_pending = self.env.remote
         self.info.status = "dead" if state == KERNEL_DEAD else "restarting"
         if state == KERNEL_DEAD:  # what the gateway said, no more (it gives no cause)
             self.info.cause = DeathCause(kind="unknown", detail="the gateway reported the kernel dead "
@@ -377,6 +381,7 @@ class Kernel:
         self.lost_cause = cause
         self.state = KERNEL_DEAD
         self.needs_ready = self.state_lost = self.restore_pending = True
+        self.files_pending = self.env.remote
         self.info.status = "dead"
         self.info.cause = cause
         log.warning("session %s: kernel %s is lost: %s", self.info.session_id, self.kernel_id, cause.detail)
@@ -390,6 +395,7 @@ class Kernel:
         self.state_lost = True
         self.needs_ready = True
         self.restore_pending = True
+        self.files_pending = self.env.remote
 
     async def death_cause(self) -> DeathCause:
         """The provisioner's record of why the kernel died (it may take a moment to appear);

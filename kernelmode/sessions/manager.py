@@ -507,6 +507,7 @@ class SessionManager:
             if await k.ensure_ready():
                 self.store.save(s.info, s.kernel_id, s.workspace)
             await k.install_preamble(k.env.start_timeout)
+            await self.checkpoints.reseed(s)  # a remote kernel's files, back from its checkpoint
         return s
 
     async def upload(self, session_id: str, path: str, body: BinaryIO, size: int, overwrite: bool) -> UploadResult:

@@ -5,8 +5,14 @@ the manager's disk (issue 19)."""
 from __future__ import annotations
 
 import hashlib
+import shutil
+import tempfile
+import time
+from pathlib import Path
 
+from tests.cluster.conftest import SERVE_CONFIG
 from tests.cluster.test_cluster import run
+from tests.conftest import start_server
 
 
 def test_files_and_harvest_on_a_node(served):
@@ -39,7 +45,9 @@ def test_checkpoint_restore_after_death_and_fork_on_nodes(served):
             assert fork.status_code == 201, fork.text
             r = run(c, "cp-fork", "kept + 1, open('note.txt').read()")
             assert r["status"] == "ok" and r["result"] == "(42, 'saved')", r
-            r = run(c, "cp", "import os\nos._exit(3)", timeout_seconds=60)
+            # The file goes with the kernel, as it does when a kernel comes back on another node
+            # (an empty workspace there): the checkpoint's files come back with its variables.
+            r = run(c, "cp", "import os\nos.remove('note.txt')\nos._exit(3)", timeout_seconds=60)
             assert r["status"] == "kernel_died", r
             r = run(c, "cp", "kept, open('note.txt').read()")
             assert r["status"] == "ok" and r["result"] == "(41, 'saved')", r
@@ -74,3 +82,32 @@ def test_100_mb_round_trip_to_a_node_costs_bounded_manager_memory(served):
             assert grew_mb < 40, f"the manager's peak memory grew by {grew_mb:.0f} MB for 100 MB through EG"
         finally:
             c.delete("/v1/sessions/big")
+
+
+def test_a_remote_session_hibernates_and_wakes_with_its_variables_and_files(eg):
+    """Hibernation with the workspace on a node: the checkpoint carries the files, and the
+    woken session's new kernel (on either node) gets both back, before a run as before a listing."""
+    data_dir = Path(tempfile.mkdtemp(prefix="kmcluster-hib-", dir="/tmp"))
+    cfg = data_dir.with_suffix(".yaml")
+    cfg.write_text(SERVE_CONFIG)
+    srv = start_server({**eg.env(), "KERNELMODE_SESSIONS__POOL_SIZE": "0",
+                        "KERNELMODE_SESSIONS__HIBERNATE_AFTER_SECONDS": "2"},
+                       data_dir=data_dir, args=["--config", str(cfg)])
+    try:
+        with srv.client() as c:
+            assert c.post("/v1/sessions", json={"session_id": "hib"}, timeout=180).status_code == 201
+            assert run(c, "hib", "v = 7\nopen('h.txt', 'w').write('zz')")["status"] == "ok"
+            deadline = time.monotonic() + 120
+            while c.get("/v1/sessions/hib").json()["status"] != "hibernated":
+                assert time.monotonic() < deadline, c.get("/v1/sessions/hib").text
+                time.sleep(0.5)
+            files = c.get("/v1/sessions/hib/files", timeout=180).json()["files"]  # wakes it
+            assert [f["path"] for f in files] == ["/mnt/data/h.txt"], files
+            r = run(c, "hib", "v, open('h.txt').read()")
+            assert r["status"] == "ok" and r["result"] == "(7, 'zz')", r
+            assert c.delete("/v1/sessions/hib").status_code in (200, 204)
+    finally:
+        srv.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+        cfg.unlink(missing_ok=True)
+        data_dir.with_suffix(".log").unlink(missing_ok=True)

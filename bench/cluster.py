@@ -19,7 +19,6 @@ Results go to a section of bench/RESULTS.md (unless --no-write); the last line i
 from __future__ import annotations
 
 import argparse
-import asyncio
 import shutil
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from harness import (
     sampling_args,
     write_section,
 )
+from serve_pair import POOL, clients_with_warm_session, execute_and_create
 
 from tests.cluster import eg as eg_mod
 from tests.cluster import rig as rig_mod
@@ -44,15 +44,6 @@ from tests.conftest import Server, start_server
 from tests.integration.test_lifecycle import _unmount_under
 
 SECTION = "cluster"
-POOL = {"KERNELMODE_SESSIONS__POOL_SIZE": "1"}
-
-
-async def _pool_ready(c: httpx.AsyncClient) -> None:
-    deadline = time.monotonic() + 120
-    while (await c.get("/readyz")).json()["checks"]["pool"]["ready"] < 1:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the warm pool did not refill in 120 s")
-        await asyncio.sleep(0.05)
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -72,33 +63,9 @@ async def run(args: argparse.Namespace) -> int:
             d.chmod(0o711)
         servers["embedded"] = start_server(POOL, data_dir=dirs[0])
         servers["eg"] = start_server({**POOL, **gw.env()}, data_dir=dirs[1])
-        clients = {name: httpx.AsyncClient(base_url=srv.url, timeout=120,
-                                           headers={"Authorization": f"Bearer {srv.token}"})
-                   for name, srv in servers.items()}
-        for c in clients.values():
-            assert (await c.post("/v1/sessions", json={"session_id": "warm"})).status_code == 201
+        clients = await clients_with_warm_session(servers)
         egc = httpx.AsyncClient(base_url=gw.url, timeout=120, headers={"Authorization": f"token {gw.token}"})
         clients["_eg"] = egc
-
-        def execute(c: httpx.AsyncClient):  # noqa: ANN202
-            async def one() -> float:
-                t0 = time.perf_counter_ns()
-                r = await c.post("/v1/sessions/warm/execute", json={"code": "1+1"})
-                ms = (time.perf_counter_ns() - t0) / 1e6
-                assert r.json()["result"] == "2", r.text
-                return ms
-            return one
-
-        def create(c: httpx.AsyncClient):  # noqa: ANN202
-            async def one() -> float:
-                await _pool_ready(c)
-                t0 = time.perf_counter_ns()
-                r = await c.post("/v1/sessions", json={})
-                ms = (time.perf_counter_ns() - t0) / 1e6
-                assert r.status_code == 201, r.text
-                await c.delete(f"/v1/sessions/{r.json()['session_id']}")
-                return ms
-            return one
 
         async def cold() -> float:
             t0 = time.perf_counter_ns()
@@ -109,15 +76,10 @@ async def run(args: argparse.Namespace) -> int:
             await egc.delete(f"/api/kernels/{r.json()['id']}")
             return ms
 
-        names = ("embedded", "eg")
-        ex = {f"execute/{n}": Stats(f"execute/{n}") for n in names}
-        await interleave({k: execute(clients[k.split("/")[1]]) for k in ex}, ex, args.samples, args.batch, args.warmup)
-        n_small = max(10, args.samples // 10)
-        cr = {f"create/{n}": Stats(f"create/{n}") for n in names}
-        await interleave({k: create(clients[k.split("/")[1]]) for k in cr}, cr, n_small, 5, 2)
+        pair = await execute_and_create(clients, ("embedded", "eg"), args.samples, args.batch, args.warmup)
         cl = {"cold launch/eg": Stats("cold launch/eg")}
-        await interleave({"cold launch/eg": cold}, cl, n_small, 5, 1)
-        stats = {**ex, **cr, **cl}
+        await interleave({"cold launch/eg": cold}, cl, max(10, args.samples // 10), 5, 1)
+        stats = {**pair, **cl}
     finally:
         for c in clients.values():
             await c.aclose()

@@ -16,7 +16,6 @@ Results go to a section of bench/RESULTS.md (unless --no-write); the last line i
 from __future__ import annotations
 
 import argparse
-import asyncio
 import shutil
 import sys
 import tempfile
@@ -26,29 +25,19 @@ from pathlib import Path
 import httpx
 from harness import (
     BENCH,
-    Stats,
     add_sampling_args,
-    interleave,
     loadavg,
     run_stoppable,
     sampling_args,
     write_section,
 )
+from serve_pair import POOL, clients_with_warm_session, execute_and_create
 
 from tests.conftest import Server, start_server
 from tests.integration.external_gateway import start_external_gateway
 from tests.integration.test_lifecycle import _unmount_under
 
 SECTION = "external_gateway"
-POOL = {"KERNELMODE_SESSIONS__POOL_SIZE": "1"}
-
-
-async def _pool_ready(c: httpx.AsyncClient) -> None:
-    deadline = time.monotonic() + 120
-    while (await c.get("/readyz")).json()["checks"]["pool"]["ready"] < 1:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the warm pool did not refill in 120 s")
-        await asyncio.sleep(0.05)
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -62,38 +51,8 @@ async def run(args: argparse.Namespace) -> int:
     try:
         servers["embedded"] = start_server(POOL, data_dir=dirs[0])
         servers["external"] = start_server({**POOL, **gw.env()}, data_dir=dirs[1])
-        clients = {name: httpx.AsyncClient(base_url=srv.url, timeout=120,
-                                           headers={"Authorization": f"Bearer {srv.token}"})
-                   for name, srv in servers.items()}
-        for c in clients.values():
-            assert (await c.post("/v1/sessions", json={"session_id": "warm"})).status_code == 201
-
-        def execute(c: httpx.AsyncClient):  # noqa: ANN202
-            async def one() -> float:
-                t0 = time.perf_counter_ns()
-                r = await c.post("/v1/sessions/warm/execute", json={"code": "1+1"})
-                ms = (time.perf_counter_ns() - t0) / 1e6
-                assert r.json()["result"] == "2", r.text
-                return ms
-            return one
-
-        def create(c: httpx.AsyncClient):  # noqa: ANN202
-            async def one() -> float:
-                await _pool_ready(c)
-                t0 = time.perf_counter_ns()
-                r = await c.post("/v1/sessions", json={})
-                ms = (time.perf_counter_ns() - t0) / 1e6
-                assert r.status_code == 201, r.text
-                await c.delete(f"/v1/sessions/{r.json()['session_id']}")
-                return ms
-            return one
-
-        ex = {f"execute/{n}": Stats(f"execute/{n}") for n in clients}
-        await interleave({k: execute(clients[k.split("/")[1]]) for k in ex}, ex, args.samples, args.batch, args.warmup)
-        n_create = max(10, args.samples // 10)
-        cr = {f"create/{n}": Stats(f"create/{n}") for n in clients}
-        await interleave({k: create(clients[k.split("/")[1]]) for k in cr}, cr, n_create, 5, 2)
-        stats = {**ex, **cr}
+        clients = await clients_with_warm_session(servers)
+        stats = await execute_and_create(clients, ("embedded", "external"), args.samples, args.batch, args.warmup)
     finally:
         for c in clients.values():
             await c.aclose()

@@ -61,6 +61,18 @@ class Server:
         self.log_path.unlink(missing_ok=True)
 
 
+def wait_for(predicate: Callable[[], object], what: str, timeout: float = 120, every: float = 0.2) -> object:
+    """``predicate()``'s first truthy value, polled every ``every`` s; AssertionError naming
+    ``what`` when ``timeout`` passes first (a failing test, never a hang)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None = None,
                  args: list[str] | None = None) -> Server:
     """Start `kernelmode serve` on a free port; its data dir must be reachable by sandbox uids."""

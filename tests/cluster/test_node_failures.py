@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import conftest
 from tests.cluster import eg as eg_mod
 from tests.cluster import rig as rig_mod
 from tests.cluster.conftest import SERVE_CONFIG
@@ -85,13 +86,7 @@ def node_of(c: httpx.Client, rig: rig_mod.Rig, sid: str) -> str:
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 240) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    return conftest.wait_for(predicate, what, timeout, every=0.5)
 
 
 def spread(c: httpx.Client, rig: rig_mod.Rig) -> dict[str, list[str]]:

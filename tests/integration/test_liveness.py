@@ -8,14 +8,13 @@ import contextlib
 import json
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import Server, start_server
+from tests.conftest import Server, start_server, wait_for
 from tests.integration.test_lifecycle import _processes_mentioning, _unmount_under
 from tests.integration.test_recovery import _gateway_pid
 
@@ -44,14 +43,7 @@ def srv() -> Iterator[Server]:
             server.discard()
 
 
-def _wait_for(predicate: Callable[[], Any], what: str, timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+_wait_for: Callable[..., Any] = wait_for
 
 
 def _signal_kernel(kernel_id: str, sig: int) -> list[int]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import BACKEND, start_server
+from tests.conftest import BACKEND, start_server, wait_for
 from tests.integration.test_lifecycle import _processes_mentioning, _unmount_under
 
 
@@ -38,14 +38,8 @@ def _containers_of(kernel_id: str) -> list[str]:
         client.close()
 
 
-def _wait_for(predicate, what: str, timeout: float = 60):  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+def _wait_for(predicate, what: str, timeout: float = 60):  # noqa: ANN001, ANN202
+    return wait_for(predicate, what, timeout)
 
 
 def test_gateway_death_is_noticed_sessions_marked_and_gateway_restarted():

@@ -170,12 +170,7 @@ class Rig:
                 "X11Forwarding no\nAllowTcpForwarding no\nAllowAgentForwarding no\n"
                 "MaxStartups 100:30:200\n")
             n.exec(SSHD, "-f", str(cfg))
-            deadline = time.monotonic() + 20
-            while not (d / "sshd.pid").exists():
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"sshd on node {n.name} did not start")
-                time.sleep(0.05)
-            n.sshd_pid = int((d / "sshd.pid").read_text())
+            n.sshd_pid = _wait_for_pid(d / "sshd.pid", f"sshd on node {n.name}")
 
     def up(self) -> Rig:
         """Bring the nodes up (the slot is already claimed); on any failure, ``down``."""
@@ -213,6 +208,20 @@ class Rig:
             _run(IP, "link", "del", n.veth, check=False)
         _run(IP, "link", "del", self.bridge, check=False)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _wait_for_pid(path: Path, what: str, timeout: float = 20.0) -> int:
+    """The pid sshd writes once it listens. The file appears before its contents (sshd creates,
+    then writes), so an empty or partial read means "not yet", not an error."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            text = path.read_text()
+            if text.endswith("\n"):
+                return int(text)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start (no pid in {path} after {timeout:.0f} s)")
+        time.sleep(0.05)
 
 
 def describe(slot: int) -> Rig:

@@ -11,7 +11,11 @@ the rig's patches launching sandboxed kernels on the nodes over SSH, and two `ke
   execute   POST /v1/sessions/{id}/execute of `1+1` on a live session (keep-alive client);
   create    POST /v1/sessions taken from the warm pool (refilled, untimed, before each);
   cold      POST /api/kernels straight to EG (SSH to a node, setpriv + bwrap + launcher, the
-            kernel's connection info back) until EG answers 201, then DELETE (untimed).
+            kernel's connection info back) until EG answers 201, then DELETE (untimed);
+  files     (--files ROUNDS, default 2; 0 skips) 100 MB uploaded into a session and downloaded
+            again through each server (bench/files.py's round trip: REST -> manager -> gateway
+            websocket -> the kernel's file agent), rounds alternating between the two servers,
+            against a local ``shutil.copyfile`` of the same bytes; and each manager's peak memory.
 
 Results go to a section of bench/RESULTS.md (unless --no-write); the last line is a SUMMARY.
 """
@@ -19,6 +23,7 @@ Results go to a section of bench/RESULTS.md (unless --no-write); the last line i
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
 import sys
 import tempfile
@@ -26,6 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
+from files import copy_ms, mbs, peak_mb, round_trip, write_source
 from harness import (
     BENCH,
     Stats,
@@ -44,6 +50,7 @@ from tests.conftest import Server, start_server
 from tests.integration.test_lifecycle import _unmount_under
 
 SECTION = "cluster"
+FILES_SECTION = "cluster-files"
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -80,6 +87,8 @@ async def run(args: argparse.Namespace) -> int:
         cl = {"cold launch/eg": Stats("cold launch/eg")}
         await interleave({"cold launch/eg": cold}, cl, max(10, args.samples // 10), 5, 1)
         stats = {**pair, **cl}
+        if args.files:
+            files, memory = await asyncio.to_thread(file_round_trips, servers, args.files)
     finally:
         for c in clients.values():
             await c.aclose()
@@ -112,6 +121,11 @@ nodes (tests/cluster/rig.py); the kernels' traffic crosses a veth bridge and the
 - cold kernel launch through EG (SSH + sandbox + launcher + connection info), median
   **{stats['cold launch/eg'].median:.0f} ms**: what the warm pool hides.
 """
+    if args.files:  # a section of its own: `--files 0` runs leave the last figures in place
+        body_files = files_section(files, memory, args.files, load)
+        if not args.no_write:
+            write_section(BENCH / "RESULTS.md", FILES_SECTION, body_files)
+        print(body_files)
     if not args.no_write:
         write_section(BENCH / "RESULTS.md", SECTION, body)
     print(body)
@@ -120,9 +134,60 @@ nodes (tests/cluster/rig.py); the kernels' traffic crosses a veth bridge and the
     return 0
 
 
+def file_round_trips(servers: dict[str, Server], rounds: int) -> tuple[dict[str, Stats], dict[str, float]]:
+    """100 MB up and down through each server, alternating; a local copy each round; each
+    manager's peak memory growth (MB) over its round trips."""
+    stats = {k: Stats(k) for k in ("upload/embedded", "download/embedded", "upload/eg", "download/eg", "copy")}
+    growth: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "src.bin", Path(tmp) / "dst.bin"
+        write_source(src)
+        apis = {name: srv.client(timeout=600) for name, srv in servers.items()}
+        try:
+            sids = {name: api.post("/v1/sessions", json={}).json()["session_id"] for name, api in apis.items()}
+            before = {name: peak_mb(srv.proc.pid) for name, srv in servers.items()}
+            for i in range(rounds):
+                for name in (("embedded", "eg") if i % 2 == 0 else ("eg", "embedded")):
+                    up, down = round_trip(apis[name], sids[name])
+                    stats[f"upload/{name}"].samples.append(up)
+                    stats[f"download/{name}"].samples.append(down)
+                    print(f"round {i + 1} {name}: upload {up:.0f} ms, download {down:.0f} ms", flush=True)
+                stats["copy"].samples.append(copy_ms(src, dst))
+            growth = {name: peak_mb(srv.proc.pid) - before[name] for name, srv in servers.items()}
+            for name, api in apis.items():
+                api.delete(f"/v1/sessions/{sids[name]}")
+        finally:
+            for api in apis.values():
+                api.close()
+    return stats, growth
+
+
+def files_section(stats: dict[str, Stats], growth: dict[str, float], rounds: int, load: str) -> str:
+    """The files section: MB/s per path against the local copy."""
+    floor = mbs(stats["copy"])
+    rows = "\n".join(f"| {k} | {s.n} | {s.median:.0f} | {mbs(s):.0f} | {floor / mbs(s):.1f}x |"
+                     for k, s in stats.items())
+    return f"""## 100 MB to a node through Enterprise Gateway (issue 19; bench/cluster.py --files)
+
+Generated by `bench/cluster.py {' '.join(sys.argv[1:])}`; load average at the start {load} (a
+shared 2-CPU machine). {rounds} rounds per server, alternating: REST -> manager -> gateway
+websocket -> the kernel's file agent in 2 MiB binary buffers, and back; ``embedded``: a kernel on
+this host; ``eg``: a kernel on a namespace node through EG (veth bridge, the node's nftables).
+
+| path | rounds | median ms | MB/s | slower than a local copy |
+|---|---|---|---|---|
+{rows}
+
+Manager peak memory (VmHWM) growth over its round trips: embedded {growth.get('embedded', 0):.1f} MB,
+eg {growth.get('eg', 0):.1f} MB (the file is streamed, never held).
+"""
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_sampling_args(p)
+    p.add_argument("--files", type=int, default=2, metavar="ROUNDS",
+                   help="100 MB round trips per server (0: skip the file transfer part)")
     p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = p.parse_args()
     sampling_args(p, args)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 from harness import BENCH, KmServer, Stats, loadavg, require_kernel_venv, write_section
 
 MB = 1_000_000
@@ -27,7 +28,8 @@ SIZE = 100 * MB
 BLOCK = hashlib.sha256(b"bench").digest() * (MB // 32)
 
 
-def _peak_mb(pid: int) -> float:
+def peak_mb(pid: int) -> float:
+    """The process's peak resident memory (VmHWM), MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1000
@@ -37,6 +39,43 @@ def _peak_mb(pid: int) -> float:
 def _body() -> Iterator[bytes]:
     for _ in range(SIZE // MB):
         yield BLOCK
+
+
+def write_source(path: Path) -> None:
+    """The 100 MB a local copy copies (the same bytes the uploads send)."""
+    with path.open("wb") as f:
+        for block in _body():
+            f.write(block)
+
+
+def round_trip(api: httpx.Client, sid: str) -> tuple[float, float]:
+    """Upload 100 MB into session ``sid`` (streamed), then download it: (upload ms, download ms)."""
+    t0 = time.perf_counter()
+    r = api.put(f"/v1/sessions/{sid}/files/big.bin", content=_body(), params={"overwrite": "true"},
+                headers={"Content-Length": str(SIZE)})
+    assert r.status_code == 201, r.text
+    up = (time.perf_counter() - t0) * 1000
+    t0 = time.perf_counter()
+    got = 0
+    with api.stream("GET", f"/v1/sessions/{sid}/files/big.bin") as resp:
+        for chunk in resp.iter_bytes(1 << 20):
+            got += len(chunk)
+    assert got == SIZE, f"downloaded {got} of {SIZE} bytes"
+    return up, (time.perf_counter() - t0) * 1000
+
+
+def copy_ms(src: Path, dst: Path) -> float:
+    """One local ``shutil.copyfile`` of ``src`` (the floor), ms."""
+    t0 = time.perf_counter()
+    shutil.copyfile(src, dst)
+    ms = (time.perf_counter() - t0) * 1000
+    dst.unlink()
+    return ms
+
+
+def mbs(s: Stats) -> float:
+    """The median's throughput, MB/s."""
+    return SIZE / MB / (s.median / 1000)
 
 
 def main() -> int:
@@ -54,37 +93,20 @@ def main() -> int:
         assert km.srv is not None
         with km.srv.client(timeout=600) as api, tempfile.TemporaryDirectory() as tmp:
             src, dst = Path(tmp) / "src.bin", Path(tmp) / "dst.bin"
-            with src.open("wb") as f:
-                for block in _body():
-                    f.write(block)
+            write_source(src)
             sid = api.post("/v1/sessions", json={}).json()["session_id"]
-            peak_before = _peak_mb(km.manager_pid)
+            peak_before = peak_mb(km.manager_pid)
             for i in range(args.rounds):
-                t0 = time.perf_counter()
-                r = api.put(f"/v1/sessions/{sid}/files/big.bin", content=_body(), params={"overwrite": "true"},
-                            headers={"Content-Length": str(SIZE)})
-                assert r.status_code == 201, r.text
-                up.samples.append((time.perf_counter() - t0) * 1000)
-                t0 = time.perf_counter()
-                got = 0
-                with api.stream("GET", f"/v1/sessions/{sid}/files/big.bin") as resp:
-                    for chunk in resp.iter_bytes(1 << 20):
-                        got += len(chunk)
-                assert got == SIZE
-                down.samples.append((time.perf_counter() - t0) * 1000)
-                t0 = time.perf_counter()
-                shutil.copyfile(src, dst)
-                copy.samples.append((time.perf_counter() - t0) * 1000)
-                dst.unlink()
+                u, d = round_trip(api, sid)
+                up.samples.append(u)
+                down.samples.append(d)
+                copy.samples.append(copy_ms(src, dst))
                 print(f"round {i + 1}: upload {up.samples[-1]:.0f} ms, download {down.samples[-1]:.0f} ms, "
                       f"copy {copy.samples[-1]:.0f} ms", flush=True)
-            peak_after = _peak_mb(km.manager_pid)
+            peak_after = peak_mb(km.manager_pid)
             api.delete(f"/v1/sessions/{sid}")
     finally:
         asyncio.run(km.stop())
-
-    def mbs(s: Stats) -> float:
-        return SIZE / MB / (s.median / 1000)
 
     rows = [("upload (REST PUT -> kernel channel)", up), ("download (kernel channel -> REST GET)", down),
             ("local file copy (shutil.copyfile)", copy)]

@@ -8,6 +8,7 @@ EG listens on loopback only, with an auth token. It launches kernels on both nod
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -18,10 +19,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from tests.cluster import eg_patches
 from tests.cluster.node_kernel import __file__ as NODE_KERNEL
 from tests.cluster.rig import Rig
 
@@ -30,6 +31,19 @@ EG_VENV = REPO / ".eg-venv"
 LAUNCHER = EG_VENV / "share" / "eg-launchers" / "launch_ipykernel.py"
 KERNEL_NAME = "kernelmode-remote"
 SERVICE_PYTHON = sys.executable  # runs node_kernel.py (it imports kernelmode.sandbox)
+# The config-time patches EG runs with, here and in the Kubernetes image (one file for both).
+EG_PATCHES = REPO / "deploy" / "kubernetes" / "images" / "enterprise-gateway" / "eg_patches.py"
+
+
+def _load_patches() -> Any:  # a module (its file is outside any package)
+    spec = importlib.util.spec_from_file_location("eg_patches", EG_PATCHES)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+eg_patches = _load_patches()
 
 
 def kernel_python() -> str:

@@ -52,8 +52,18 @@ def get(path, token):
             return f.status, json.load(f)
     except urllib.error.HTTPError as e:
         return e.code, None
+def start_without_username():
+    req = urllib.request.Request('http://127.0.0.1:8888/api/kernels', method='POST',
+                                 data=json.dumps({'name': 'kernelmode', 'env': {}}).encode(),
+                                 headers={'Authorization': 'token ' + TOKEN, 'Content-Type': 'application/json'})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as f:
+            return f.status
+    except urllib.error.HTTPError as e:
+        return e.code
 print(json.dumps({"api": get('/api', TOKEN), "specs": get('/api/kernelspecs', TOKEN),
-                  "no_token": get('/api/kernelspecs', ''), "kernels": get('/api/kernels', TOKEN)}))
+                  "no_token": get('/api/kernelspecs', ''), "kernels": get('/api/kernels', TOKEN),
+                  "no_username": start_without_username()}))
 """.replace("TOKEN", repr(TOKEN))
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -97,9 +107,11 @@ def main() -> int:
         answers = json.loads(r.stdout)
         specs = answers["specs"][1]
         print("GET /api:", answers["api"], "| kernelspecs:", sorted(specs["kernelspecs"]), "default:", specs["default"],
-              "| without token:", answers["no_token"][0], "| GET /api/kernels:", answers["kernels"])
+              "| without token:", answers["no_token"][0], "| GET /api/kernels:", answers["kernels"],
+              "| a start without KERNEL_USERNAME (eg_patches.py applied):", answers["no_username"])
         api_ok = (answers["api"][0] == 200 and sorted(specs["kernelspecs"]) == ["kernelmode"]
-                  and answers["no_token"][0] == 401 and answers["kernels"] == [200, []])
+                  and answers["no_token"][0] == 401 and answers["kernels"] == [200, []]
+                  and answers["no_username"] == 403)
         kid = str(uuid.uuid4())
         lenv = launcher_env(spec, launch_env("team-a", Limits(memory_mb=2048, disk_mb=512)), kid, env)
         run("docker", "exec", name, "/opt/eg-venv/bin/python", "-c",

@@ -1,6 +1,8 @@
-"""Config-time patches for Enterprise Gateway 3.3.0, imported by the rig's EG config file (so
-they run inside EG's own virtualenv, before EG serves anything). Each fixes a fault measured on
-this kind of machine (../shared/GATEWAY-NOTES.md, "Enterprise Gateway"):
+"""Config-time patches for Enterprise Gateway 3.3.0, applied by EG's config file (so they run
+inside EG's own virtualenv, before EG serves anything): the Kubernetes image's
+(deploy/kubernetes/images/enterprise-gateway/Dockerfile) and the test rig's (tests/cluster/eg.py).
+Each fixes a fault measured on this kind of machine (../shared/GATEWAY-NOTES.md, "Enterprise
+Gateway"); the SSH ones matter only to DistributedProcessProxy, the rest to every process proxy:
 
 - ``KERNEL_*`` values are pasted into an ``export K="v";`` shell line for SSH, where
   ``a$(id > FILE)b`` runs as root on the node: every value is ``shlex.quote``d instead (fixed on

@@ -43,6 +43,7 @@ from ..models import (
     RunResult,
     SessionCreate,
     SessionInfo,
+    SessionList,
     UploadResult,
 )
 from ..packages.policy import parse_requirement
@@ -51,7 +52,7 @@ from ..policy import CodePolicy
 from ..sandbox import cgroups
 from ..tenants import ADMIN, Principal
 from ..tools.broker import ToolBroker
-from . import recovery
+from . import listing, recovery
 from .admission import Admission
 from .checkpoints import Checkpoints
 from .files import SessionFiles
@@ -214,6 +215,14 @@ class SessionManager:
         live = {sid: self._with_usage(s) for sid, s in self._live.items()}
         infos = [live.get(i.session_id, i) for i in self.store.all()]
         return [i for i in infos if principal.may_see(i.tenant)]
+
+    def page(self, principal: Principal = ADMIN, limit: int = listing.DEFAULT_LIMIT,
+             cursor: str | None = None) -> SessionList:
+        """One page of the sessions ``principal`` may see, after ``cursor`` (listing.py)."""
+        shown, next_cursor = listing.page(self.store.all(), principal, limit, cursor)
+        # The store orders and filters; a live session's own info (status, usage) is the one shown.
+        return SessionList(sessions=[i if (s := self._live.get(i.session_id)) is None else self._with_usage(s)
+                                     for i in shown], next_cursor=next_cursor)
 
     def may_see(self, principal: Principal, session_id: str) -> bool:
         if principal.admin:

@@ -36,8 +36,8 @@ TENANTS = (f"[{{name: small, token: '{SMALL}', max_limits: {{memory_mb: 256, pid
 
 
 def _session_ids(api: httpx.Client) -> set[str]:
-    r = api.get("/v1/sessions")
-    assert r.status_code == 200, r.text
+    r = api.get("/v1/sessions", params={"limit": 1000})
+    assert r.status_code == 200 and r.json()["next_cursor"] is None, r.text
     return {s["session_id"] for s in r.json()["sessions"]}
 
 

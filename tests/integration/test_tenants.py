@@ -29,7 +29,7 @@ TENANTS = (f"[{{name: alpha, token: '{ALPHA}', max_sessions: 2}}, {{name: beta, 
 def srv() -> Iterator[Server]:
     s = start_server({"KERNELMODE_SERVER__TENANTS": TENANTS, "KERNELMODE_SESSIONS__POOL_SIZE": "1"})
     yield s
-    s.stop()
+    s.discard()
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,8 @@
 rooms that do the work: ``kernels`` (one kernel's lifecycle), ``pool`` (warm kernels),
 ``runner`` (a run from submit to RunResult), ``files`` (workspace, artifacts, notebook),
 ``forks`` (checkpoints on demand, forks, resume), ``gateway_loss`` (what a gateway's failure
-means to the sessions), ``recovery`` (adoption after a restart) and ``reaper``. Here: create,
+means to the sessions), ``admission`` (ids and caps), ``listing`` (pages), ``lifecycle`` (start
+and stop), ``recovery`` (adoption after a restart) and ``reaper``. Here: create,
 get, delete, authorize, and delegation: the front doors call only this facade.
 """
 
@@ -52,7 +53,7 @@ from ..policy import CodePolicy
 from ..sandbox import cgroups
 from ..tenants import ADMIN, Principal
 from ..tools.broker import ToolBroker
-from . import listing, recovery
+from . import listing
 from .admission import Admission
 from .checkpoints import Checkpoints
 from .files import SessionFiles
@@ -60,6 +61,7 @@ from .forks import Forks
 from .gateway_loss import GatewayLoss
 from .hibernation import Hibernation
 from .kernels import Kernels
+from .lifecycle import Lifecycle
 from .live import LiveSession, now
 from .liveness import Liveness
 from .packages import SessionPackages
@@ -90,7 +92,6 @@ class SessionManager:
         self.sandbox = sandbox
         self._live: dict[str, LiveSession] = {}
         self._creating: dict[str, str] = {}  # session id -> tenant, while its kernel starts
-        self._strays: asyncio.Task[None] | None = None
         self.admission = Admission(settings, store, self._live, self._creating)
         self.metrics = Metrics()
         self.packages = SessionPackages(PackageService(settings, data_dir, sandbox), self._live.get)
@@ -107,6 +108,7 @@ class SessionManager:
                                   self.checkpoints.reseed)
         self.forks = Forks(self)
         self.gateway_loss = GatewayLoss(self._live, self.pool, store)
+        self.lifecycle = Lifecycle(self, self._live)
         self.runner.before_run, self.runner.after_run = self.checkpoints.before_run, self.checkpoints.after_run
         self.runner.revive = self.live_session
         self.hibernation = Hibernation(settings, store, self.checkpoints, self.kernels, self._live)
@@ -116,64 +118,16 @@ class SessionManager:
         # Where each kernel's memory use can be read (its cgroup), if anywhere.
         self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
 
-    # -- lifecycle ---------------------------------------------------------------------------------
+    # -- lifecycle (lifecycle) ---------------------------------------------------------------------
     async def start(self, running_kernels: set[str] | frozenset[str] = frozenset()) -> None:
         """``running_kernels``: kernels of an adopted gateway (left by a crashed manager); the
         sessions they belong to are taken over with their variables, the rest become ``lost``."""
-        adoptable = recovery.adoptable(self.store, running_kernels)
-        adopted_ids = {i.session_id for i in adoptable}
-        gone = sorted(i.session_id for i in self.store.all()
-                      if i.status not in ("lost", "hibernated") and i.session_id not in adopted_ids)
-        lost = self.store.mark_all_lost(keep=adopted_ids)
-        if lost:  # named: the operator (and the sessions' owners) learn which did not survive
-            log.info("%d session(s) of a previous run are marked lost: %s", lost, ", ".join(gone))
-        self.workspaces.mkdir(parents=True, exist_ok=True)
-        self.workspaces.chmod(0o711)
-        keep_mounted = {w for i in adoptable if (w := self.store.workspace(i.session_id)) is not None}
-        self.quota = await asyncio.to_thread(self.volumes.start, keep_mounted)
-        log.info("workspace quota: %s", self.quota)
-        in_flight = {r.session_id: r for r in self.store.runs_in_flight()}
-        for s in await recovery.adopt(self.kernels, self.store, adoptable, in_flight):
-            self._live[s.info.session_id] = s
-        recovery.end_interrupted_runs(self.store, in_flight, set(self._live))
-        strays = running_kernels - {s.kernel_id for s in self._live.values()}
-        if strays:  # pool kernels of the dead manager, and the like: after start, in the background
-            self._strays = asyncio.create_task(self._shut_down(strays), name="strays")
-        # Workspaces of kernels that belong to no session (a previous run's pool) are litter.
-        keep = self.store.workspaces()
-        for d in self.workspaces.iterdir():
-            if d.suffix != ".img" and d not in keep:
-                await asyncio.to_thread(self.volumes.destroy, d)
-        await asyncio.to_thread(self.packages.service.sweep, {w.name for w in keep})
-        self.reaper.start()
-        self.liveness.start()
-        self.pool.refill()
+        await self.lifecycle.start(running_kernels)
 
     async def stop(self, keep_sessions: bool = False) -> None:
         """``keep_sessions``: their kernels outlive this manager (an external gateway keeps them),
         so they stay adoptable by the next `serve` instead of being marked lost."""
-        await self.reaper.stop()
-        await self.liveness.stop()
-        if self._strays is not None:
-            self._strays.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._strays
-        for s in list(self._live.values()):
-            if not keep_sessions:
-                self.store.mark_lost(s.info)
-        # At once, not one by one: an MCP client gives its stdio server 2 s to exit. The kernels
-        # of live sessions keep running (a successor may adopt them); only pool kernels go.
-        await asyncio.gather(*(s.conn.close() for s in self._live.values() if s.conn),
-                             self.pool.stop(), return_exceptions=True)
-        hibernated = {w for i in self.store.hibernated() if (w := self.store.workspace(i.session_id))}
-        await asyncio.to_thread(self.volumes.sweep, {s.workspace for s in self._live.values()} | hibernated)
-        self._live.clear()
-
-    async def _shut_down(self, kernel_ids: set[str] | frozenset[str]) -> None:
-        for kernel_id in kernel_ids:
-            with contextlib.suppress(KernelmodeError):
-                await self.gateway.shutdown_kernel(kernel_id)
-        # Their workspaces are no session's: the start-up sweep of workspaces/ removed them.
+        await self.lifecycle.stop(keep_sessions)
 
     # -- the gateway's failures (gateway_loss) -----------------------------------------------------
     async def gateway_lost(self) -> None:

@@ -105,7 +105,12 @@ class SessionInfo(BaseModel):
 
 
 class SessionList(BaseModel):
+    """One page of a session listing, in creation order (then id)."""
+
     sessions: list[SessionInfo]
+    next_cursor: str | None = Field(
+        None, description="More sessions remain: pass this as `cursor` for the next page (opaque; "
+        "bound to the listing tenant). Null on the last page.")
 
 
 class ExecuteRequest(_Strict):

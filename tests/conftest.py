@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kernelmode.artifacts.volume import detach_all
+
 # Agent-framework packages (CrewAI) imported by any test send telemetry to the internet on
 # import unless told not to: tests send traffic to loopback only.
 os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
@@ -55,10 +57,29 @@ class Server:
         return self.proc.wait(timeout)
 
     def discard(self) -> None:
-        """Stop it and remove what it left: its data dir and its log."""
-        self.stop()
+        """Stop it (killed if it will not stop) and remove what it left: volumes still mounted
+        in its data dir (a killed manager's: rmtree cannot remove a mount point), the data dir
+        and its log. Safe to call again, and on a server already stopped."""
+        try:
+            self.stop()
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+        detach_all(self.data_dir)
         shutil.rmtree(self.data_dir, ignore_errors=True)
         self.log_path.unlink(missing_ok=True)
+
+
+# Every server start_server made: each is discarded when the test session ends at the latest
+# (``_discard_every_server``), also those a test stopped and left, or killed on purpose.
+_STARTED: list[Server] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _discard_every_server() -> Iterator[None]:
+    yield
+    while _STARTED:
+        _STARTED.pop().discard()
 
 
 def wait_for(predicate: Callable[[], object], what: str, timeout: float = 120, every: float = 0.2) -> object:
@@ -76,6 +97,7 @@ def wait_for(predicate: Callable[[], object], what: str, timeout: float = 120, e
 def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None = None,
                  args: list[str] | None = None) -> Server:
     """Start `kernelmode serve` on a free port; its data dir must be reachable by sandbox uids."""
+    made = data_dir is None
     if data_dir is None:
         data_dir = Path(tempfile.mkdtemp(prefix="kmtest-", dir="/tmp"))
     data_dir.chmod(0o711)
@@ -100,6 +122,7 @@ def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None 
          *(args or [])],
         stdout=subprocess.PIPE, stderr=logf, text=True, env=env, cwd=str(REPO),
     )
+    logf.close()  # the child holds its own copy
     deadline = time.monotonic() + 120
     url = None
     assert proc.stdout is not None
@@ -113,8 +136,14 @@ def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None 
             break
     if url is None:
         proc.kill()
-        raise RuntimeError(f"kernelmode serve did not start:\n{log_path.read_text()[-4000:]}")
-    return Server(url=url, token=token, data_dir=data_dir, proc=proc, log_path=log_path)
+        proc.wait(30)
+        tail = log_path.read_text()[-4000:]
+        if made:  # nothing to keep: the log's tail is in the error
+            Server(url="", token=token, data_dir=data_dir, proc=proc, log_path=log_path).discard()
+        raise RuntimeError(f"kernelmode serve did not start:\n{tail}")
+    srv = Server(url=url, token=token, data_dir=data_dir, proc=proc, log_path=log_path)
+    _STARTED.append(srv)
+    return srv
 
 
 @pytest.fixture(scope="session")

@@ -40,11 +40,11 @@ from ..models import (
     OneShotRequest,
     PackagesRequest,
     SessionCreate,
-    SessionList,
     ToolList,
     ToolMatches,
 )
 from ..services import Services
+from ..sessions.listing import page_limit
 from ..tenants import ADMIN, Principal
 from ..tools.search import tool_limit
 from .openapi import openapi_document
@@ -218,7 +218,9 @@ class OpenAPIHandler(BaseHandler):
 
 class SessionsHandler(BaseHandler):
     async def get(self) -> None:
-        self.send(SessionList(sessions=self.services.sessions.all(self.principal)))
+        """A page of the caller's sessions (``limit``, ``cursor``: sessions/listing.py)."""
+        limit = page_limit(self.get_query_argument("limit", None))
+        self.send(self.services.sessions.page(self.principal, limit, self.get_query_argument("cursor", None)))
 
     async def post(self) -> None:
         req = self.body_model(SessionCreate)

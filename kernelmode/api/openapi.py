@@ -35,6 +35,7 @@ from ..models import (
     ToolMatches,
     UploadResult,
 )
+from ..sessions.listing import DEFAULT_LIMIT, MAX_LIMIT
 from . import jupyter_openapi
 
 _MODELS = [SessionCreate, SessionInfo, SessionList, ExecuteRequest, RunResult, ErrorBody, Health, ToolList,
@@ -115,6 +116,14 @@ _TOOL_SEARCH = [
      "schema": {"type": "integer", "minimum": 1, "maximum": 50, "default": 8}},
 ]
 
+_SESSION_PAGE = [
+    {"name": "limit", "in": "query", "required": False, "description": "Sessions per page at most",
+     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT}},
+    {"name": "cursor", "in": "query", "required": False, "description": "The previous page's next_cursor "
+     "(opaque, bound to the listing tenant); omitted: the first page",
+     "schema": {"type": "string", "minLength": 1, "maxLength": 512}},
+]
+
 
 @lru_cache(maxsize=1)
 def openapi_document() -> dict[str, Any]:
@@ -145,7 +154,10 @@ def openapi_document() -> dict[str, Any]:
                                                         _ref("ToolList"), _ref("ToolMatches")]}}}},
                                             **_errors(401, 422)}}},
         "/v1/sessions": {
-            "get": {"summary": "List sessions", "responses": {"200": _json("SessionList", "Sessions"), **_errors(401)}},
+            "get": {"summary": "List sessions, a page at a time (creation order, then id)",
+                    "parameters": _SESSION_PAGE,
+                    "responses": {"200": _json("SessionList", "A page of sessions; next_cursor when more remain"),
+                                  **_errors(401, 422)}},
             "post": {"summary": "Create a session", "requestBody": body("SessionCreate"),
                      "responses": {"201": _json("SessionInfo", "Created"), **_errors(400, 401, 409, 422, 429, 503),
                                    "403": _json("ErrorBody", "A package refused by the policy (package_refused)"),

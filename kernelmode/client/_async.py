@@ -24,6 +24,7 @@ from ..models import (
     RunProgress,
     RunResult,
     SessionInfo,
+    SessionList,
     UploadResult,
     WorkspaceFile,
 )
@@ -108,8 +109,24 @@ class AsyncClient(BaseClient):
         return await self._send(routes.session_call(routes.GET_SESSION, session_id))
 
     async def list_sessions(self) -> list[SessionInfo]:
-        """Every session this token may see."""
-        return (await self._send(routes.LIST_SESSIONS.call())).sessions
+        """Every session this token may see (all pages; ``iter_sessions`` reads them lazily)."""
+        return [s async for s in self.iter_sessions()]
+
+    async def sessions_page(self, *, limit: int | None = None, cursor: str | None = None) -> SessionList:
+        """One page of sessions in creation order: ``limit`` at most (server default 100, most
+        1000), after ``cursor`` (the previous page's ``next_cursor``; None when none remain)."""
+        return await self._send(routes.list_sessions(limit, cursor))
+
+    async def iter_sessions(self, *, page_size: int | None = None) -> AsyncIterator[SessionInfo]:
+        """Every session this token may see, fetched a page (``page_size``) at a time."""
+        cursor: str | None = None
+        while True:
+            page = await self.sessions_page(limit=page_size, cursor=cursor)
+            for info in page.sessions:
+                yield info
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     async def delete_session(self, session_id: str) -> None:
         """Delete a session and its kernel (SessionNotFound if there is none)."""

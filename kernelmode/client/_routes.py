@@ -175,6 +175,12 @@ def run_once(code: str, files: dict[str, bytes] | None, timeout_seconds: float |
     return ONE_SHOT.call(json=body, timeout=(timeout_seconds or NO_TIMEOUT) + EXTRA_WAIT)
 
 
+def list_sessions(limit: int | None, cursor: str | None) -> Call[SessionList]:
+    """One page of sessions: ``limit`` at most (the server's default: 100), after ``cursor``."""
+    params = {k: v for k, v in (("limit", limit), ("cursor", cursor)) if v is not None}
+    return LIST_SESSIONS.call(params=params or None)
+
+
 def search_tools(query: str, limit: int) -> Call[ToolMatches]:
     return SEARCH_TOOLS.call(params={"q": query, "limit": limit})
 

@@ -24,6 +24,7 @@ from ..models import (
     RunProgress,
     RunResult,
     SessionInfo,
+    SessionList,
     UploadResult,
     WorkspaceFile,
 )
@@ -108,8 +109,23 @@ class Client(BaseClient):
         return self._send(routes.session_call(routes.GET_SESSION, session_id))
 
     def list_sessions(self) -> list[SessionInfo]:
-        """Every session this token may see."""
-        return self._send(routes.LIST_SESSIONS.call()).sessions
+        """Every session this token may see (all pages; ``iter_sessions`` reads them lazily)."""
+        return list(self.iter_sessions())
+
+    def sessions_page(self, *, limit: int | None = None, cursor: str | None = None) -> SessionList:
+        """One page of sessions in creation order: ``limit`` at most (server default 100, most
+        1000), after ``cursor`` (the previous page's ``next_cursor``; None when none remain)."""
+        return self._send(routes.list_sessions(limit, cursor))
+
+    def iter_sessions(self, *, page_size: int | None = None) -> Iterator[SessionInfo]:
+        """Every session this token may see, fetched a page (``page_size``) at a time."""
+        cursor: str | None = None
+        while True:
+            page = self.sessions_page(limit=page_size, cursor=cursor)
+            yield from page.sessions
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     def delete_session(self, session_id: str) -> None:
         """Delete a session and its kernel (SessionNotFound if there is none)."""

@@ -51,6 +51,9 @@ T = TypeVar("T")
 _TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-yaml",
                "image/svg+xml", "application/x-ipynb+json", "application/sql")
 
+# list_sessions: a row is ~150 characters at most, so a page stays under the text budget (8,000).
+_SESSION_ROWS, _MAX_SESSION_ROWS = 40, 50
+
 SessionArg = Annotated[str | None, Field(
     None, pattern=SESSION_ID_PATTERN,
     description="A session to use instead of this connection's own (from list_sessions or an "
@@ -372,15 +375,26 @@ class McpTools:
             ResourceLink(uri=artifact.download_url, name=artifact.name, mime_type=artifact.mime_type,
                          size=artifact.size_bytes)])
 
-    async def list_sessions(self, ctx: Context[Any]) -> str:
-        """List the sessions on this server: id, status, runs so far, idle expiry."""
+    async def list_sessions(
+        self, ctx: Context[Any],
+        limit: Annotated[int, Field(ge=1, le=_MAX_SESSION_ROWS, description=(
+            "Sessions per answer at most, oldest first."))] = _SESSION_ROWS,
+        cursor: Annotated[str | None, Field(min_length=1, max_length=512, description=(
+            "Where to go on: the cursor a previous list_sessions answer named. Omit for the first page."))] = None,
+    ) -> str:
+        """List the sessions on this server, oldest first: id, status, runs so far, last activity.
+        A long list comes a page at a time: the answer names the cursor of the next page."""
         own = self.connections.own_session(ctx)
+        listing = self._services().sessions.page(self.connections.principal(ctx), limit, cursor)
         rows = []
-        for s in self._services().sessions.all(self.connections.principal(ctx)):
+        for s in listing.sessions:
             mark = "  <- this connection's session" if s.session_id == own else ""
             rows.append(f"- {s.session_id}: {s.status}, {s.execution_count} runs, "
                         f"last active {s.last_activity:%Y-%m-%d %H:%M:%S} UTC{mark}")
-        return "\n".join(rows) if rows else "No sessions."
+        text = "\n".join(rows) if rows else ("No sessions." if cursor is None else "No more sessions.")
+        if listing.next_cursor is not None:
+            text += f"\nMore sessions remain: call list_sessions(cursor={listing.next_cursor!r})."
+        return text
 
     async def install_packages(
         self, ctx: Context[Any],

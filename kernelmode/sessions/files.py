@@ -1,11 +1,12 @@
 """A session's files: its workspace (uploads, listings, downloads), the artifacts its runs left
-in the store, and its history as a notebook (also after the session was deleted)."""
+in the store, and its history as a notebook (also after the session was deleted). Workspace files
+travel through the kernel's channels, so ``ready`` readies a session's kernel first."""
 
 from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import BinaryIO
 
 from ..artifacts.base import StoreError
@@ -22,14 +23,33 @@ DOWNLOAD_MAX_BYTES = 1 << 40
 
 
 class SessionFiles:
-    """``live(session_id)``: the live session, or None (deleted, lost or unknown)."""
+    """``live(session_id)``: the live session, or None (deleted, lost or unknown); ``wake``: the
+    live session, woken if it hibernates (SessionNotFound, KernelUnavailable when lost);
+    ``reseed``: a remote kernel's files back from its latest checkpoint."""
 
     def __init__(self, settings: Settings, store: SessionStore, harvester: Harvester | None,
-                 live: Callable[[str], LiveSession | None]) -> None:
+                 live: Callable[[str], LiveSession | None], wake: Callable[[str], LiveSession],
+                 reseed: Callable[[LiveSession], Awaitable[None]]) -> None:
         self.settings = settings
         self.store = store
         self.harvester = harvester
         self.live = live
+        self.wake = wake
+        self.reseed = reseed
+
+    async def ready(self, session_id: str) -> LiveSession:
+        """The live session with its kernel's file agent reachable: a kernel that is not ready
+        (restarted, woken) is readied first."""
+        s = self.wake(session_id)
+        k = s.kernel
+        if k.conn is not None and k.conn.is_open and not k.needs_ready and k.tools_installed is not None:
+            return s
+        async with s.lock:
+            if await k.ensure_ready():
+                self.store.save(s.info, s.kernel_id, s.workspace)
+            await k.install_preamble(k.env.start_timeout)
+            await self.reseed(s)
+        return s
 
     def _channel(self, s: LiveSession) -> FileChannel:
         return FileChannel(s.conn, self.settings.sessions.files_timeout_seconds)

@@ -1,8 +1,10 @@
 """SessionManager: the core every front door calls. It holds the live sessions and composes the
 rooms that do the work: ``kernels`` (one kernel's lifecycle), ``pool`` (warm kernels),
 ``runner`` (a run from submit to RunResult), ``files`` (workspace, artifacts, notebook),
-``recovery`` (adoption after a restart) and ``reaper``. Here: create, get, delete, authorize,
-and delegation.
+``forks`` (checkpoints on demand, forks, resume), ``gateway_loss`` (what a gateway's failure
+means to the sessions), ``admission`` (ids and caps), ``listing`` (pages), ``lifecycle`` (start
+and stop), ``recovery`` (adoption after a restart) and ``reaper``. Here: create,
+get, delete, authorize, and delegation: the front doors call only this facade.
 """
 
 from __future__ import annotations
@@ -24,14 +26,10 @@ from ..artifacts.volume import WorkspaceVolumes
 from ..audit import audit
 from ..config import ADMIN_TENANT, Settings
 from ..errors import (
-    InvalidRequest,
     KernelmodeError,
     KernelUnavailable,
-    QuotaExceeded,
     RunNotFound,
-    SessionExists,
     SessionNotFound,
-    TooManySessions,
 )
 from ..gateway.client import KERNEL_DEAD, GatewayClient
 from ..gateway.exchange import KERNEL_STATUS_EVENT, RESTARTED
@@ -41,13 +39,12 @@ from ..models import (
     ApprovalAnswer,
     Artifact,
     CheckpointInfo,
-    DeathCause,
     FileList,
-    LimitsPatch,
     PackagesResult,
     RunResult,
     SessionCreate,
     SessionInfo,
+    SessionList,
     UploadResult,
 )
 from ..packages.policy import parse_requirement
@@ -56,11 +53,15 @@ from ..policy import CodePolicy
 from ..sandbox import cgroups
 from ..tenants import ADMIN, Principal
 from ..tools.broker import ToolBroker
-from . import recovery
-from .checkpoints import CheckpointFailed, Checkpoints
+from . import listing
+from .admission import Admission
+from .checkpoints import Checkpoints
 from .files import SessionFiles
+from .forks import Forks
+from .gateway_loss import GatewayLoss
 from .hibernation import Hibernation
 from .kernels import Kernels
+from .lifecycle import Lifecycle
 from .live import LiveSession, now
 from .liveness import Liveness
 from .packages import SessionPackages
@@ -91,7 +92,7 @@ class SessionManager:
         self.sandbox = sandbox
         self._live: dict[str, LiveSession] = {}
         self._creating: dict[str, str] = {}  # session id -> tenant, while its kernel starts
-        self._strays: asyncio.Task[None] | None = None
+        self.admission = Admission(settings, store, self._live, self._creating)
         self.metrics = Metrics()
         self.packages = SessionPackages(PackageService(settings, data_dir, sandbox), self._live.get)
         broker.reserved[PIP] = self.packages.from_kernel  # %pip install in a cell
@@ -100,10 +101,14 @@ class SessionManager:
         self.runner = Runner(settings, store, harvester, self.metrics, self._live, self.kernels.collector,
                              broker.approvals, policy)
         self.runs = self.runner.runs
-        self.files = SessionFiles(settings, store, harvester, self._live.get)
         self.reaper = Reaper(settings.sessions.reap_interval_seconds, self.reap_expired)
         self.checkpoints = Checkpoints(settings, store, harvester.store if harvester else None,
                                        harvester.scratch if harvester else state_dir)
+        self.files = SessionFiles(settings, store, harvester, self._live.get, self.live_session,
+                                  self.checkpoints.reseed)
+        self.forks = Forks(self)
+        self.gateway_loss = GatewayLoss(self._live, self.pool, store)
+        self.lifecycle = Lifecycle(self, self._live)
         self.runner.before_run, self.runner.after_run = self.checkpoints.before_run, self.checkpoints.after_run
         self.runner.revive = self.live_session
         self.hibernation = Hibernation(settings, store, self.checkpoints, self.kernels, self._live)
@@ -113,104 +118,33 @@ class SessionManager:
         # Where each kernel's memory use can be read (its cgroup), if anywhere.
         self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
 
-    # -- lifecycle ---------------------------------------------------------------------------------
+    # -- lifecycle (lifecycle) ---------------------------------------------------------------------
     async def start(self, running_kernels: set[str] | frozenset[str] = frozenset()) -> None:
         """``running_kernels``: kernels of an adopted gateway (left by a crashed manager); the
         sessions they belong to are taken over with their variables, the rest become ``lost``."""
-        adoptable = recovery.adoptable(self.store, running_kernels)
-        adopted_ids = {i.session_id for i in adoptable}
-        gone = sorted(i.session_id for i in self.store.all()
-                      if i.status not in ("lost", "hibernated") and i.session_id not in adopted_ids)
-        lost = self.store.mark_all_lost(keep=adopted_ids)
-        if lost:  # named: the operator (and the sessions' owners) learn which did not survive
-            log.info("%d session(s) of a previous run are marked lost: %s", lost, ", ".join(gone))
-        self.workspaces.mkdir(parents=True, exist_ok=True)
-        self.workspaces.chmod(0o711)
-        keep_mounted = {w for i in adoptable if (w := self.store.workspace(i.session_id)) is not None}
-        self.quota = await asyncio.to_thread(self.volumes.start, keep_mounted)
-        log.info("workspace quota: %s", self.quota)
-        in_flight = {r.session_id: r for r in self.store.runs_in_flight()}
-        for s in await recovery.adopt(self.kernels, self.store, adoptable, in_flight):
-            self._live[s.info.session_id] = s
-        recovery.end_interrupted_runs(self.store, in_flight, set(self._live))
-        strays = running_kernels - {s.kernel_id for s in self._live.values()}
-        if strays:  # pool kernels of the dead manager, and the like: after start, in the background
-            self._strays = asyncio.create_task(self._shut_down(strays), name="strays")
-        # Workspaces of kernels that belong to no session (a previous run's pool) are litter.
-        keep = self.store.workspaces()
-        for d in self.workspaces.iterdir():
-            if d.suffix != ".img" and d not in keep:
-                await asyncio.to_thread(self.volumes.destroy, d)
-        await asyncio.to_thread(self.packages.service.sweep, {w.name for w in keep})
-        self.reaper.start()
-        self.liveness.start()
-        self.pool.refill()
+        await self.lifecycle.start(running_kernels)
 
     async def stop(self, keep_sessions: bool = False) -> None:
         """``keep_sessions``: their kernels outlive this manager (an external gateway keeps them),
         so they stay adoptable by the next `serve` instead of being marked lost."""
-        await self.reaper.stop()
-        await self.liveness.stop()
-        if self._strays is not None:
-            self._strays.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._strays
-        for s in list(self._live.values()):
-            if not keep_sessions:
-                self.store.mark_lost(s.info)
-        # At once, not one by one: an MCP client gives its stdio server 2 s to exit. The kernels
-        # of live sessions keep running (a successor may adopt them); only pool kernels go.
-        await asyncio.gather(*(s.conn.close() for s in self._live.values() if s.conn),
-                             self.pool.stop(), return_exceptions=True)
-        hibernated = {w for i in self.store.hibernated() if (w := self.store.workspace(i.session_id))}
-        await asyncio.to_thread(self.volumes.sweep, {s.workspace for s in self._live.values()} | hibernated)
-        self._live.clear()
+        await self.lifecycle.stop(keep_sessions)
 
-    async def _shut_down(self, kernel_ids: set[str] | frozenset[str]) -> None:
-        for kernel_id in kernel_ids:
-            with contextlib.suppress(KernelmodeError):
-                await self.gateway.shutdown_kernel(kernel_id)
-        # Their workspaces are no session's: the start-up sweep of workspaces/ removed them.
-
+    # -- the gateway's failures (gateway_loss) -----------------------------------------------------
     async def gateway_lost(self) -> None:
-        """The Kernel Gateway died, and every kernel with it: each session is marked ``dead``
-        (its next run gets a fresh kernel on the same workspace and reports ``state_lost``), and
-        the warm pool is dropped (refilled once a new gateway answers)."""
-        gone = DeathCause(kind="lost", detail="the kernel gateway exited, and its kernels with it")
-        for s in list(self._live.values()):
-            s.kernel.lose(gone)
-            if s.conn is not None:
-                await s.conn.close()
-            self.store.save(s.info, s.kernel_id, s.workspace)
-        await self.pool.drop(shutdown=False)
+        """The Kernel Gateway died, and every kernel with it: sessions are marked ``dead`` (their
+        next run reports ``state_lost``), the warm pool dropped."""
+        await self.gateway_loss.lost()
 
     def gateway_back(self) -> None:
-        self.pool.refill()
+        self.gateway_loss.back()
 
     def kernels_vanished(self, running: set[str]) -> bool:
-        """Whether a live session's kernel is gone from an external gateway's list with its
-        websocket closed (a gateway restarted between two looks)."""
-        return any(s.kernel_id not in running and (s.conn is None or not s.conn.is_open)
-                   and s.kernel.state == "alive" for s in self._live.values())
+        """Whether a live session's kernel is gone from an external gateway's list."""
+        return self.gateway_loss.vanished(running)
 
     async def external_gateway_back(self, running: set[str]) -> tuple[list[str], list[str]]:
-        """An external gateway answers again after it did not: the sessions whose kernels it no
-        longer runs are marked ``dead`` as in ``gateway_lost`` (their next run reports
-        ``state_lost``); returns the session ids that survived and those lost."""
-        survived, lost = [], []
-        for s in list(self._live.values()):
-            if s.kernel_id in running:
-                survived.append(s.info.session_id)
-                continue
-            lost.append(s.info.session_id)
-            s.kernel.lose(DeathCause(kind="lost", detail="the gateway no longer runs this kernel "
-                                     "(it was restarted, or lost the kernel's node)"))
-            if s.conn is not None:
-                await s.conn.close()
-            self.store.save(s.info, s.kernel_id, s.workspace)
-        await self.pool.drop(shutdown=False)  # its kernels may be gone too: start afresh
-        self.pool.refill()
-        return sorted(survived), sorted(lost)
+        """An external gateway answers again: (session ids that survived, those lost)."""
+        return await self.gateway_loss.external_back(running)
 
     @property
     def pool_size(self) -> int:
@@ -235,6 +169,14 @@ class SessionManager:
         live = {sid: self._with_usage(s) for sid, s in self._live.items()}
         infos = [live.get(i.session_id, i) for i in self.store.all()]
         return [i for i in infos if principal.may_see(i.tenant)]
+
+    def page(self, principal: Principal = ADMIN, limit: int = listing.DEFAULT_LIMIT,
+             cursor: str | None = None) -> SessionList:
+        """One page of the sessions ``principal`` may see, after ``cursor`` (listing.py)."""
+        shown, next_cursor = listing.page(self.store.all(), principal, limit, cursor)
+        # The store orders and filters; a live session's own info (status, usage) is the one shown.
+        return SessionList(sessions=[i if (s := self._live.get(i.session_id)) is None else self._with_usage(s)
+                                     for i in shown], next_cursor=next_cursor)
 
     def may_see(self, principal: Principal, session_id: str) -> bool:
         if principal.admin:
@@ -271,7 +213,7 @@ class SessionManager:
             if info is None:
                 raise SessionNotFound(f"no session {session_id!r}")
             if info.status == "hibernated":
-                self._check_capacity(info.tenant)
+                self.admission.check_capacity(info.tenant)
                 return self.hibernation.wake(info)  # its next run starts a kernel and restores
             raise KernelUnavailable(
                 f"session {session_id!r} is {info.status}: its kernel is gone (the server restarted); "
@@ -285,40 +227,18 @@ class SessionManager:
 
     @property
     def live_count(self) -> int:
-        return len(self._live) + len(self._creating)
+        """Sessions that hold (or are taking) a kernel."""
+        return self.admission.count
 
     # -- create / delete ---------------------------------------------------------------------------
-    def _check_room(self, sid: str, principal: Principal) -> None:
-        tenant = principal.tenant
-        owner = self.store.owner(sid)
-        if (sid in self._live or sid in self._creating or self.store.get(sid) is not None
-                or owner not in (None, tenant)):  # a closed session's records stay its tenant's
-            raise SessionExists(f"session {sid!r} already exists")
-        self._check_capacity(tenant, principal.max_sessions)
-
-    def _check_capacity(self, tenant: str | None, cap: int | None = None) -> None:
-        """Room for one more live session (the server's cap, and the tenant's ``cap``)."""
-        if self.live_count >= self.settings.sessions.max_sessions:
-            raise TooManySessions(
-                f"the server holds its maximum of {self.settings.sessions.max_sessions} sessions; "
-                "delete one or wait for idle sessions to expire"
-            )
-        if cap is not None:
-            held = (sum(1 for s in self._live.values() if s.info.tenant == tenant)
-                    + sum(1 for t in self._creating.values() if t == tenant))
-            if held >= cap:
-                audit("quota_refused", tenant=tenant, quota="max_sessions", limit=cap)
-                raise QuotaExceeded(f"tenant {tenant!r} holds its maximum of {cap} sessions; "
-                                    "delete one or wait for idle sessions to expire")
-
     async def create(self, req: SessionCreate, principal: Principal = ADMIN) -> SessionInfo:
         sid = req.session_id or uuid.uuid4().hex
         tenant = principal.tenant
-        self._check_room(sid, principal)
-        source = await self._fork_source(req, principal)
+        self.admission.check_room(sid, principal)
+        source = await self.forks.source(req, principal)
         if source is not None:
-            req = self._like_source(req, source.session_id)
-            self._check_room(sid, principal)  # the source was awaited: another create may have the id now
+            req = self.forks.like_source(req, source.session_id)
+            self.admission.check_room(sid, principal)  # the source was awaited: another create may have the id now
         self.broker.registry.check_allow_list(req.tools)
         for r in req.packages or []:
             parse_requirement(r)  # a bad requirement is refused before a kernel is taken
@@ -363,7 +283,7 @@ class SessionManager:
                     await self.delete(sid, keep_notebook=False, reason="packages_refused")
                 raise
         if source is not None:
-            await self._start_from(s, source)
+            await self.forks.start_from(s, source)
         return info
 
     async def install_packages(self, session_id: str, packages: list[str], source: str = "rest") -> PackagesResult:
@@ -496,35 +416,21 @@ class SessionManager:
         return s.info
 
     # -- files (files) -----------------------------------------------------------------------------
-    async def _files_session(self, session_id: str) -> LiveSession:
-        """The live session with its kernel's file agent reachable: files travel through the
-        kernel's channels, so a kernel that is not ready (restarted, woken) is readied first."""
-        s = self.live_session(session_id)
-        k = s.kernel
-        if k.conn is not None and k.conn.is_open and not k.needs_ready and k.tools_installed is not None:
-            return s
-        async with s.lock:
-            if await k.ensure_ready():
-                self.store.save(s.info, s.kernel_id, s.workspace)
-            await k.install_preamble(k.env.start_timeout)
-            await self.checkpoints.reseed(s)  # a remote kernel's files, back from its checkpoint
-        return s
-
     async def upload(self, session_id: str, path: str, body: BinaryIO, size: int, overwrite: bool) -> UploadResult:
         """Write ``size`` bytes read from ``body`` to the workspace (atomically)."""
-        return await self.files.upload(await self._files_session(session_id), path, body, size, overwrite)
+        return await self.files.upload(await self.files.ready(session_id), path, body, size, overwrite)
 
     async def list_files(self, session_id: str) -> FileList:
         """The workspace's files, as far as its bounded walk got (``note`` says where it stopped)."""
-        return await self.files.list_files(await self._files_session(session_id))
+        return await self.files.list_files(await self.files.ready(session_id))
 
     async def open_file(self, session_id: str, path: str, max_bytes: int | None = None) -> tuple[Download, str]:
         """(download, mime type) of a workspace file: ``download.size``, then ``download.chunks()``."""
-        return await self.files.open_file(await self._files_session(session_id), path, max_bytes)
+        return await self.files.open_file(await self.files.ready(session_id), path, max_bytes)
 
     async def delete_file(self, session_id: str, path: str) -> str:
         """Remove a workspace file; its path in the kernel (FileNotFound if there is none)."""
-        return await self.files.delete_file(await self._files_session(session_id), path)
+        return await self.files.delete_file(await self.files.ready(session_id), path)
 
     async def artifacts(self, session_id: str) -> list[Artifact]:
         """Artifacts of the session's runs (also after the session was deleted), fresh links."""
@@ -545,77 +451,21 @@ class SessionManager:
     async def artifact_bytes(self, session_id: str, run_id: str, artifact: Artifact) -> bytes:
         return await self.files.artifact_bytes(session_id, run_id, artifact)
 
-    # -- checkpoints and forks (checkpoints) ----------------------------------------------------------
+    # -- checkpoints, forks, resume (forks) --------------------------------------------------------
     async def checkpoint(self, session_id: str, auto: bool = False) -> CheckpointInfo:
         """Save the session's variables and files now (after the runs queued before it)."""
-        s = self.live_session(session_id)
-        if s.kernel.restore_pending:  # woken from hibernation: its kernel and state first
-            s = await self.resume(session_id)
-        async with s.lock:
-            if self._live.get(session_id) is not s:  # deleted, or hibernated, while we waited
-                raise CheckpointFailed(f"session {session_id!r} was deleted or hibernated meanwhile")
-            if s.kernel.state_lost or s.kernel.needs_ready:
-                raise CheckpointFailed(f"session {session_id!r}: its kernel died since the last run; "
-                                       "run code first (the next run restores the latest checkpoint)")
-            return await self.checkpoints.take(s, auto=auto)
+        return await self.forks.checkpoint(session_id, auto)
 
     def list_checkpoints(self, session_id: str) -> list[CheckpointInfo]:
         self.get(session_id)
         return self.checkpoints.list(session_id)
 
-    async def _fork_source(self, req: SessionCreate, principal: Principal) -> CheckpointInfo | None:
-        """The checkpoint a new session starts from: ``from_checkpoint``, or a fresh one of ``fork_of``."""
-        if req.fork_of is not None and req.from_checkpoint is not None:
-            raise InvalidRequest("give fork_of or from_checkpoint, not both")
-        if req.from_checkpoint is not None:
-            return self.checkpoints.find(req.from_checkpoint, principal)
-        if req.fork_of is not None:
-            self.authorize(principal, req.fork_of)
-            return await self.checkpoint(req.fork_of)
-        return None
-
-    def _like_source(self, req: SessionCreate, source_id: str) -> SessionCreate:
-        """A fork is a copy: its source's tools and limits (within the caller's ceilings), unless
-        the request names its own; the source's state may need that much memory and disk."""
-        try:
-            src = self.get(source_id)
-        except SessionNotFound:
-            return req
-        update: dict[str, Any] = {}
-        if req.tools is None:
-            update["tools"] = src.tools
-        if req.limits is None:
-            update["limits"] = LimitsPatch(**src.limits.model_dump())
-        return req.model_copy(update=update)
-
-    async def _start_from(self, s: LiveSession, source: CheckpointInfo) -> None:
-        """A fork: the source's files, then its variables (a failed restore deletes the new session)."""
-        sid = s.info.session_id
-        try:
-            if source.packages:  # first: the restore re-imports modules that may come from them
-                await self.packages.copy_in(s, source.packages)
-            await self.checkpoints.start_from(s, source)
-        except BaseException:
-            with contextlib.suppress(SessionNotFound):
-                await self.delete(sid, keep_notebook=False, reason="fork_failed")
-            raise
-        audit("session_forked", session_id=sid, tenant=s.info.tenant, checkpoint_id=source.checkpoint_id,
-              source=source.session_id)
-
-    # -- reaping -----------------------------------------------------------------------------------
     async def resume(self, session_id: str) -> LiveSession:
         """The live session with its kernel running: a woken or dead one is started and restored
         now (a console attaches to a kernel, not to a plan for one)."""
-        s = self.live_session(session_id)
-        if s.kernel.ready and not s.kernel.restore_pending:
-            return s
-        async with s.lock:
-            if await s.kernel.ensure_ready():
-                self.store.save(s.info, s.kernel_id, s.workspace)
-            await s.kernel.install_preamble(self.kernels.start_timeout)
-            await self.checkpoints.before_run(s)
-        return s
+        return await self.forks.resume(session_id)
 
+    # -- reaping -----------------------------------------------------------------------------------
     async def reap_expired(self) -> list[str]:
         if self.hibernation.on:
             t = now()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import uuid
 
 import httpx
@@ -49,8 +48,7 @@ def test_runs_harvest_into_s3_with_presigned_links(s3_server: S3Server):
             for a in listed:
                 assert httpx.get(a["download_url"], trust_env=False).status_code == 200
     finally:
-        srv.stop()
-        shutil.rmtree(srv.data_dir, ignore_errors=True)
+        srv.discard()
 
 
 def test_store_down_gives_an_artifact_error_never_a_lost_run():
@@ -68,8 +66,7 @@ def test_store_down_gives_an_artifact_error_never_a_lost_run():
             # The session goes on.
             assert c.post(f"/v1/sessions/{sid}/execute", json={"code": "x"}).json()["result"] == "41"
     finally:
-        srv.stop()
-        shutil.rmtree(srv.data_dir, ignore_errors=True)
+        srv.discard()
 
 
 def test_checkpoints_restore_and_fork_through_s3(s3_server: S3Server):
@@ -91,5 +88,4 @@ def test_checkpoints_restore_and_fork_through_s3(s3_server: S3Server):
             c.delete(f"/v1/sessions/{fork}")
             c.delete(f"/v1/sessions/{sid}")
     finally:
-        srv.stop()
-        shutil.rmtree(srv.data_dir, ignore_errors=True)
+        srv.discard()

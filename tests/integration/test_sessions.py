@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+from kernelmode.client import Client
+
 
 def test_variables_imports_and_files_persist(session_factory, run):
     sid = session_factory()
@@ -382,3 +386,50 @@ def test_exit_in_code_does_not_stop_the_kernel(session_factory, run):
         assert run(sid, code)["status"] == "ok", code
     res = run(sid, "kept")
     assert res["result"] == "'yes'" and res["state_lost"] is False
+
+
+def _walk(api, limit: int) -> list[list[str]]:
+    """Every page of the listing, ``limit`` sessions at a time, as lists of ids."""
+    pages, cursor = [], None
+    while True:
+        r = api.get("/v1/sessions", params={"limit": limit, **({"cursor": cursor} if cursor else {})})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert len(body["sessions"]) <= limit
+        pages.append([s["session_id"] for s in body["sessions"]])
+        cursor = body["next_cursor"]
+        if cursor is None:
+            return pages
+
+
+def test_listing_pages_walk_to_the_end_without_loss_or_repeat(server, api, session_factory):
+    made = [session_factory(session_id=f"page-{i}") for i in range(5)]
+    whole = api.get("/v1/sessions").json()  # no paging asked: the first page, and a cursor if more
+    assert set(whole) == {"sessions", "next_cursor"}
+    everything = [s["session_id"] for s in api.get("/v1/sessions", params={"limit": 1000}).json()["sessions"]]
+    assert [s for s in everything if s in made] == made  # creation order
+    pages = _walk(api, 2)
+    walked = [sid for p in pages for sid in p]
+    assert walked == everything and len(set(walked)) == len(walked)
+    assert len(pages) == -(-len(everything) // 2) and all(len(p) == 2 for p in pages[:-1])
+    # A session deleted between two pages shifts nothing: the next page starts after the cursor.
+    first = api.get("/v1/sessions", params={"limit": 1}).json()
+    gone = made[2]  # after the first page's session, whichever that is
+    assert api.delete(f"/v1/sessions/{gone}").status_code == 204
+    rest = api.get("/v1/sessions", params={"limit": 1000, "cursor": first["next_cursor"]}).json()
+    assert [s["session_id"] for s in rest["sessions"]] == [s for s in everything[1:] if s != gone]
+    # The client walks the same pages.
+    with Client(server.url, server.token) as km:
+        assert [i.session_id for i in km.iter_sessions(page_size=3)] == [s for s in everything if s != gone]
+        page = km.sessions_page(limit=1)
+        assert len(page.sessions) == 1 and page.next_cursor
+
+
+@pytest.mark.parametrize("params", [{"limit": "0"}, {"limit": "1001"}, {"limit": "ten"}, {"limit": "-3"},
+                                    {"limit": "2.5"}, {"cursor": "not-a-cursor"}, {"cursor": "e30"}])
+def test_bad_listing_limit_or_cursor_is_invalid_request(api, params):
+    r = api.get("/v1/sessions", params=params)
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_request"
+    assert ("limit must be an integer from 1 to 1000" if "limit" in params else "cursor is not one") in err["message"]

@@ -29,7 +29,7 @@ TENANTS = (f"[{{name: alpha, token: '{ALPHA}', max_sessions: 2}}, {{name: beta, 
 def srv() -> Iterator[Server]:
     s = start_server({"KERNELMODE_SERVER__TENANTS": TENANTS, "KERNELMODE_SESSIONS__POOL_SIZE": "1"})
     yield s
-    s.stop()
+    s.discard()
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +127,51 @@ def test_listing_is_per_tenant_and_admin_sees_all(
         assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
     finally:
         beta.delete("/v1/sessions/beta-own")
+
+
+@pytest.fixture()
+def beta_three(beta: httpx.Client) -> Iterator[list[str]]:
+    """Three sessions of beta's, in creation order."""
+    own = [f"beta-page-{i}" for i in range(3)]
+    for sid in own:
+        assert beta.post("/v1/sessions", json={"session_id": sid}).status_code == 201
+    yield own
+    for sid in own:
+        beta.delete(f"/v1/sessions/{sid}")
+
+
+def test_listing_pages_and_cursors_stay_within_the_tenant(
+        alpha: httpx.Client, beta: httpx.Client, alpha_sid: str, beta_three: list[str]) -> None:
+    walked, cursor, beta_cursor = [], None, None
+    while True:
+        body = beta.get("/v1/sessions", params={"limit": 1, **({"cursor": cursor} if cursor else {})}).json()
+        walked += [s["session_id"] for s in body["sessions"]]
+        cursor = beta_cursor = body["next_cursor"] or beta_cursor
+        if body["next_cursor"] is None:
+            break
+    assert walked == beta_three  # beta's own, in creation order, each once; nothing of alpha's
+    # beta's cursor is no position in alpha's listing: refused, and alpha's listing shows none of beta's.
+    r = alpha.get("/v1/sessions", params={"cursor": beta_cursor})
+    assert r.status_code == 422 and "another tenant" in r.json()["error"]["message"], r.text
+    alpha_ids = [s["session_id"] for s in alpha.get("/v1/sessions", params={"limit": 1000}).json()["sessions"]]
+    assert alpha_sid in alpha_ids and not set(alpha_ids) & set(beta_three)
+
+
+async def test_mcp_list_sessions_pages_within_the_tenant(srv: Server, alpha_sid: str, beta_three: list[str]) -> None:
+    async with mcp_client(srv, token=BETA) as client:
+        seen, args, answers = [], {"limit": 2}, 0
+        while True:
+            text = (await client.call_tool("list_sessions", args)).content[0].text
+            answers += 1
+            assert alpha_sid not in text
+            seen += [sid for sid in beta_three if f"- {sid}:" in text]
+            if "More sessions remain" not in text:
+                break
+            args = {"limit": 2, "cursor": text.split("cursor='")[1].split("'")[0]}
+        # beta's three (and this connection's own session, if it made one): two pages of two.
+        assert seen == beta_three and answers == 2
+        refused = await client.call_tool("list_sessions", {"limit": 0})
+        assert refused.is_error
 
 
 def test_closed_session_records_stay_the_tenants(alpha: httpx.Client, beta: httpx.Client) -> None:

@@ -7,7 +7,6 @@ its tools working."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,9 +49,8 @@ def servers(env: dict[str, object]) -> Iterator[list[Server]]:
     """The server (a list: the last test restarts it on the same data directory)."""
     held = [start_server(env["vars"], args=env["args"])]  # type: ignore[arg-type]
     yield held
-    held[-1].stop()
-    shutil.rmtree(held[-1].data_dir, ignore_errors=True)
-    held[-1].log_path.unlink(missing_ok=True)
+    for srv in held:  # both on one data directory
+        srv.discard()
 
 
 @pytest.fixture(scope="module")

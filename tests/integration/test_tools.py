@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -57,9 +56,8 @@ def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                    .replace("@MCP_SERVER@", json.dumps(MCP_SERVER)).replace("@URL@", web.url))
     srv = start_server({"KM_TOOL_SECRET": TOOL_SECRET}, args=["--config", str(cfg)])
     yield srv
-    srv.stop()
+    srv.discard()
     web.kill()
-    shutil.rmtree(srv.data_dir, ignore_errors=True)
     srv.log_path.unlink(missing_ok=True)
 
 

@@ -81,7 +81,7 @@ def config() -> Iterator[Path]:
 def tool_server(config: Path) -> Iterator[Server]:
     srv = start_server(args=["--config", str(config)])
     yield srv
-    srv.stop()
+    srv.discard()
 
 
 @contextlib.asynccontextmanager

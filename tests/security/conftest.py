@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import Server
+from tests.conftest import Server, start_server
 
 # Prepended to every probe: the kernel's own directory on the host path (it is bound there),
 # read from the `-f <connection file>` argument of the kernel's command line.
@@ -43,6 +44,38 @@ def probe(run: Callable[..., dict]) -> Callable[..., dict]:
         return report(run(sid, PRELUDE + textwrap.dedent(code), **opts))
 
     return _probe
+
+
+# The tenants of ``tenant_server``: alpha and beta attack each other; small has ceilings of its
+# own (max_limits), plain has none. An MCP connection cap per tenant small enough to reach.
+ALPHA, BETA, SMALL, PLAIN = (secrets.token_urlsafe(18) for _ in range(4))
+SMALL_CEILINGS = {"memory_mb": 256, "pids": 64, "disk_mb": 16, "open_files": 256}
+MCP_PER_TENANT = 2
+_TENANTS = (f"[{{name: alpha, token: '{ALPHA}'}}, {{name: beta, token: '{BETA}'}}, "
+            f"{{name: small, token: '{SMALL}', max_limits: {json.dumps(SMALL_CEILINGS)}}}, "
+            f"{{name: plain, token: '{PLAIN}'}}]")
+
+
+@pytest.fixture(scope="session")
+def tenant_server() -> Iterator[Server]:
+    """One server with the tenants above, shared by the modules that attack across tenants (each
+    cleans up the sessions and connections it makes)."""
+    s = start_server({"KERNELMODE_SERVER__TENANTS": _TENANTS, "KERNELMODE_SESSIONS__POOL_SIZE": "1",
+                      "KERNELMODE_MCP__MAX_SESSIONS_PER_TENANT": str(MCP_PER_TENANT)})
+    yield s
+    s.discard()
+
+
+@pytest.fixture(scope="module")
+def alpha(tenant_server: Server) -> Iterator[httpx.Client]:
+    with tenant_server.client(ALPHA) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def beta(tenant_server: Server) -> Iterator[httpx.Client]:
+    with tenant_server.client(BETA) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

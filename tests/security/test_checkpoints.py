@@ -18,29 +18,7 @@ import pytest
 
 from kernelmode.artifacts.base import StoreError
 from kernelmode.artifacts.local import LocalStore
-from tests.conftest import Server, start_server
-
-ALPHA, BETA = secrets.token_urlsafe(18), secrets.token_urlsafe(18)
-TENANTS = f"[{{name: alpha, token: '{ALPHA}'}}, {{name: beta, token: '{BETA}'}}]"
-
-
-@pytest.fixture(scope="module")
-def srv() -> Iterator[Server]:
-    s = start_server({"KERNELMODE_SERVER__TENANTS": TENANTS, "KERNELMODE_SESSIONS__POOL_SIZE": "1"})
-    yield s
-    s.discard()
-
-
-@pytest.fixture(scope="module")
-def alpha(srv: Server) -> Iterator[httpx.Client]:
-    with srv.client(ALPHA) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def beta(srv: Server) -> Iterator[httpx.Client]:
-    with srv.client(BETA) as c:
-        yield c
+from tests.conftest import Server
 
 
 def _run(c: httpx.Client, sid: str, code: str, timeout: float = 60) -> dict:
@@ -69,8 +47,8 @@ def alpha_ck(alpha: httpx.Client) -> Iterator[tuple[str, dict]]:
     alpha.delete(f"/v1/sessions/{sid}")
 
 
-def _blob(srv: Server, checkpoint_id: str) -> Path:
-    return srv.data_dir / "artifacts" / ".checkpoints" / checkpoint_id / "namespace.kmck"
+def _blob(tenant_server: Server, checkpoint_id: str) -> Path:
+    return tenant_server.data_dir / "artifacts" / ".checkpoints" / checkpoint_id / "namespace.kmck"
 
 
 def test_another_tenants_checkpoint_is_an_unknown_id(alpha_ck: tuple[str, dict], beta: httpx.Client) -> None:
@@ -90,21 +68,21 @@ def test_another_tenants_checkpoint_is_an_unknown_id(alpha_ck: tuple[str, dict],
     assert [s for s in beta.get("/v1/sessions").json()["sessions"] if s["session_id"] == sid] == []
 
 
-def test_checkpoint_objects_are_never_served_by_a_link(srv: Server, alpha: httpx.Client,
+def test_checkpoint_objects_are_never_served_by_a_link(tenant_server: Server, alpha: httpx.Client,
                                                        alpha_ck: tuple[str, dict]) -> None:
     sid, ck = alpha_ck
-    assert _blob(srv, ck["checkpoint_id"]).is_file()
+    assert _blob(tenant_server, ck["checkpoint_id"]).is_file()
     key = f".checkpoints/{ck['checkpoint_id']}/namespace.kmck"
     # A link signed with the server's own key (read from its data dir, as an insider could) is
     # still refused: the prefix is never served.
-    store = LocalStore(srv.data_dir / "artifacts", 60)
+    store = LocalStore(tenant_server.data_dir / "artifacts", 60)
     asyncio.run(store.start())
     expires = str(int(time.time()) + 60)
-    with httpx.Client(base_url=srv.url) as anon:
+    with httpx.Client(base_url=tenant_server.url) as anon:
         r = anon.get(f"/v1/artifacts/{key}", params={"expires": expires, "sig": store._sign(key, int(expires))})
         assert r.status_code == 403 and b"alpha-only" not in r.content
     with pytest.raises(StoreError):
-        asyncio.run(store.link(key, srv.url))
+        asyncio.run(store.link(key, tenant_server.url))
     # The session's artifacts never list it, and read through the workspace it is not there.
     arts = alpha.get(f"/v1/sessions/{sid}/artifacts").json()["artifacts"]
     assert not any(".checkpoints" in a["path"] or ".kernelmode-checkpoint" in a["path"] for a in arts)
@@ -112,13 +90,13 @@ def test_checkpoint_objects_are_never_served_by_a_link(srv: Server, alpha: httpx
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "flip"])
-def test_a_damaged_checkpoint_gives_a_clear_error_and_a_fresh_kernel(srv: Server, alpha: httpx.Client,
+def test_a_damaged_checkpoint_gives_a_clear_error_and_a_fresh_kernel(tenant_server: Server, alpha: httpx.Client,
                                                                       damage: str) -> None:
     sid = _session(alpha)
     try:
         _run(alpha, sid, "import numpy as np\nbig = np.arange(100_000)\nsmall = 5")
         ck = _checkpoint(alpha, sid)
-        blob = _blob(srv, ck["checkpoint_id"])
+        blob = _blob(tenant_server, ck["checkpoint_id"])
         data = blob.read_bytes()
         if damage == "truncate":
             blob.write_bytes(data[: len(data) // 2])
@@ -144,7 +122,7 @@ def test_a_damaged_checkpoint_gives_a_clear_error_and_a_fresh_kernel(srv: Server
         alpha.delete(f"/v1/sessions/{sid}")
 
 
-def test_a_checkpoint_is_only_ever_unpickled_in_a_sandbox(srv: Server, alpha: httpx.Client) -> None:
+def test_a_checkpoint_is_only_ever_unpickled_in_a_sandbox(tenant_server: Server, alpha: httpx.Client) -> None:
     marker = Path(f"/tmp/km-unpickled-{secrets.token_hex(6)}")
     sid = _session(alpha)
     try:
@@ -162,7 +140,7 @@ def test_a_checkpoint_is_only_ever_unpickled_in_a_sandbox(srv: Server, alpha: ht
         marker.unlink(missing_ok=True)
 
 
-def test_links_planted_in_the_checkpoint_folder_are_not_followed(srv: Server, alpha: httpx.Client) -> None:
+def test_links_planted_in_the_checkpoint_folder_are_not_followed(tenant_server: Server, alpha: httpx.Client) -> None:
     sid = _session(alpha)
     try:
         # The folder is a link to the kernel's /tmp: the kernel writes there, the manager refuses
@@ -177,11 +155,11 @@ def test_links_planted_in_the_checkpoint_folder_are_not_followed(srv: Server, al
         alpha.delete(f"/v1/sessions/{sid}")
 
 
-def test_a_kernel_cannot_reach_the_stored_checkpoints(srv: Server, alpha: httpx.Client,
+def test_a_kernel_cannot_reach_the_stored_checkpoints(tenant_server: Server, alpha: httpx.Client,
                                                       alpha_ck: tuple[str, dict]) -> None:
     sid = _session(alpha)
     try:
-        where = str(srv.data_dir / "artifacts" / ".checkpoints")
+        where = str(tenant_server.data_dir / "artifacts" / ".checkpoints")
         r = _run(alpha, sid, f"import os\ntry:\n    print(os.listdir({where!r}))\nexcept OSError as e:\n"
                              "    print('refused', type(e).__name__)")
         assert r["stdout"].startswith("refused"), r

@@ -17,26 +17,13 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from kernelmode.api.jupyter_api import kernel_id_of
-from tests.conftest import Server, start_server
+from tests.conftest import Server
 
-ALPHA, BETA = secrets.token_urlsafe(18), secrets.token_urlsafe(18)
+from .conftest import ALPHA, BETA
+
 HTTP = httpx.Client(timeout=120)  # tokens per request; kernels start slowly on a busy machine
-TENANTS = f"[{{name: alpha, token: '{ALPHA}'}}, {{name: beta, token: '{BETA}'}}]"
 UNKNOWN = "00000000-0000-4000-8000-000000000000"
 V1 = "v1.kernel.websocket.jupyter.org"
-
-
-@pytest.fixture(scope="module")
-def srv() -> Iterator[Server]:
-    s = start_server({"KERNELMODE_SERVER__TENANTS": TENANTS, "KERNELMODE_SESSIONS__POOL_SIZE": "1"})
-    yield s
-    s.discard()
-
-
-@pytest.fixture(scope="module")
-def alpha(srv: Server) -> Iterator[httpx.Client]:
-    with srv.client(ALPHA) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
@@ -49,41 +36,41 @@ def alpha_sid(alpha: httpx.Client) -> Iterator[str]:
     alpha.delete(f"/v1/sessions/{sid}")
 
 
-def _ws_url(srv: Server, kid: str) -> str:
-    return "ws" + srv.url[len("http"):] + f"/api/kernels/{kid}/channels"
+def _ws_url(tenant_server: Server, kid: str) -> str:
+    return "ws" + tenant_server.url[len("http"):] + f"/api/kernels/{kid}/channels"
 
 
-def test_another_tenants_kernel_is_unknown_on_every_route(srv: Server, alpha: httpx.Client, alpha_sid: str) -> None:
+def test_another_tenants_kernel_is_unknown_on_every_route(tenant_server: Server, alpha: httpx.Client, alpha_sid: str) -> None:
     kid = kernel_id_of(alpha_sid)
     beta = {"Authorization": f"token {BETA}"}
     routes = [("GET", ""), ("DELETE", ""), ("POST", "/interrupt"), ("POST", "/restart")]
     for method, tail in routes:
-        r = HTTP.request(method, f"{srv.url}/api/kernels/{kid}{tail}", headers=beta, json={})
-        unknown = HTTP.request(method, f"{srv.url}/api/kernels/{UNKNOWN}{tail}", headers=beta, json={})
+        r = HTTP.request(method, f"{tenant_server.url}/api/kernels/{kid}{tail}", headers=beta, json={})
+        unknown = HTTP.request(method, f"{tenant_server.url}/api/kernels/{UNKNOWN}{tail}", headers=beta, json={})
         assert r.status_code == unknown.status_code == 404, (method, tail, r.text)
         assert r.json()["error"]["code"] == unknown.json()["error"]["code"] == "session_not_found"
         assert r.json()["message"].replace(kid, UNKNOWN) == unknown.json()["message"]
-    listed = HTTP.get(f"{srv.url}/api/kernels", headers=beta).json()
+    listed = HTTP.get(f"{tenant_server.url}/api/kernels", headers=beta).json()
     assert kid not in [k["id"] for k in listed]
     # The channels websocket, both protocols: refused at the handshake, like an unknown id
     for subprotocols in ([V1], None):
         for target in (kid, UNKNOWN):
             with pytest.raises(InvalidStatus) as refused:
-                connect(_ws_url(srv, target), additional_headers=beta,
+                connect(_ws_url(tenant_server, target), additional_headers=beta,
                         subprotocols=subprotocols, open_timeout=60)  # type: ignore[arg-type]
             assert refused.value.response.status_code == 404
     # No token, or a wrong one: 401 before anything
     with pytest.raises(InvalidStatus) as refused:
-        connect(_ws_url(srv, kid), additional_headers={"Authorization": "token wrong"}, open_timeout=60)
+        connect(_ws_url(tenant_server, kid), additional_headers={"Authorization": "token wrong"}, open_timeout=60)
     assert refused.value.response.status_code == 401
     # Nothing of alpha's was touched: no interrupt, no restart, no delete
     res = alpha.post(f"/v1/sessions/{alpha_sid}/execute", json={"code": "secret"}).json()
     assert res["result"] == "41", res
 
 
-def test_a_clients_env_never_reaches_the_kernel(srv: Server, alpha: httpx.Client) -> None:
+def test_a_clients_env_never_reaches_the_kernel(tenant_server: Server, alpha: httpx.Client) -> None:
     canary = "KM_JUPYTER_ENV_" + secrets.token_hex(6)
-    r = HTTP.post(f"{srv.url}/api/kernels", headers={"Authorization": f"token {ALPHA}"},
+    r = HTTP.post(f"{tenant_server.url}/api/kernels", headers={"Authorization": f"token {ALPHA}"},
                    json={"name": None, "env": {"KERNEL_CANARY": canary, "LD_PRELOAD": "/tmp/x.so",
                                                "PYTHONSTARTUP": "/tmp/x.py"}})
     assert r.status_code == 201, r.text
@@ -94,17 +81,17 @@ def test_a_clients_env_never_reaches_the_kernel(srv: Server, alpha: httpx.Client
                     f"'{canary}' in v or k in ('LD_PRELOAD', 'PYTHONSTARTUP', 'KERNEL_CANARY'))"}).json()
         assert res["status"] == "ok" and res["result"] == "[]", res
     finally:
-        assert HTTP.delete(f"{srv.url}/api/kernels/{r.json()['id']}",
+        assert HTTP.delete(f"{tenant_server.url}/api/kernels/{r.json()['id']}",
                             headers={"Authorization": f"token {ALPHA}"}).status_code == 204
     assert alpha.get(f"/v1/sessions/{sid}").status_code == 404  # started here: stopped here
 
 
-def test_bad_legacy_frames_and_shutdown_requests(srv: Server, alpha: httpx.Client, alpha_sid: str) -> None:
+def test_bad_legacy_frames_and_shutdown_requests(tenant_server: Server, alpha: httpx.Client, alpha_sid: str) -> None:
     kid = kernel_id_of(alpha_sid)
     headers = {"Authorization": f"token {ALPHA}"}
     session = Session(key=b"", username="person")
     # A shutdown request from the person is not passed on: the agent's kernel stays
-    with connect(_ws_url(srv, kid), additional_headers=headers, open_timeout=60, max_size=None) as ws:
+    with connect(_ws_url(tenant_server, kid), additional_headers=headers, open_timeout=60, max_size=None) as ws:
         for channel in ("shell", "control"):
             msg = session.msg("shutdown_request", {"restart": False})
             ws.send(json.dumps({**msg, "channel": channel}, default=json_default))
@@ -117,7 +104,7 @@ def test_bad_legacy_frames_and_shutdown_requests(srv: Server, alpha: httpx.Clien
     bad = ["[]", '{"channel": "nowhere", "header": {}}', '{"channel": "shell", "header": 5}',
            "{" * 100 + "}" * 100, "not json"]
     for frame in bad:
-        with connect(_ws_url(srv, kid), additional_headers=headers, open_timeout=60) as ws:
+        with connect(_ws_url(tenant_server, kid), additional_headers=headers, open_timeout=60) as ws:
             ws.send(frame)
             with pytest.raises(ConnectionClosed) as closed:
                 while True:

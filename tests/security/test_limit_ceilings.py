@@ -12,7 +12,6 @@ from __future__ import annotations
 import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -24,20 +23,15 @@ from kernelmode.models import LimitCeilings, Limits
 from kernelmode.sandbox import docker_backend
 from tests.conftest import BACKEND, REPO, Server, start_server
 
-from .conftest import report
+from .conftest import PLAIN, SMALL, SMALL_CEILINGS, report
 
 MiB = 1024 * 1024
 CEILINGS = LimitCeilings()  # the shared server's: it runs with the defaults
-SMALL = secrets.token_urlsafe(18)
-PLAIN = secrets.token_urlsafe(18)
-SMALL_CEILINGS = {"memory_mb": 256, "pids": 64, "disk_mb": 16, "open_files": 256}
-TENANTS = (f"[{{name: small, token: '{SMALL}', max_limits: {{memory_mb: 256, pids: 64, disk_mb: 16, "
-           f"open_files: 256}}}}, {{name: plain, token: '{PLAIN}'}}]")
 
 
 def _session_ids(api: httpx.Client) -> set[str]:
-    r = api.get("/v1/sessions")
-    assert r.status_code == 200, r.text
+    r = api.get("/v1/sessions", params={"limit": 1000})
+    assert r.status_code == 200 and r.json()["next_cursor"] is None, r.text
     return {s["session_id"] for s in r.json()["sessions"]}
 
 
@@ -154,15 +148,8 @@ def test_at_the_ceilings_the_kernel_has_them(api: httpx.Client, session_factory)
 
 
 # -- a tenant's ceilings ----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tenant_srv() -> Iterator[Server]:
-    s = start_server({"KERNELMODE_SERVER__TENANTS": TENANTS, "KERNELMODE_SESSIONS__POOL_SIZE": "0"})
-    yield s
-    s.stop()
-
-
-def test_a_tenant_is_held_to_its_own_ceilings(tenant_srv: Server) -> None:
-    with tenant_srv.client() as admin, tenant_srv.client(SMALL) as small, tenant_srv.client(PLAIN) as plain:
+def test_a_tenant_is_held_to_its_own_ceilings(tenant_server: Server) -> None:
+    with tenant_server.client() as admin, tenant_server.client(SMALL) as small, tenant_server.client(PLAIN) as plain:
         for name, ceiling in SMALL_CEILINGS.items():
             err = _refused(small, admin, {name: ceiling + 1})
             assert err["message"] == f"{name} {ceiling + 1} is over tenant 'small''s ceiling of {ceiling}"

@@ -11,27 +11,17 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
-from tests.conftest import Server, start_server
+from tests.conftest import Server
 from tests.mcp.conftest import mcp_client
 
-ALPHA, BETA = (secrets.token_urlsafe(18) for _ in range(2))
-TENANTS = f"[{{name: alpha, token: '{ALPHA}'}}, {{name: beta, token: '{BETA}'}}]"
-PER_TENANT = 2
+from .conftest import ALPHA, BETA
+from .conftest import MCP_PER_TENANT as PER_TENANT
+
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 VERSION = "2025-06-18"
-
-
-@pytest.fixture(scope="module")
-def srv() -> Iterator[Server]:
-    s = start_server({"KERNELMODE_SERVER__TENANTS": TENANTS, "KERNELMODE_SESSIONS__POOL_SIZE": "0",
-                      "KERNELMODE_MCP__MAX_SESSIONS_PER_TENANT": str(PER_TENANT)})
-    yield s
-    s.stop()
 
 
 def rpc(method: str, params: dict | None = None, id_: int | None = 1) -> dict:
@@ -49,9 +39,9 @@ def answer(r: httpx.Response) -> dict:
     return r.json()
 
 
-def open_connection(srv: Server, token: str) -> httpx.Response:
+def open_connection(tenant_server: Server, token: str) -> httpx.Response:
     """initialize (+ initialized) on a new MCP connection; the response carries its id."""
-    with srv.client(token) as c:
+    with tenant_server.client(token) as c:
         r = c.post("/mcp", headers=ACCEPT, json=rpc("initialize", {
             "protocolVersion": VERSION, "capabilities": {},
             "clientInfo": {"name": "attacker", "version": "0"}}))
@@ -63,111 +53,111 @@ def open_connection(srv: Server, token: str) -> httpx.Response:
         return r
 
 
-def list_tools(srv: Server, token: str, sid: str) -> httpx.Response:
-    with srv.client(token) as c:
+def list_tools(tenant_server: Server, token: str, sid: str) -> httpx.Response:
+    with tenant_server.client(token) as c:
         return c.post("/mcp", headers={**ACCEPT, "mcp-session-id": sid, "mcp-protocol-version": VERSION},
                       json=rpc("tools/list", id_=2))
 
 
-def close(srv: Server, token: str, sid: str) -> httpx.Response:
-    with srv.client(token) as c:
+def close(tenant_server: Server, token: str, sid: str) -> httpx.Response:
+    with tenant_server.client(token) as c:
         return c.delete("/mcp", headers={"mcp-session-id": sid, "mcp-protocol-version": VERSION})
 
 
-def test_another_tenant_cannot_use_or_end_a_connection(srv: Server) -> None:
-    r = open_connection(srv, ALPHA)
+def test_another_tenant_cannot_use_or_end_a_connection(tenant_server: Server) -> None:
+    r = open_connection(tenant_server, ALPHA)
     assert r.status_code == 200, r.text
     sid = r.headers["mcp-session-id"]
     try:
-        mine = list_tools(srv, ALPHA, sid)
+        mine = list_tools(tenant_server, ALPHA, sid)
         assert mine.status_code == 200 and "run_python" in mine.text
-        unknown = list_tools(srv, BETA, secrets.token_hex(16))
+        unknown = list_tools(tenant_server, BETA, secrets.token_hex(16))
         assert unknown.status_code == 404
         # beta naming alpha's connection: exactly the answer for an id nobody has.
-        stolen = list_tools(srv, BETA, sid)
+        stolen = list_tools(tenant_server, BETA, sid)
         assert stolen.status_code == 404, stolen.text
         assert answer(stolen)["error"] == answer(unknown)["error"]
         assert "run_python" not in stolen.text
-        assert close(srv, BETA, sid).status_code == 404
+        assert close(tenant_server, BETA, sid).status_code == 404
         # The admin token is a tenant of its own here: it cannot take the connection over either.
-        assert list_tools(srv, srv.token, sid).status_code == 404
+        assert list_tools(tenant_server, tenant_server.token, sid).status_code == 404
         # alpha's connection is untouched.
-        again = list_tools(srv, ALPHA, sid)
+        again = list_tools(tenant_server, ALPHA, sid)
         assert again.status_code == 200 and "run_python" in again.text
     finally:
-        assert close(srv, ALPHA, sid).status_code == 200
-    assert list_tools(srv, ALPHA, sid).status_code == 404  # ended by its owner
+        assert close(tenant_server, ALPHA, sid).status_code == 200
+    assert list_tools(tenant_server, ALPHA, sid).status_code == 404  # ended by its owner
 
 
-async def test_the_connection_cap_is_per_tenant(srv: Server) -> None:
+async def test_the_connection_cap_is_per_tenant(tenant_server: Server) -> None:
     held = []
     try:
         for _ in range(PER_TENANT):
-            r = open_connection(srv, ALPHA)
+            r = open_connection(tenant_server, ALPHA)
             assert r.status_code == 200, r.text
             held.append(r.headers["mcp-session-id"])
-        refused = open_connection(srv, ALPHA)
+        refused = open_connection(tenant_server, ALPHA)
         assert refused.status_code == 503, refused.text
         assert "too many" in refused.text.lower()
         # beta still gets in, with the real SDK client, and works.
-        async with mcp_client(srv, token=BETA, close=False) as client:
+        async with mcp_client(tenant_server, token=BETA, close=False) as client:
             tools = await client.list_tools()
             assert "run_python" in {t.name for t in tools.tools}
         # alpha's connections still work, and closing one makes room for another.
-        assert list_tools(srv, ALPHA, held[0]).status_code == 200
-        assert close(srv, ALPHA, held.pop()).status_code == 200
-        r = open_connection(srv, ALPHA)
+        assert list_tools(tenant_server, ALPHA, held[0]).status_code == 200
+        assert close(tenant_server, ALPHA, held.pop()).status_code == 200
+        r = open_connection(tenant_server, ALPHA)
         assert r.status_code == 200, r.text
         held.append(r.headers["mcp-session-id"])
     finally:
         for sid in held:
-            close(srv, ALPHA, sid)
+            close(tenant_server, ALPHA, sid)
 
 
-def fast_calls(srv: Server) -> int:
-    with srv.client() as c:
+def fast_calls(tenant_server: Server) -> int:
+    with tenant_server.client() as c:
         m = re.search(r"^kernelmode_mcp_fast_calls_total (\S+)$", c.get("/metrics").text, re.M)
     assert m is not None
     return int(float(m.group(1)))
 
 
-def run_python(srv: Server, token: str, sid: str, code: str, id_: int) -> httpx.Response:
-    with srv.client(token) as c:
+def run_python(tenant_server: Server, token: str, sid: str, code: str, id_: int) -> httpx.Response:
+    with tenant_server.client(token) as c:
         return c.post("/mcp", headers={**ACCEPT, "mcp-session-id": sid, "mcp-protocol-version": VERSION},
                       json=rpc("tools/call", {"name": "run_python", "arguments": {"code": code}}, id_=id_))
 
 
-def test_the_direct_route_serves_no_other_tenant(srv: Server) -> None:
+def test_the_direct_route_serves_no_other_tenant(tenant_server: Server) -> None:
     """run_python on alpha's connection is answered on the direct route (mcp.fast_calls) for
     alpha; beta (and the admin) naming that connection get the unknown-id 404 and reach neither
     alpha's kernel nor the route."""
-    r = open_connection(srv, ALPHA)
+    r = open_connection(tenant_server, ALPHA)
     assert r.status_code == 200, r.text
     sid = r.headers["mcp-session-id"]
     try:
-        before = fast_calls(srv)
-        mine = run_python(srv, ALPHA, sid, "secret = 'alpha-' + 'xyz'; secret", 3)
+        before = fast_calls(tenant_server)
+        mine = run_python(tenant_server, ALPHA, sid, "secret = 'alpha-' + 'xyz'; secret", 3)
         assert mine.status_code == 200 and "alpha-xyz" in mine.text, mine.text
         assert mine.headers["content-type"].startswith("application/json")
-        assert fast_calls(srv) == before + 1  # the route was taken
-        unknown = run_python(srv, BETA, secrets.token_hex(16), "1", 4)
+        assert fast_calls(tenant_server) == before + 1  # the route was taken
+        unknown = run_python(tenant_server, BETA, secrets.token_hex(16), "1", 4)
         assert unknown.status_code == 404
-        for token in (BETA, srv.token):
-            stolen = run_python(srv, token, sid, "secret", 5)
+        for token in (BETA, tenant_server.token):
+            stolen = run_python(tenant_server, token, sid, "secret", 5)
             assert stolen.status_code == 404, stolen.text
             assert answer(stolen)["error"] == answer(unknown)["error"]
             assert "alpha-xyz" not in stolen.text
         # A forged tenant header changes nothing: the tenant comes from the token.
-        with srv.client(BETA) as c:
+        with tenant_server.client(BETA) as c:
             forged = c.post("/mcp", headers={**ACCEPT, "mcp-session-id": sid, "mcp-protocol-version": VERSION,
                                              "x-kernelmode-tenant": "alpha"},
                             json=rpc("tools/call", {"name": "run_python", "arguments": {"code": "secret"}}, id_=6))
         assert forged.status_code == 404 and "alpha-xyz" not in forged.text
-        assert fast_calls(srv) == before + 1
-        again = run_python(srv, ALPHA, sid, "secret", 7)
+        assert fast_calls(tenant_server) == before + 1
+        again = run_python(tenant_server, ALPHA, sid, "secret", 7)
         assert again.status_code == 200 and "alpha-xyz" in again.text
     finally:
-        with srv.client(ALPHA) as c:
+        with tenant_server.client(ALPHA) as c:
             c.post("/mcp", headers={**ACCEPT, "mcp-session-id": sid, "mcp-protocol-version": VERSION},
                    json=rpc("tools/call", {"name": "close_session", "arguments": {}}, id_=8))
-        assert close(srv, ALPHA, sid).status_code == 200
+        assert close(tenant_server, ALPHA, sid).status_code == 200

@@ -35,7 +35,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     cfg.write_text(CONFIG.replace("@PYTHON@", json.dumps(sys.executable)).replace("@SERVER@", json.dumps(CATALOG_SERVER)))
     server = start_server(args=["--config", str(cfg)])
     yield server
-    server.stop()
+    server.discard()
 
 
 @pytest.fixture(scope="module")

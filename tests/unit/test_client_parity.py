@@ -136,6 +136,7 @@ CLIENT_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("session", (SID,), {}),
     ("get_session", ("a/b c",), {}),
     ("list_sessions", (), {}),
+    ("sessions_page", (), {"limit": 5, "cursor": "c-1"}),
     ("delete_session", (SID,), {}),
     ("execute", (SID, "1 + 1"), {"timeout_seconds": 5, "wait_seconds": 2}),
     ("execute", (SID, "print('hi')"), {"on_event": lambda e: None}),

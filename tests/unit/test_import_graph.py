@@ -127,3 +127,18 @@ def test_front_doors_never_name_the_app() -> None:
         if door != "kernelmode.mcp.stdio":
             assert "kernelmode.server" not in graph[door], door
     assert "kernelmode.server" not in graph["kernelmode.services"]
+
+
+def test_the_core_imports_no_front_door() -> None:
+    """sessions/ is what every front door calls: none of its rooms names a door, the app or the
+    client, not even for the type checker; a room that needs the manager gets it passed in and
+    names its type under TYPE_CHECKING only (forks, lifecycle, console_tap)."""
+    doors = ("kernelmode.api", "kernelmode.mcp", "kernelmode.console", "kernelmode.client",
+             "kernelmode.server", "kernelmode.cli")
+    graph, runtime = import_graph(type_checking=True), import_graph()
+    rooms = [m for m in graph if m.startswith("kernelmode.sessions.")]
+    assert "kernelmode.sessions.listing" in rooms and "kernelmode.sessions.forks" in rooms
+    for room in rooms:
+        assert not [t for t in graph[room] if t.startswith(doors)], room
+        if room != "kernelmode.sessions.manager":
+            assert "kernelmode.sessions.manager" not in runtime[room], room

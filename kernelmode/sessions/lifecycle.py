@@ -1,0 +1,91 @@
+"""The manager's start and stop. Start: the sessions of a previous run are adopted (their kernels
+outlived it) or marked ``lost``, interrupted runs ended, left-over kernels and workspaces cleared,
+then the reaper, the liveness probes and the warm pool begin. Stop: the reverse, leaving live
+sessions' kernels running (a successor may adopt them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import MutableMapping
+from typing import TYPE_CHECKING
+
+from ..errors import KernelmodeError
+from . import recovery
+from .live import LiveSession
+
+if TYPE_CHECKING:  # the manager passes itself in; importing it would be a cycle
+    from .manager import SessionManager
+
+log = logging.getLogger("kernelmode.sessions")
+
+
+class Lifecycle:
+    """``manager``: whose rooms start and stop; ``live``: its live sessions (adopted ones enter)."""
+
+    def __init__(self, manager: SessionManager, live: MutableMapping[str, LiveSession]) -> None:
+        self.m = manager
+        self.live = live
+        self._strays: asyncio.Task[None] | None = None
+
+    async def start(self, running_kernels: set[str] | frozenset[str]) -> None:
+        """``running_kernels``: kernels of an adopted gateway (left by a crashed manager); the
+        sessions they belong to are taken over with their variables, the rest become ``lost``."""
+        m, store = self.m, self.m.store
+        adoptable = recovery.adoptable(store, running_kernels)
+        adopted_ids = {i.session_id for i in adoptable}
+        gone = sorted(i.session_id for i in store.all()
+                      if i.status not in ("lost", "hibernated") and i.session_id not in adopted_ids)
+        lost = store.mark_all_lost(keep=adopted_ids)
+        if lost:  # named: the operator (and the sessions' owners) learn which did not survive
+            log.info("%d session(s) of a previous run are marked lost: %s", lost, ", ".join(gone))
+        m.workspaces.mkdir(parents=True, exist_ok=True)
+        m.workspaces.chmod(0o711)
+        keep_mounted = {w for i in adoptable if (w := store.workspace(i.session_id)) is not None}
+        m.quota = await asyncio.to_thread(m.volumes.start, keep_mounted)
+        log.info("workspace quota: %s", m.quota)
+        in_flight = {r.session_id: r for r in store.runs_in_flight()}
+        for s in await recovery.adopt(m.kernels, store, adoptable, in_flight):
+            self.live[s.info.session_id] = s
+        recovery.end_interrupted_runs(store, in_flight, set(self.live))
+        strays = running_kernels - {s.kernel_id for s in self.live.values()}
+        if strays:  # pool kernels of the dead manager, and the like: after start, in the background
+            self._strays = asyncio.create_task(self._shut_down(strays), name="strays")
+        # Workspaces of kernels that belong to no session (a previous run's pool) are litter.
+        keep = store.workspaces()
+        for d in m.workspaces.iterdir():
+            if d.suffix != ".img" and d not in keep:
+                await asyncio.to_thread(m.volumes.destroy, d)
+        await asyncio.to_thread(m.packages.service.sweep, {w.name for w in keep})
+        m.reaper.start()
+        m.liveness.start()
+        m.pool.refill()
+
+    async def stop(self, keep_sessions: bool) -> None:
+        """``keep_sessions``: their kernels outlive this manager (an external gateway keeps them),
+        so they stay adoptable by the next `serve` instead of being marked lost."""
+        m, store = self.m, self.m.store
+        await m.reaper.stop()
+        await m.liveness.stop()
+        if self._strays is not None:
+            self._strays.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._strays
+        for s in list(self.live.values()):
+            if not keep_sessions:
+                store.mark_lost(s.info)
+        # At once, not one by one: an MCP client gives its stdio server 2 s to exit. The kernels
+        # of live sessions keep running (a successor may adopt them); only pool kernels go.
+        await asyncio.gather(*(s.conn.close() for s in self.live.values() if s.conn),
+                             m.pool.stop(), return_exceptions=True)
+        hibernated = {w for i in store.hibernated() if (w := store.workspace(i.session_id))}
+        await asyncio.to_thread(m.volumes.sweep, {s.workspace for s in self.live.values()} | hibernated)
+        self.live.clear()
+
+    async def _shut_down(self, kernel_ids: set[str] | frozenset[str]) -> None:
+        for kernel_id in kernel_ids:
+            with contextlib.suppress(KernelmodeError):
+                await self.m.gateway.shutdown_kernel(kernel_id)
+        # Their workspaces are no session's: the start-up sweep of workspaces/ removed them.

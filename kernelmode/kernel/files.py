@@ -172,11 +172,16 @@ def _changes() -> dict[str, Any]:
         before = _state["baseline"] or {"files": {}, "stopped": None, "started_ns": 0}
         _state["baseline"] = after
     since = before["started_ns"] if before.get("stopped") else None
+    old = before["files"]
     changed = []
-    for rel, e in sorted(after["files"].items()):
-        b = before["files"].get(rel)
-        if (b is None and (since is None or e[4] >= since)) or (b is not None and b[1:4] != e[1:4]):
+    for rel, e in after["files"].items():  # once per run over the whole workspace: kept lean
+        b = old.get(rel)
+        if b is None:
+            if since is None or e[4] >= since:
+                changed.append(e)
+        elif b[1] != e[1] or b[2] != e[2] or b[3] != e[3]:  # size, mtime, inode
             changed.append(e)
+    changed.sort()  # by path (the first field; paths are unique)
     cap = _state["max_changes"]
     return {"files": changed[:cap], "truncated": len(changed) > cap, "stopped": after["stopped"]}
 

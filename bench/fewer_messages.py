@@ -3,7 +3,8 @@
 Run:  .venv/bin/python bench/fewer_messages.py [--before REF] [--samples N] [--quick] [--no-write]
 
 Two `kernelmode serve` (bwrap, pool_size 1) side by side: ``before`` runs the code of git REF
-(default ``main``, exported with `git archive` into a scratch folder), ``after`` this checkout;
+(default: where this branch left ``main``, their merge base; exported with `git archive` into a
+scratch folder), ``after`` this checkout;
 and a direct ipykernel (jupyter_client, unsandboxed) as the floor. Each server has a live
 session ``warm``; its REST `1+1` is timed on one keep-alive connection, the three paths
 interleaved round-robin in batches (harness ``interleave``), and the CPU time of the manager,
@@ -46,10 +47,15 @@ PATHS = ("direct", *SIDES)
 ROLES = ("manager", "gateway", "kernel")
 
 
-def export(ref: str, dest: Path) -> str:
-    """The tree of ``ref`` in ``dest`` (kernelmode runs from its checkout); its short commit."""
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", ref], check=True,
-                            capture_output=True, text=True).stdout.strip()
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def export(ref: str | None, dest: Path) -> str:
+    """The tree of ``ref`` (None: the merge base of HEAD and main) in ``dest`` (kernelmode runs
+    from its checkout); its short commit."""
+    commit = git("rev-parse", "--short", ref or git("merge-base", "HEAD", "main"))
     archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return commit
@@ -66,7 +72,7 @@ def checkout(path: Path) -> Iterator[None]:
         tests.conftest.REPO = saved
 
 
-def prepare(ref: str) -> tuple[Path, str, str]:
+def prepare(ref: str | None) -> tuple[Path, str, str]:
     """A scratch folder with the code of ``ref`` in ``before/``; the two short commits."""
     # bwrap binds the kernel environment read-only: the real folder, not a worktree's symlink.
     os.environ.setdefault("KERNELMODE_SANDBOX__KERNEL_PYTHON",
@@ -76,9 +82,7 @@ def prepare(ref: str) -> tuple[Path, str, str]:
     (tmp / "before").mkdir()
     (tmp / "direct").mkdir()
     before_commit = export(ref, tmp / "before")
-    after_commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], check=True,
-                                  capture_output=True, text=True).stdout.strip()
-    return tmp, before_commit, after_commit
+    return tmp, before_commit, git("rev-parse", "--short", "HEAD")
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -91,7 +95,7 @@ async def run(args: argparse.Namespace) -> int:
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, True)
         stack.push_async_callback(direct.stop)
-        print(f"starting: direct kernel, serve from {args.before} ({before_commit}) and from this "
+        print(f"starting: direct kernel, serve from {before_commit} and from this "
               f"checkout ({after_commit}) ...", flush=True)
         await direct.start()
         for side, km in servers.items():
@@ -144,7 +148,7 @@ def report(stats: dict[str, Stats], cpu: dict[str, dict[str, int]], args: argpar
            before_commit: str, after_commit: str, wall: float, load_start: str, load_end: str) -> str:
     d = stats["direct"].median
     labels = {"direct": "direct (jupyter_client -> ipykernel, unsandboxed)",
-              "before": f"REST execute, before ({args.before} = {before_commit})",
+              "before": f"REST execute, before ({before_commit})",
               "after": f"REST execute, after (this branch, {after_commit})"}
     rows = []
     for p in PATHS:
@@ -174,7 +178,8 @@ this one run, are what count). Warm `1+1` on a live session; bwrap; one keep-ali
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_sampling_args(p)
-    p.add_argument("--before", default="main", help="git ref of the 'before' code (default main)")
+    p.add_argument("--before", default=None,
+                   help="git ref of the 'before' code (default: the merge base of HEAD and main)")
     p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = p.parse_args()
     sampling_args(p, args)

@@ -471,7 +471,8 @@ def install(shell: Any, config: dict[str, Any]) -> None:
     _state["kernel"] = shell.kernel
     configure(config)
     shell.kernel.comm_manager.register_target(TARGET, _on_open)
-    _wrap_finish_metadata(shell.kernel)
+    if hasattr(shell.kernel, "finish_metadata"):  # every ipykernel; else the manager asks ("changes")
+        _wrap_finish_metadata(shell.kernel)
 
 
 def on_open(comm: Any, msg: dict[str, Any]) -> None:

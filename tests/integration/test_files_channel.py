@@ -169,6 +169,10 @@ def test_a_run_brings_no_message_more_than_a_bare_kernels(session_factory, run, 
     assert [f[0] for f in note["files"]] == ["by_console.txt"]
     r = run(sid, "open('by_agent.txt', 'w').write('a')")
     assert [a["path"] for a in r["artifacts"]] == ["/mnt/data/by_agent.txt"]
+    # No pause before the reply (the preamble turns ipykernel's off), and no output is lost: a
+    # run ends on its idle status, after every output.
+    r = run(sid, "for i in range(200): print(i)\nget_ipython().kernel._execute_sleep")
+    assert r["result"] == "0.0" and r["stdout"] == "".join(f"{i}\n" for i in range(200))
 
 
 def test_files_after_the_kernel_died(api, session_factory, run):

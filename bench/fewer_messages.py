@@ -219,9 +219,11 @@ What changed: the file agent's post-run change note rides in the cell's `execute
 metadata) instead of a sixth message (an IOPub comm_msg), so a `1+1` run brings the manager the
 five messages of a bare ipykernel (`tests/integration/test_files_channel.py`,
 `tests/unit/test_change_note.py` count them); the gateway reads each IOPub message's header
-with orjson, in place. The preamble adds no other per-cell work to the kernel: its only
-per-cell step is that note, whose cost grows with the workspace (one `stat` per entry, a
-directory costs an open and a listing), below:
+with orjson, in place; and the preamble turns off ipykernel's 0.5 ms sleep before each
+`execute_reply` (`Kernel._execute_sleep`, for frontends that stop reading at the reply: every
+client of kernelmode reads a cell until its idle status). The preamble adds no other per-cell
+work to the kernel: its only per-cell step is that note, whose cost grows with the workspace
+(one `stat` per entry, a directory costs an open and a listing), below:
 
 The file agent's change note per run, nothing changed (microseconds of CPU, in this process):
 

@@ -43,8 +43,8 @@ class Harvester:
                       note: bytes | None) -> None:
         """Keep in ``result.artifacts`` the files the run created or changed and its rich outputs.
 
-        ``note``: the kernel's own list of changed files, sent before the run's idle status
-        (kernel/files.py's post-run hook); without it the kernel is asked (one round trip).
+        ``note``: the kernel's own list of changed files, carried by the run's execute_reply
+        (kernel/files.py's post-run note); without it the kernel is asked (one round trip).
         Only those files are then read, through the kernel's channels.
 
         Never raises: whatever goes wrong (the store, the kernel's answers) is said in

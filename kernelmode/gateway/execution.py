@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ..kernel.files import CHANGES_COMM
+from ..kernel.files import CHANGES_COMM, NOTE_KEY
 from ..models import RunError, RunResult, RunStatus
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -40,7 +40,8 @@ class OutputCollector:
         self.execution_count: int | None = None
         self.truncated = False
         self.reply_status: str | None = None
-        # The file agent's note of the files the cell changed (kernel/files.py, a JSON buffer).
+        # The file agent's note of the files the cell changed (kernel/files.py): its JSON, from
+        # the execute_reply's metadata (or, for a large note, a comm_msg's buffer).
         self.file_changes: bytes | None = None
 
     def _take(self, kind: str, text: str) -> str:
@@ -118,6 +119,10 @@ class OutputCollector:
         elif kind == "execute_reply":
             self.reply_status = content.get("status")
             self.execution_count = content.get("execution_count", self.execution_count)
+            metadata = msg.get("metadata")
+            note = metadata.get(NOTE_KEY) if isinstance(metadata, dict) else None
+            if isinstance(note, str):  # checked with the rest when harvested (artifacts/channel.py)
+                self.file_changes = note.encode("utf-8", "replace")
             if content.get("status") == "error" and self.error is None:
                 self.error = RunError(
                     ename=content.get("ename", ""),

@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 
+import orjson
 import zmq
 import zmq.asyncio
 from jupyter_server._tz import utcnow
@@ -113,11 +114,13 @@ class NoDelayWebsocketConnection(ZMQChannelsWebsocketConnection):
             return
         kernel, kernels = self.kernel_manager, self.multi_kernel_manager
         try:
-            msg_type = json.loads(bytes(parts[0])).get("msg_type")
+            # orjson reads the parts in place (zmq frames are buffers: no copy), ~5x faster than
+            # json; the parent header and the content only for a status message.
+            msg_type = orjson.loads(memoryview(parts[0])).get("msg_type")
             status = msg_type == "status"
-            parent_type = json.loads(bytes(parts[1])).get("msg_type") if status else None
-            state = json.loads(bytes(parts[3])).get("execution_state") if status else None
-        except (ValueError, TypeError, AttributeError, RecursionError):
+            parent_type = orjson.loads(memoryview(parts[1])).get("msg_type") if status else None
+            state = orjson.loads(memoryview(parts[3])).get("execution_state") if status else None
+        except (ValueError, TypeError, AttributeError):  # orjson.JSONDecodeError is a ValueError
             return
         track = kernels.track_message_type
         if getattr(kernel, "execution_state", None) == "busy" or track(msg_type) or track(parent_type):

@@ -15,9 +15,12 @@ file bytes as the Jupyter message's binary buffers (never JSON/base64):
 
 Paths travel as hex of their file system bytes (names need not be UTF-8); a listing's JSON
 buffer is ASCII with such names as surrogate escapes. Errors answer ``{"error": {"code",
-"message"}}``. After each successful cell a post_run_cell hook sends the files changed since
-the last look (comm_msg on CHANGES_COMM, before the cell's idle status), so a harvest costs no
-round trip when nothing changed. The kernel is untrusted: the manager checks all of this.
+"message"}}``. After each successful cell the files changed since the last look ride in the
+cell's own ``execute_reply``: its metadata's NOTE_KEY holds the same ASCII JSON as a
+``changes`` answer (the kernel's ``finish_metadata`` is wrapped), so a harvest costs no round
+trip when nothing changed, and a run costs no message more than a bare kernel's. A note over
+MAX_NOTE_BYTES goes instead as a comm_msg on CHANGES_COMM with the JSON as its buffer (before
+the cell's idle status). The kernel is untrusted: the manager checks all of this.
 """
 
 from __future__ import annotations
@@ -34,7 +37,11 @@ from collections.abc import Iterator
 from typing import Any
 
 TARGET = "kernelmode.files"
-CHANGES_COMM = "kernelmode-files-changes"  # comm_id of the post-run change notes
+CHANGES_COMM = "kernelmode-files-changes"  # comm_id of a post-run change note too large for the reply
+NOTE_KEY = "kernelmode_changes"  # the execute_reply metadata field of the post-run change note
+# A note stays in the reply up to this size (a few hundred bytes in practice): far under any
+# message cap of the gateway or the manager, so the reply itself is never cut for its note.
+MAX_NOTE_BYTES = 256 << 10
 CHUNK = 1 << 20
 MAX_LISTING_BYTES = 4 << 20  # a listing's JSON stops growing here (paths can be long)
 CHECKPOINT_DIR = ".kernelmode-checkpoint"
@@ -165,11 +172,16 @@ def _changes() -> dict[str, Any]:
         before = _state["baseline"] or {"files": {}, "stopped": None, "started_ns": 0}
         _state["baseline"] = after
     since = before["started_ns"] if before.get("stopped") else None
+    old = before["files"]
     changed = []
-    for rel, e in sorted(after["files"].items()):
-        b = before["files"].get(rel)
-        if (b is None and (since is None or e[4] >= since)) or (b is not None and b[1:4] != e[1:4]):
+    for rel, e in after["files"].items():  # once per run over the whole workspace: kept lean
+        b = old.get(rel)
+        if b is None:
+            if since is None or e[4] >= since:
+                changed.append(e)
+        elif b[1] != e[1] or b[2] != e[2] or b[3] != e[3]:  # size, mtime, inode
             changed.append(e)
+    changed.sort()  # by path (the first field; paths are unique)
     cap = _state["max_changes"]
     return {"files": changed[:cap], "truncated": len(changed) > cap, "stopped": after["stopped"]}
 
@@ -408,18 +420,39 @@ def _guarded(comm: Any, step: Any) -> None:
         _send_error(comm, e)
 
 
-def _post_run(result: Any) -> None:
-    """After a successful cell: the files it changed, sent before the cell's idle status."""
-    if getattr(result, "error_in_exec", None) is not None or getattr(result, "error_before_exec", None):
-        return
+def _add_note(parent: dict[str, Any], metadata: dict[str, Any], reply: dict[str, Any]) -> None:
+    """After a successful, non-silent cell (when IPython's post_run_cell would run): the files it
+    changed, in its execute_reply's metadata (or, when large, a comm_msg sent before the reply)."""
     try:
+        content = parent.get("content") or {}
+        if reply.get("status") != "ok" or content.get("silent") or \
+                (parent.get("header") or {}).get("msg_type") != "execute_request":
+            return
         body = _json_buffer(_changes())
+        if len(body) <= MAX_NOTE_BYTES:
+            metadata[NOTE_KEY] = body.decode("ascii")
+            return
         kernel = _state["kernel"]
         kernel.session.send(kernel.iopub_socket, "comm_msg", {"comm_id": CHANGES_COMM, "data": {}},
-                            parent=kernel.get_parent(), ident=b"comm-" + CHANGES_COMM.encode(),
-                            buffers=[body])
+                            parent=parent, ident=b"comm-" + CHANGES_COMM.encode(), buffers=[body])
     except Exception:  # noqa: BLE001, S110 - the manager then asks itself ("changes")
         pass
+
+
+def _wrap_finish_metadata(kernel: Any) -> None:
+    """Make the kernel's finish_metadata (ipykernel's hook that completes an execute_reply's
+    metadata, called in the thread that ran the cell, subshells included) add the change note."""
+    inner = kernel.finish_metadata
+    inner = getattr(inner, "__wrapped__", inner)  # a second install (tests) wraps the original once
+
+    def finish_metadata(parent: dict[str, Any], metadata: dict[str, Any], reply_content: dict[str, Any]) -> Any:
+        metadata = inner(parent, metadata, reply_content)
+        if isinstance(metadata, dict):
+            _add_note(parent, metadata, reply_content)
+        return metadata
+
+    finish_metadata.__wrapped__ = inner  # type: ignore[attr-defined]
+    kernel.finish_metadata = finish_metadata
 
 
 def configure(config: dict[str, Any]) -> None:
@@ -434,13 +467,12 @@ def configure(config: dict[str, Any]) -> None:
 
 
 def install(shell: Any, config: dict[str, Any]) -> None:
-    """Register the comm target and the post-run hook in the running kernel."""
+    """Register the comm target and the post-run change note in the running kernel."""
     _state["kernel"] = shell.kernel
     configure(config)
     shell.kernel.comm_manager.register_target(TARGET, _on_open)
-    with contextlib.suppress(ValueError):
-        shell.events.unregister("post_run_cell", _post_run)
-    shell.events.register("post_run_cell", _post_run)
+    if hasattr(shell.kernel, "finish_metadata"):  # every ipykernel; else the manager asks ("changes")
+        _wrap_finish_metadata(shell.kernel)
 
 
 def on_open(comm: Any, msg: dict[str, Any]) -> None:

@@ -5,12 +5,20 @@ client's delete_file. Real server, real kernels."""
 from __future__ import annotations
 
 import hashlib
+import json
+import time
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+from jupyter_client.session import Session
+from websockets.sync.client import connect
 
 from kernelmode.client import Client
 from kernelmode.errors import KernelmodeError
+from kernelmode.gateway.client import WS_PROTOCOL
+from kernelmode.gateway.frames import Bounds, decode_frame, encode_frame
+from kernelmode.kernel.files import NOTE_KEY
 
 MB = 1_000_000
 
@@ -120,6 +128,51 @@ def test_a_harvest_asks_the_kernel_nothing_when_nothing_changed(session_factory,
     assert [a["path"] for a in r["artifacts"]] == ["/mnt/data/made.txt"]
     assert run(sid, "1 + 1")["artifacts"] == []
     assert run(sid, "_ops")["result"] == "['read']"  # one read for made.txt; no listing, no 'changes'
+
+
+def _cell_messages(server, sid: str, code: str) -> list[dict]:  # noqa: ANN001
+    """Every message that answers one execute_request sent over the session's channels (what
+    the gateway forwards for it, through the manager), up to its reply and its idle status."""
+    with connect(f"ws{server.url[4:]}/v1/sessions/{sid}/channels", subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]
+                 additional_headers={"Authorization": f"Bearer {server.token}"}, open_timeout=120) as ws:
+        msg = Session(key=b"", username="person").msg("execute_request", {
+            "code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False})
+        ws.send(encode_frame(msg, "shell"))
+        got: list[dict] = []
+        deadline = time.monotonic() + 120
+        while not ({"execute_reply", "status:idle"} <= {_kind(m) for m in got}):
+            m = decode_frame(ws.recv(timeout=max(deadline - time.monotonic(), 0.1)), Bounds(64 << 20))
+            if m["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                got.append(m)
+        return got
+
+
+def _kind(m: dict) -> str:
+    return f"status:{m['content'].get('execution_state')}" if m["msg_type"] == "status" else str(m["msg_type"])
+
+
+def test_a_run_brings_no_message_more_than_a_bare_kernels(session_factory, run, server):
+    """The post-run change note rides in the execute_reply: a `1+1` cell is answered by the five
+    messages of a bare ipykernel (busy, execute_input, execute_result, idle, reply), and an
+    attached frontend sees no unknown comm after each cell."""
+    sid = session_factory()
+    assert run(sid, "x = 1")["status"] == "ok"  # the preamble and the file agent are in
+    msgs = _cell_messages(server, sid, "1+1")
+    assert Counter(_kind(m) for m in msgs) == Counter(
+        ["status:busy", "execute_input", "execute_result", "status:idle", "execute_reply"]), msgs
+    reply = next(m for m in msgs if m["msg_type"] == "execute_reply")
+    assert json.loads(reply["metadata"][NOTE_KEY]) == {"files": [], "truncated": False, "stopped": None}
+    # A console's cell takes the note of what it wrote (as before: the agent's harvest is of its runs).
+    made = _cell_messages(server, sid, "open('by_console.txt', 'w').write('c')")
+    assert [m for m in made if m["msg_type"] == "comm_msg"] == []
+    note = json.loads(next(m for m in made if m["msg_type"] == "execute_reply")["metadata"][NOTE_KEY])
+    assert [f[0] for f in note["files"]] == ["by_console.txt"]
+    r = run(sid, "open('by_agent.txt', 'w').write('a')")
+    assert [a["path"] for a in r["artifacts"]] == ["/mnt/data/by_agent.txt"]
+    # No pause before the reply (the preamble turns ipykernel's off), and no output is lost: a
+    # run ends on its idle status, after every output.
+    r = run(sid, "for i in range(200): print(i)\nget_ipython().kernel._execute_sleep")
+    assert r["result"] == "0.0" and r["stdout"] == "".join(f"{i}\n" for i in range(200))
 
 
 def test_files_after_the_kernel_died(api, session_factory, run):

@@ -96,22 +96,20 @@ class ExecuteExchange:
     async def collect(self, deadline: float) -> Outcome:
         """Read until the exchange is over, or ``deadline`` (loop clock) passes: 'timeout'.
 
-        One timer for the whole wait (not one per message); what arrived before the deadline
-        stays in the collector.
+        One timer for the whole wait (not one per message), and no task of its own (a
+        ``timeout_at`` scope, not ``wait_for``); what arrived before the deadline stays in the
+        collector.
         """
         assert self._queue is not None, "send() first"
         queue = self._queue
-
-        async def drain() -> Outcome:
-            while True:
-                outcome = self.feed(await queue.get())
-                if outcome is not None:
-                    return outcome
-
-        remaining = max(deadline - asyncio.get_running_loop().time(), 0.001)
+        deadline = max(deadline, asyncio.get_running_loop().time() + 0.001)
         try:
-            return await asyncio.wait_for(drain(), remaining)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout_at(deadline):
+                while True:
+                    outcome = self.feed(await queue.get())
+                    if outcome is not None:
+                        return outcome
+        except TimeoutError:
             return "timeout"
 
     def close(self) -> None:

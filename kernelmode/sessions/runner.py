@@ -87,8 +87,9 @@ class Runner:
         run.collector.on_change = run.changed.set
         run.gate = self.approvals.open(run.run_id, s.info.session_id, s.info.tenant, run.changed.set, approvals)
         run.task = asyncio.create_task(self._execute(s, run, timeout), name=f"run-{run.run_id}")
-        # A run nobody waits for any more still has its failure read (kept in run.failure).
-        run.task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        # A run nobody waits for any more still has its failure read (kept in run.failure);
+        # its end wakes the waiters (``wait`` watches only run.changed).
+        run.task.add_done_callback(lambda t: (run.changed.set(), t.cancelled() or t.exception()))
         self.runs.add(run)
         return run
 
@@ -99,21 +100,19 @@ class Runner:
         The run's task is shielded: a caller that gives up (or is cancelled) does not stop it.
         """
         assert run.task is not None
-        loop = asyncio.get_running_loop()
-        deadline = None if wait_seconds is None else loop.time() + wait_seconds
-        # Also answered early when an approval waits that nobody is asking (MCP elicitation
-        # asks itself): the caller has to hear of it, or the run waits for the timeout.
-        while not run.task.done() and not run.awaiting:
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                break
-            run.changed.clear()
-            changed = asyncio.ensure_future(run.changed.wait())
-            try:
-                await asyncio.wait({run.task, changed}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                changed.cancel()
-        return run.task.result() if run.task.done() else run.snapshot()
+        task = run.task
+        # The run's end sets run.changed too (submit), so one event is watched, in a timeout
+        # scope: no task, future or wait set per change.
+        deadline = None if wait_seconds is None else asyncio.get_running_loop().time() + wait_seconds
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                # Also answered early when an approval waits that nobody is asking (MCP
+                # elicitation asks itself): the caller has to hear of it, or the run waits for
+                # the timeout.
+                while not task.done() and not run.awaiting:
+                    run.changed.clear()
+                    await run.changed.wait()
+        return task.result() if task.done() else run.snapshot()
 
     def find(self, run_id: str) -> LiveRun | None:
         """The run in flight, or a finished one read back from the store (for this answer only)."""
@@ -169,8 +168,9 @@ class Runner:
                 result.duration_ms = round((time.monotonic() - started) * 1000, 3)
                 if result.execution_count is not None:
                     s.info.execution_count = result.execution_count
-                self.store.add_run(run.code, result, run.collector.events)
-                self.store.save(s.info, s.kernel_id, s.workspace)
+                with self.store.transaction():  # the run's record and the session's: one commit
+                    self.store.add_run(run.code, result, run.collector.events)
+                    self.store.save(s.info, s.kernel_id, s.workspace)
             finally:
                 s.lock.release()
         except Exception as e:

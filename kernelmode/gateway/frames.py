@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +72,7 @@ def split_frame(frame: bytes | bytearray | memoryview, max_parts: int = MAX_PART
     table_end = _U64 * (count + 1)
     if table_end > size:
         raise FrameError(f"the frame claims {count} offsets ({table_end} bytes) in {size} bytes")
-    offsets = [int.from_bytes(view[_U64 * (i + 1):_U64 * (i + 2)], "little") for i in range(count)]
+    offsets = list(struct.unpack_from(f"<{count}Q", view, _U64))  # one C call, not one a part
     if offsets[0] < table_end:
         raise FrameError("the frame's first part overlaps its offset table")
     for a, b in zip(offsets, offsets[1:], strict=False):

@@ -29,7 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from harness import REPO, Stats, add_sampling_args, interleave, loadavg, run_stoppable, sampling_args, write_section
+from harness import (
+    REPO,
+    Stats,
+    add_sampling_args,
+    interleave,
+    loadavg,
+    run_stoppable,
+    sampling_args,
+    write_section,
+)
 from procfs import cpu_ns, ptable
 
 BATCH = 10

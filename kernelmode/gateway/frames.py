@@ -83,7 +83,7 @@ def split_frame(frame: bytes | bytearray | memoryview, max_parts: int = MAX_PART
     channel = str(view[offsets[0]:offsets[1]], "ascii", "replace")
     if channel not in CHANNELS:
         raise FrameError(f"unknown channel {channel[:32]!r}")
-    return channel, [view[a:b] for a, b in zip(offsets[1:-1], offsets[2:])]
+    return channel, [view[a:b] for a, b in zip(offsets[1:-1], offsets[2:], strict=True)]
 
 
 def json_shape_error(data: bytes | bytearray | memoryview, max_depth: int = MAX_JSON_DEPTH,

@@ -184,9 +184,8 @@ class Runner:
                 result.duration_ms = round((time.monotonic() - started) * 1000, 3)
                 if result.execution_count is not None:
                     s.info.execution_count = result.execution_count
-                with self.store.transaction():  # the run's record and the session's: one commit
-                    self.store.add_run(run.code, result, run.collector.events)
-                    self.store.save(s.info, s.kernel_id, s.workspace)
+                self.store.add_run(run.code, result, run.collector.events)
+                self.store.save(s.info, s.kernel_id, s.workspace)
             finally:
                 s.lock.release()
         except Exception as e:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sqlite3
 from collections.abc import Iterator
@@ -74,18 +73,6 @@ class SessionStore:
 
     def close(self) -> None:
         self._db.close()
-
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
-        """The calls inside as one transaction (one commit instead of one a call); rolled back
-        when the block raises. Not nested."""
-        self._db.execute("BEGIN")
-        try:
-            yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     def save(self, info: SessionInfo, kernel_id: str, workspace: Path) -> None:
         self._db.execute(

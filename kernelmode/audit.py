@@ -28,5 +28,18 @@ def audit(event: str, **fields: Any) -> None:
     if not _log.isEnabledFor(logging.INFO):
         return
     line = {"ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "event": event, **fields}
-    # The message stays the JSON line for handlers other than ours (library mode).
-    _log.info(json.dumps(line, default=str), extra={AUDIT_FIELDS: line})
+    # The message stays the JSON line for handlers other than ours (library mode), encoded only
+    # when such a handler asks for it: our formatters read the fields (one encoding a line).
+    _log.info(_Line(line), extra={AUDIT_FIELDS: line})
+
+
+class _Line:
+    """An audit line as a log message: its JSON text, made when it is formatted."""
+
+    __slots__ = ("line",)
+
+    def __init__(self, line: dict[str, Any]) -> None:
+        self.line = line
+
+    def __str__(self) -> str:
+        return json.dumps(self.line, default=str)

@@ -24,6 +24,7 @@ DISCONNECTED_EVENT = "kernelmode_disconnected"
 RESTARTED = "restarted"
 
 Outcome = Literal["done", "timeout", "died", "restarted"]
+_DEADLINE = "kernelmode_deadline"  # collect's own mark in the queue: its deadline passed
 Message = dict[str, Any]
 
 
@@ -96,23 +97,26 @@ class ExecuteExchange:
     async def collect(self, deadline: float) -> Outcome:
         """Read until the exchange is over, or ``deadline`` (loop clock) passes: 'timeout'.
 
-        One timer for the whole wait (not one per message); what arrived before the deadline
-        stays in the collector.
+        One timer for the whole wait (not one per message), and no task of its own: the timer
+        puts this call's deadline mark in the queue (a mark of an earlier call is passed over);
+        what arrived before the deadline stays in the collector.
         """
         assert self._queue is not None, "send() first"
         queue = self._queue
-
-        async def drain() -> Outcome:
+        mark: Message = {"msg_type": _DEADLINE}
+        timer = asyncio.get_running_loop().call_at(deadline, queue.put_nowait, mark)
+        try:
             while True:
-                outcome = self.feed(await queue.get())
+                msg = await queue.get()
+                if msg.get("msg_type") == _DEADLINE:
+                    if msg is mark:
+                        return "timeout"
+                    continue
+                outcome = self.feed(msg)
                 if outcome is not None:
                     return outcome
-
-        remaining = max(deadline - asyncio.get_running_loop().time(), 0.001)
-        try:
-            return await asyncio.wait_for(drain(), remaining)
-        except asyncio.TimeoutError:
-            return "timeout"
+        finally:
+            timer.cancel()
 
     def close(self) -> None:
         """Stop listening for the request's messages; cancel stdin answers still being made."""

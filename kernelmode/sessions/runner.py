@@ -38,6 +38,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("kernelmode.sessions")
 
 
+def _ended(run: LiveRun, task: asyncio.Task[RunResult]) -> None:
+    """A run's task is over: its waiters wake (``Runner.wait`` watches only run.changed), and its
+    failure is read even when nobody waits for the run any more (it is kept in run.failure)."""
+    run.changed.set()
+    if not task.cancelled():
+        task.exception()
+
+
+def _expire(run: LiveRun, expired: list[bool]) -> None:
+    """A waiter's ``wait_seconds`` passed: it wakes (others waking with it look and wait on)."""
+    expired.append(True)
+    run.changed.set()
+
+
 class Runner:
     """Runs code in live sessions (``live``: the manager's sessions by id, read only)."""
 
@@ -87,8 +101,7 @@ class Runner:
         run.collector.on_change = run.changed.set
         run.gate = self.approvals.open(run.run_id, s.info.session_id, s.info.tenant, run.changed.set, approvals)
         run.task = asyncio.create_task(self._execute(s, run, timeout), name=f"run-{run.run_id}")
-        # A run nobody waits for any more still has its failure read (kept in run.failure).
-        run.task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        run.task.add_done_callback(lambda t: _ended(run, t))
         self.runs.add(run)
         return run
 
@@ -99,21 +112,23 @@ class Runner:
         The run's task is shielded: a caller that gives up (or is cancelled) does not stop it.
         """
         assert run.task is not None
-        loop = asyncio.get_running_loop()
-        deadline = None if wait_seconds is None else loop.time() + wait_seconds
-        # Also answered early when an approval waits that nobody is asking (MCP elicitation
-        # asks itself): the caller has to hear of it, or the run waits for the timeout.
-        while not run.task.done() and not run.awaiting:
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                break
-            run.changed.clear()
-            changed = asyncio.ensure_future(run.changed.wait())
-            try:
-                await asyncio.wait({run.task, changed}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                changed.cancel()
-        return run.task.result() if run.task.done() else run.snapshot()
+        task = run.task
+        # The run's end sets run.changed too (submit), and so does the deadline's timer: one
+        # event is watched, with no task, future or wait set made per change.
+        expired: list[bool] = []
+        timer = None
+        if wait_seconds is not None:
+            timer = asyncio.get_running_loop().call_later(wait_seconds, _expire, run, expired)
+        try:
+            # Also answered early when an approval waits that nobody is asking (MCP elicitation
+            # asks itself): the caller has to hear of it, or the run waits for the timeout.
+            while not task.done() and not run.awaiting and not expired:
+                run.changed.clear()
+                await run.changed.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+        return task.result() if task.done() else run.snapshot()
 
     def find(self, run_id: str) -> LiveRun | None:
         """The run in flight, or a finished one read back from the store (for this answer only)."""

@@ -179,3 +179,49 @@ def test_feed_needs_both_reply_and_idle() -> None:
         assert ex.feed(msgs[order[0]]) is None
         assert ex.feed(msgs[order[1]]) == "done"
         assert ex.collector.execution_count == 3
+
+
+class _Queued:
+    """A connection whose answers are whatever the test puts in the request's queue."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Message] = asyncio.Queue()
+        self.forgotten = False
+
+    async def send(self, channel: str, msg_type: str, content: dict[str, Any],
+                   expect_reply: bool = True) -> asyncio.Queue[Message]:
+        return self.queue
+
+    def forget(self, queue: asyncio.Queue[Message]) -> None:
+        self.forgotten = True
+
+
+_REPLY: Message = {"msg_type": "execute_reply", "content": {"status": "ok", "execution_count": 1}}
+_IDLE: Message = {"msg_type": "status", "content": {"execution_state": "idle"}}
+
+
+async def test_collect_reads_what_arrived_before_its_deadline_and_leaves_no_timer() -> None:
+    """collect's deadline is a timer that queues its own mark (no task): the messages already in
+    the queue are read first, a mark of an earlier collect is passed over, and the timer of a
+    collect that ended is cancelled (it queues nothing later)."""
+    loop = asyncio.get_running_loop()
+    conn = _Queued()
+    ex = ExecuteExchange(_collector())
+    await ex.send(conn, "1+1")
+    assert await ex.collect(loop.time() + 0.01) == "timeout"  # nothing came: its own mark
+    assert conn.queue.empty()
+    conn.queue.put_nowait({"msg_type": "kernelmode_deadline"})  # a stale mark, not this call's
+    conn.queue.put_nowait(_REPLY)
+    conn.queue.put_nowait(_IDLE)
+    assert await ex.collect(loop.time() - 1.0) == "done"  # past already, but the answer was in
+    await asyncio.sleep(0.05)
+    assert conn.queue.empty()  # its timer was cancelled before it could fire
+    ex2 = ExecuteExchange(_collector())
+    await ex2.send(conn, "1+1")
+    loop.call_later(0.01, conn.queue.put_nowait, _REPLY)  # while collect waits
+    loop.call_later(0.02, conn.queue.put_nowait, _IDLE)
+    assert await ex2.collect(loop.time() + 0.05) == "done"
+    await asyncio.sleep(0.1)
+    assert conn.queue.empty()  # the ended collect's timer was cancelled
+    ex2.close()
+    assert conn.forgotten

@@ -48,10 +48,18 @@ PARTS = [b'{"msg_id": "m", "msg_type": "x"}', b"{}", b"{}", b'{"a": 1}']
 
 
 def test_round_trip_matches_jupyter_server() -> None:
+    msg = _msg({"code": "print(1)", "s": "\u00e9\ud83d\ude00", "n": 2**70, "lone": "\udc00"})
+    ours = encode_frame(msg, "shell")
+    # The same framing as jupyter_server's; each part the JSON the standard library writes
+    # (ours compact, by orjson; the integer past 64 bits and the lone surrogate as json does).
+    theirs = serialize_msg_to_ws_v1(msg, "shell", lambda o: json.dumps(o, separators=(",", ":")).encode())
+    _, our_parts = deserialize_msg_from_ws_v1(ours)
+    _, their_parts = deserialize_msg_from_ws_v1(bytes(theirs))
+    assert [json.loads(p) for p in our_parts] == [json.loads(p) for p in their_parts]
+    assert json.loads(our_parts[3])["lone"] == "\udc00" and json.loads(our_parts[3])["n"] == 2**70
     msg = _msg({"code": "print(1)"})
     ours = encode_frame(msg, "shell")
-    theirs = serialize_msg_to_ws_v1(msg, "shell", lambda o: json.dumps(o).encode())
-    assert ours == bytes(theirs)
+    assert ours == bytes(serialize_msg_to_ws_v1(msg, "shell", lambda o: json.dumps(o, separators=(",", ":")).encode()))
     channel, parts = deserialize_msg_from_ws_v1(ours)
     assert [bytes(p) for p in split_frame(ours)[1]] == [bytes(p) for p in parts]
     decoded = decode_frame(ours, BOUNDS)

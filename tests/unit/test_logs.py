@@ -93,3 +93,23 @@ def test_block_never_prints_a_chosen_token_in_full(source: str) -> None:
 def test_block_says_when_mcp_is_off() -> None:
     block = startup_block("http://[::1]:8888", "t" * 24, "generated", "bwrap", False)
     assert "MCP       off" in block and "claude mcp add" not in block
+
+
+def test_an_audit_line_is_encoded_once_and_stays_json_for_other_handlers(captured: None) -> None:
+    """Our formatters read the record's fields (one JSON encoding a line); a handler of its own
+    (library mode) still gets the JSON line as the message."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    out = io.StringIO()
+    setup_logging("info", "json", out)  # type: ignore[arg-type]
+    logging.getLogger().addHandler(Keep())
+    audit("run", session_id="s1", run_id="r1", status="ok", cause=None, odd={1, 2})
+    [ours] = [json.loads(x) for x in out.getvalue().splitlines()]
+    theirs = json.loads(records[0].getMessage())
+    assert theirs["ts"] == ours["ts"] and theirs["event"] == ours["event"] == "run"
+    assert {k: v for k, v in ours.items() if k != "level"} == theirs
+    assert theirs["odd"] == "{1, 2}" and theirs["cause"] is None  # what JSON cannot hold, as a string

@@ -15,6 +15,7 @@ import io
 import logging
 import uuid
 from collections import Counter as Tally
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -173,7 +174,12 @@ class SessionManager:
     def page(self, principal: Principal = ADMIN, limit: int = listing.DEFAULT_LIMIT,
              cursor: str | None = None) -> SessionList:
         """One page of the sessions ``principal`` may see, after ``cursor`` (listing.py)."""
-        shown, next_cursor = listing.page(self.store.all(), principal, limit, cursor)
+        def stored() -> Iterator[SessionInfo]:
+            # Read only when listing.page iterates, after it has checked the cursor: a cursor
+            # that is refused costs no read of the whole store.
+            yield from self.store.all()
+
+        shown, next_cursor = listing.page(stored(), principal, limit, cursor)
         # The store orders and filters; a live session's own info (status, usage) is the one shown.
         return SessionList(sessions=[i if (s := self._live.get(i.session_id)) is None else self._with_usage(s)
                                      for i in shown], next_cursor=next_cursor)

@@ -37,8 +37,9 @@ finally:
 r
 """
 
-# The launcher's signal port: a listening socket of this sandbox's own processes, in the port
-# range, that is none of the kernel's five ZMQ ports.
+# The launcher's signal port: a listening socket of this sandbox's own processes, on an address
+# other than loopback, that is none of the kernel's five ZMQ ports. (ipykernel's IOPub pipe also
+# listens, on 127.0.0.1 at a random ephemeral port, which can fall inside the node's port range.)
 COMM_PORT = """
 import os, re
 from ipykernel.kernelapp import IPKernelApp
@@ -56,7 +57,7 @@ for pid in filter(str.isdigit, os.listdir('/proc')):
 ports = set()
 for line in open('/proc/net/tcp').read().splitlines()[1:]:
     f = line.split()
-    if f[3] == '0A' and f[9] in mine:
+    if f[3] == '0A' and f[9] in mine and not f[1].startswith('0100007F:'):
         ports.add(int(f[1].split(':')[1], 16))
 sorted(ports - zmq_ports)
 """
@@ -197,8 +198,8 @@ def test_the_launchers_signal_port_answers_the_gateway_only(on_a, rig: Rig):
     c, sid = on_a
     r = run(c, sid, COMM_PORT)
     lo, hi = rig.port_range
-    ports = [p for p in json.loads(r["result"]) if lo <= p <= hi]  # (ipykernel listens on lo too)
-    assert len(ports) == 1, r
+    ports = json.loads(r["result"])
+    assert len(ports) == 1 and lo <= ports[0] <= hi, r
     comm, a = ports[0], rig.node("a").address
     # From node B (as root there: its firewall is the node's, not the kernel's) ...
     b = rig.node("b").exec(sys.executable, "-c", f"""

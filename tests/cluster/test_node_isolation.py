@@ -119,16 +119,24 @@ def test_a_kernel_reaches_no_other_node_nor_the_managers_api(on_a, rig: Rig, ser
     c, sid = on_a
     b = rig.node("b")
     lo, hi = rig.port_range
-    # A listener in node B's kernel port range, which the gateway can reach (the control) ...
+    # A listener in node B's kernel port range, which the gateway can reach (the control). It
+    # takes the highest free port: B's kernels hold random ports of the same range.
     probe = b.popen(sys.executable, "-c",
-                    "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"
-                    f"s.bind(({b.address!r}, {hi})); s.listen(4); print('up', flush=True); time.sleep(300)",
+                    "import socket,time\n"
+                    f"for port in range({hi}, {lo}, -1):\n"
+                    "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                    "    try:\n"
+                    f"        s.bind(({b.address!r}, port)); break\n"
+                    "    except OSError:\n"
+                    "        s.close()\n"
+                    "s.listen(4); print(port, flush=True); time.sleep(300)",
                     stdout=__import__("subprocess").PIPE)
     try:
-        assert probe.stdout is not None and probe.stdout.readline().strip() == b"up"
-        assert connect_from(rig.gateway_address, b.address, hi) == "connected"
+        assert probe.stdout is not None
+        port_b = int(probe.stdout.readline())
+        assert connect_from(rig.gateway_address, b.address, port_b) == "connected"
         # ... and that node A's kernel cannot: nor B's sshd.
-        for port in (hi, 22):
+        for port in (port_b, 22):
             r = run(c, sid, PROBE.format(host=b.address, port=port))
             assert r["status"] == "ok" and r["result"] != "'connected'", (port, r)
     finally:

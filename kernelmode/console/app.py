@@ -10,6 +10,7 @@ import asyncio
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -114,17 +115,25 @@ def _jupyter_console(conn_file: Path, interrupt: Callable[[], Any], args: list[s
 
 def _completions_never_crash(completer: Any) -> None:
     """A kernel too busy to answer a completion in time is no completion, not an "Unhandled
-    exception in event loop" that stops the prompt at "Press ENTER to continue..."."""
+    exception in event loop" that stops the prompt at "Press ENTER to continue...". And a reply
+    that comes after its Tab gave up is dropped: jupyter console would read it as the answer to
+    the next Tab (and so on, one behind, until the next execute)."""
     from queue import Empty
 
-    ask = completer.complete_request
+    from jupyter_console.utils import run_sync
 
     def complete_request(code: str, cursor_pos: int) -> dict[str, Any]:
-        try:
-            return dict(ask(code, cursor_pos))
-        except Empty:
-            return {"matches": [], "cursor_start": cursor_pos, "cursor_end": cursor_pos,
-                    "metadata": {}, "status": "ok"}
+        msg_id = completer.client.complete(code=code, cursor_pos=cursor_pos)
+        deadline = time.monotonic() + completer.timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                msg = run_sync(completer.client.shell_channel.get_msg)(timeout=left)
+            except Empty:
+                break
+            if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                return dict(msg["content"])
+        return {"matches": [], "cursor_start": cursor_pos, "cursor_end": cursor_pos,
+                "metadata": {}, "status": "ok"}
 
     completer.complete_request = complete_request
 

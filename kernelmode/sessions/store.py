@@ -98,7 +98,8 @@ class SessionStore:
 
     def _migrate(self) -> None:
         """Give a store made before listings were indexed its listing columns, filled from each
-        record (once: later opens find no row without them)."""
+        record (once: later opens find no row without them), and bring back in step the rows an
+        older kernelmode wrote meanwhile."""
         self._db.execute("BEGIN IMMEDIATE")  # all or nothing, and one opener at a time
         try:
             columns = {r[1] for r in self._db.execute("PRAGMA table_info(sessions)")}
@@ -110,6 +111,11 @@ class SessionStore:
                 info = SessionInfo.model_validate_json(raw)
                 self._db.execute("UPDATE sessions SET tenant=?, created_us=?, status=? WHERE session_id=?",
                                  (*self._listed(info), info.session_id))
+            # A record an older kernelmode changed after this one filled the columns (a downgrade
+            # and back): its status and tenant follow the record again.
+            self._db.execute("UPDATE sessions SET status=json_extract(info, '$.status'), "
+                             "tenant=json_extract(info, '$.tenant') WHERE status IS NOT json_extract(info, "
+                             "'$.status') OR tenant IS NOT json_extract(info, '$.tenant')")
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")

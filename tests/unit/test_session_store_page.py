@@ -159,10 +159,20 @@ def test_a_store_made_before_the_listing_columns_opens_and_lists(tmp_path: Path)
         assert {"sessions_by_created", "sessions_by_tenant", "sessions_by_status"} <= indexes
     finally:
         store.close()
-    # Opened again: nothing left to fill, the same listing.
+    # The old code runs on it again (a downgrade): it marks the hibernated session lost in the
+    # record alone, and adds one without the columns.
+    old = sqlite3.connect(path)
+    old.execute("UPDATE sessions SET info=? WHERE session_id='s4'",
+                (infos[4].model_copy(update={"status": "lost"}).model_dump_json(),))
+    late = _info("late", "acme", 100, "lost")
+    old.execute("INSERT INTO sessions (session_id, kernel_id, workspace, info) VALUES ('late', 'k', '/w', ?)",
+                (late.model_dump_json(),))
+    old.commit()
+    old.close()
     again = SessionStore(path)
     try:
         assert again._db.execute("SELECT COUNT(*) FROM sessions WHERE created_us IS NULL").fetchone()[0] == 0
-        assert _walk(again, ADMIN, 4, False) == _walk(infos, ADMIN, 4, False)
+        assert _walk(again, ADMIN, 4, False) == _walk([*infos, late], ADMIN, 4, False)
+        assert again.hibernated() == [] and again.status_counts() == {"lost": 10}
     finally:
         again.close()

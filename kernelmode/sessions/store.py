@@ -71,7 +71,6 @@ CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions (tenant, created_us, s
 CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status, tenant);
 """
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_LISTED = ("tenant", "created_us", "status")
 
 
 def micros(t: datetime) -> int:

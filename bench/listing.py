@@ -1,46 +1,44 @@
-"""What a session listing costs with many stored sessions, a page against the whole (S3 of
-session 8: `GET /v1/sessions` answers pages).
+"""What a session listing costs with many stored sessions, before and after the store answered a
+page from its indexes (part L of session 9; session 8 made `GET /v1/sessions` answer pages).
 
-Run:  .venv/bin/python bench/listing.py [--sessions N] [--samples N] [--no-write]
+Run:  .venv/bin/python bench/listing.py [--before DIR] [--sessions N] [--samples N] [--no-write]
 
-One `kernelmode serve` on a data directory whose store holds N sessions (lost ones: a record
-each, no kernel, as a server restart leaves them). Interleaved round by round, each timed by the
-client on one keep-alive connection, with the answer's size:
+Two `kernelmode serve` (bwrap, no warm pool), one from another checkout (``--before``,
+/work/main by default) and one from this one, each on a data directory whose store holds N
+sessions (lost ones: a record each, no kernel, as a server restart leaves them). Interleaved
+round by round, each timed by the client on one keep-alive connection per server, with the
+manager's on-CPU time per request measured over the same requests:
 
-  first page   `GET /v1/sessions` with no paging asked (the default page of 100);
-  one of 1000  `GET /v1/sessions?limit=1000`, the largest page;
-  every page   the whole listing walked with `limit=1000` and each next_cursor (what an answer
-               without paging was: every session).
+  first page   `GET /v1/sessions` (the default page of 100);
+  deep page    `GET /v1/sessions?limit=100&cursor=C`, C the cursor 9/10 of the way through;
+  kernels      `GET /api/kernels` (the Jupyter API: sessions with a kernel, here none).
 
-Results go to a section of bench/RESULTS.md (unless --no-write).
+Results go to the "listing-index" section of bench/RESULTS.md (unless --no-write); the
+"listing" section before it is session 8's single-server run of the earlier version of this script.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from harness import (
-    BENCH,
-    KmServer,
-    Stats,
-    interleave,
-    loadavg,
-    ms_since,
-    run_stoppable,
-    write_section,
-)
+import httpx
+from harness import REPO, Stats, interleave, loadavg, run_stoppable, write_section
+from manager_ab import Serve
+from procfs import cpu_ns
 
 from kernelmode.models import Limits, SessionInfo
 from kernelmode.sessions.store import SessionStore
 
-SECTION = "listing"
+SECTION = "listing-index"
+PROBES = ("first page", "deep page", "kernels")
 
 
 def fill(data_dir: Path, n: int) -> None:
@@ -55,86 +53,105 @@ def fill(data_dir: Path, n: int) -> None:
     store.close()
 
 
+async def probes(c: httpx.AsyncClient, n: int) -> dict[str, Callable[[], Awaitable[float]]]:
+    """The timed requests on one server, and the deep page's cursor found first."""
+    cursor, seen, step = None, 0, min(1000, max(1, n // 10))
+    while seen < n * 9 // 10:
+        body = (await c.get("/v1/sessions", params={"limit": step, **({"cursor": cursor} if cursor else {})})).json()
+        seen, cursor = seen + len(body["sessions"]), body["next_cursor"]
+    assert cursor, "the deep page's cursor"
+
+    def timed(path: str, params: dict[str, str | int], check: Callable[[httpx.Response], bool]
+              ) -> Callable[[], Awaitable[float]]:
+        async def probe() -> float:
+            t0 = time.perf_counter_ns()
+            r = await c.get(path, params=params)
+            took = (time.perf_counter_ns() - t0) / 1e6
+            assert r.status_code == 200 and check(r), r.text[:300]
+            return took
+        return probe
+
+    return {
+        "first page": timed("/v1/sessions", {}, lambda r: len(r.json()["sessions"]) == 100),
+        "deep page": timed("/v1/sessions", {"limit": 100, "cursor": cursor},
+                           lambda r: r.json()["sessions"][0]["session_id"] == f"stored-{seen:06d}"),
+        "kernels": timed("/api/kernels", {}, lambda r: r.json() == []),
+    }
+
+
 async def main(args: argparse.Namespace) -> int:
-    data_dir = Path(tempfile.mkdtemp(prefix="km-bench-listing-", dir="/tmp"))
-    os.chmod(data_dir, 0o711)
-    fill(data_dir, args.sessions)
-    km = KmServer("listing", {"KERNELMODE_SESSIONS__POOL_SIZE": "0"}, data_dir=data_dir)
+    os.environ["KERNELMODE_SESSIONS__POOL_SIZE"] = "0"  # Serve passes its environment on
     load_start = loadavg()
-    sizes: dict[str, list[int]] = {"first page": [], "one of 1000": [], "every page": []}
-    try:
-        km.start()
-        conn = km.http()
+    stats: dict[str, Stats] = {}
+    cpu: dict[str, list[int]] = {}  # manager ns, requests
+    async with contextlib.AsyncExitStack() as stack:
+        fns: dict[str, Callable[[], Awaitable[float]]] = {}
+        pids: dict[str, int] = {}
+        for name, checkout in (("before", args.before), ("after", REPO)):
+            print(f"starting {name} ({checkout}), filling its store with {args.sessions:,} sessions ...", flush=True)
+            srv = Serve.start(name, checkout)
+            stack.callback(srv.stop)
+            fill(srv.data_dir, args.sessions)  # read by each listing (the store is the truth)
+            c = httpx.AsyncClient(base_url=srv.url, timeout=300, headers={"Authorization": f"Bearer {srv.token}"})
+            stack.push_async_callback(c.aclose)
+            for probe, fn in (await probes(c, args.sessions)).items():
+                fns[f"{probe} {name}"], pids[f"{probe} {name}"] = fn, srv.proc.pid
+        for path in fns:
+            stats[path], cpu[path] = Stats(path), [0, 0]
 
-        async def get(path: str) -> dict:
-            status, data = await conn.request("GET", path)
-            assert status == 200, data[:300]
-            return json.loads(data) | {"_bytes": len(data)}
+        @contextlib.contextmanager
+        def account(path: str) -> Iterator[None]:
+            before, n0 = cpu_ns(pids[path]), stats[path].n
+            yield
+            cpu[path][0] += cpu_ns(pids[path]) - before
+            cpu[path][1] += stats[path].n - n0
 
-        async def first_page() -> float:
-            t0 = time.perf_counter_ns()
-            body = await get("/v1/sessions")
-            took = ms_since(t0)
-            assert len(body["sessions"]) == 100 and body["next_cursor"]
-            sizes["first page"].append(body["_bytes"])
-            return took
+        await interleave(fns, stats, args.samples, batch=args.batch, warmup=1, around=account)
+    text = report(stats, cpu, args, load_start, loadavg())
+    print(text)
+    if not args.no_write:
+        write_section(REPO / "bench" / "RESULTS.md", SECTION, text)
+    print("SUMMARY " + json.dumps({n: round(s.median, 2) for n, s in stats.items()}))
+    return 0
 
-        async def one_of_1000() -> float:
-            t0 = time.perf_counter_ns()
-            body = await get("/v1/sessions?limit=1000")
-            took = ms_since(t0)
-            assert len(body["sessions"]) == min(1000, args.sessions)
-            sizes["one of 1000"].append(body["_bytes"])
-            return took
 
-        async def every_page() -> float:
-            t0, seen, size, cursor = time.perf_counter_ns(), 0, 0, ""
-            while True:
-                body = await get("/v1/sessions?limit=1000" + (f"&cursor={cursor}" if cursor else ""))
-                seen, size = seen + len(body["sessions"]), size + body["_bytes"]
-                if not (cursor := body["next_cursor"]):
-                    break
-            took = ms_since(t0)
-            assert seen == args.sessions, seen
-            sizes["every page"].append(size)
-            return took
+def report(stats: dict[str, Stats], cpu: dict[str, list[int]], args: argparse.Namespace,
+           load_start: str, load_end: str) -> str:
+    def per_req(path: str) -> float:
+        return cpu[path][0] / 1e6 / max(cpu[path][1], 1)
 
-        stats = {n: Stats(n) for n in sizes}
-        await interleave({"first page": first_page, "one of 1000": one_of_1000, "every page": every_page},
-                         stats, args.samples, batch=1, warmup=1)
-        load_end = loadavg()
-        pages = -(-args.sessions // 1000)
-        table = ["| request | n | median ms | p90 ms | answer bytes |", "|---|---|---|---|---|"]
-        for name, st in stats.items():
-            table.append(f"| {name} | {st.n} | {st.median:.0f} | {st.pct(90):.0f} | {sizes[name][-1]:,} |")
-        body = "\n".join([
-            "## Session listing in pages (S3, session 8)",
-            "",
-            f"`python bench/listing.py --sessions {args.sessions} --samples {args.samples}` "
-            f"(bench/listing.py), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, one server whose "
-            f"store holds {args.sessions:,} sessions, interleaved, one keep-alive connection. Shared, "
-            f"busy machine: load average {load_start} at the start, {load_end} at the end.",
-            "",
-            *table,
-            "",
-            f"An answer is now at most a page: the default one is {sizes['first page'][-1]:,} bytes "
-            f"where the whole listing was {sizes['every page'][-1]:,}. Each page still reads and sorts "
-            f"every stored session (the store has no index on creation time), so walking all {pages} "
-            "pages costs that read once per page: paging bounds the answer, not the server's work (the "
-            "first page and the page of 1000 cost about the same: both are that read).",
-        ])
-        print(body)
-        if not args.no_write:
-            write_section(BENCH / "RESULTS.md", SECTION, body)
-        print("SUMMARY " + json.dumps({n: round(s.median, 1) for n, s in stats.items()}))
-        return 0
-    finally:
-        await km.stop()
+    rows = [f"| {p} | {s.n} | {s.median:.2f} | {s.pct(90):.2f} | {per_req(p):.2f} |" for p, s in stats.items()]
+    ratios = [f"{p}: median {stats[p + ' before'].median / stats[p + ' after'].median:.1f}x faster, manager CPU "
+              f"{per_req(p + ' before'):.1f} -> {per_req(p + ' after'):.2f} ms per request" for p in PROBES]
+    return "\n".join([
+        "## Session listing from an index (L)",
+        "",
+        f"`python bench/listing.py --sessions {args.sessions} --samples {args.samples}` (bench/listing.py), "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: two servers, before ({args.before}) and after "
+        f"(this checkout), each with {args.sessions:,} stored sessions, interleaved in batches of {args.batch}, "
+        f"one keep-alive connection each. Shared 2-core machine: load average {load_start} at the start, "
+        f"{load_end} at the end (the ratios and CPU per request, measured in this one run, are what count).",
+        "",
+        "| request | n | median ms | p90 ms | manager CPU ms/req |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+        *[f"- {r}" for r in ratios],
+        "",
+        "Before, each page read and decoded every stored session and sorted them (so did `/api/kernels`, "
+        "to show the live ones); after, the store's indexes give a page's `limit + 1` rows "
+        "(tenant, creation time, id) and `/api/kernels` reads the live and hibernated sessions only.",
+    ])
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--before", type=Path, default=Path("/work/main"), help="the checkout to compare with")
     p.add_argument("--sessions", type=int, default=10_000)
-    p.add_argument("--samples", type=int, default=5)
+    p.add_argument("--samples", type=int, default=20)
+    p.add_argument("--batch", type=int, default=2)
     p.add_argument("--no-write", action="store_true")
-    sys.exit(run_stoppable(main, p.parse_args()))
+    a = p.parse_args()
+    if not (a.before / "kernelmode" / "__init__.py").is_file():
+        p.error(f"{a.before} is not a kernelmode checkout")
+    sys.exit(run_stoppable(main, a))

@@ -114,7 +114,7 @@ class JupyterHandler(BaseHandler):
     def kernel_models(self) -> list[dict[str, Any]]:
         """The caller's sessions that have a kernel (lost ones have none), as kernel models."""
         models = []
-        for info in self.services.sessions.all(self.principal):
+        for info in self.services.sessions.with_kernels(self.principal):
             if info.status != "lost":
                 with contextlib.suppress(KernelmodeError):  # gone meanwhile
                     models.append(self.kernel_model(info))
@@ -135,7 +135,7 @@ def find_session(sessions: SessionManager, principal: Principal, kernel_id: str)
             info = sessions.get(sid)
             if info.status != "lost":
                 return info
-    for info in sessions.all(principal):
+    for info in sessions.with_kernels(principal):  # a lost session has no kernel to find
         if info.status != "lost" and kernel_id_of(info.session_id) == wanted:
             return info
     raise SessionNotFound(f"no kernel {kernel_id!r}")

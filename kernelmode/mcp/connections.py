@@ -102,9 +102,19 @@ class Connections:
             return info.session_id, note
 
     def _forget_gone_connections(self) -> None:
-        """Drop the entries of connections whose session is gone (closed, reaped)."""
-        live = {i.session_id for i in self._services().sessions.all() if i.status != "lost"}
-        for key in [k for k, sid in self.own.items() if sid not in live]:
+        """Drop the entries of connections whose session is gone (closed, reaped, lost): each
+        entry's session looked up by its id, not a listing of every stored session."""
+        sessions = self._services().sessions
+
+        def gone(sid: str) -> bool:
+            if sessions.peek(sid) is not None:
+                return False
+            try:
+                return sessions.status(sid) == "lost"
+            except SessionNotFound:
+                return True
+
+        for key in [k for k, sid in self.own.items() if gone(sid)]:
             del self.own[key]
             lock = self._own_locks.get(key)
             if lock is not None and not lock.locked():

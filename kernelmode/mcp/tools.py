@@ -378,15 +378,20 @@ class McpTools:
     async def list_sessions(
         self, ctx: Context[Any],
         limit: Annotated[int, Field(ge=1, le=_MAX_SESSION_ROWS, description=(
-            "Sessions per answer at most, oldest first."))] = _SESSION_ROWS,
+            "Sessions per answer at most, newest first."))] = _SESSION_ROWS,
         cursor: Annotated[str | None, Field(min_length=1, max_length=512, description=(
             "Where to go on: the cursor a previous list_sessions answer named. Omit for the first page."))] = None,
     ) -> str:
-        """List the sessions on this server, oldest first: id, status, runs so far, last activity.
+        """List the sessions on this server, newest first: id, status, runs so far, last activity.
+        This connection's own session is marked (and named first when older than the first page).
         A long list comes a page at a time: the answer names the cursor of the next page."""
         own = self.connections.own_session(ctx)
-        listing = self._services().sessions.page(self.connections.principal(ctx), limit, cursor)
+        sessions = self._services().sessions
+        listing = sessions.page(self.connections.principal(ctx), limit, cursor, newest_first=True)
         rows = []
+        if cursor is None and own is not None and own not in {s.session_id for s in listing.sessions}:
+            with contextlib.suppress(SessionNotFound):  # closed meanwhile
+                rows.append(f"This connection's session (older than this page): {own}, {sessions.status(own)}")
         for s in listing.sessions:
             mark = "  <- this connection's session" if s.session_id == own else ""
             rows.append(f"- {s.session_id}: {s.status}, {s.execution_count} runs, "

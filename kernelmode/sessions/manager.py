@@ -15,7 +15,6 @@ import io
 import logging
 import uuid
 from collections import Counter as Tally
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -155,8 +154,8 @@ class SessionManager:
     # -- queries -----------------------------------------------------------------------------------
     def _gauges(self) -> tuple[dict[str, int], int, int]:
         by_status: dict[str, int] = dict(Tally(str(s.info.status) for s in self._live.values()))
-        stored = Tally(i.status for i in self.store.all())
-        by_status["lost"], by_status["hibernated"] = stored["lost"], stored["hibernated"]
+        stored = self.store.status_counts()
+        by_status["lost"], by_status["hibernated"] = stored.get("lost", 0), stored.get("hibernated", 0)
         return by_status, self.pool.ready, self.pool.size
 
     def _with_usage(self, s: LiveSession) -> SessionInfo:
@@ -165,21 +164,18 @@ class SessionManager:
         memory = cgroups.existing(s.kernel_id, self._cgroups).memory_bytes()
         return s.info.model_copy(update={"memory_bytes": memory})
 
-    def all(self, principal: Principal = ADMIN) -> list[SessionInfo]:
-        """The sessions ``principal`` may see (a tenant: its own; the admin: all)."""
-        live = {sid: self._with_usage(s) for sid, s in self._live.items()}
-        infos = [live.get(i.session_id, i) for i in self.store.all()]
-        return [i for i in infos if principal.may_see(i.tenant)]
+    def with_kernels(self, principal: Principal = ADMIN) -> list[SessionInfo]:
+        """The sessions ``principal`` may see that hold a kernel (live) or can wake one
+        (hibernated), in creation order: the lost ones, most of a long-lived store, are not read."""
+        live = {sid: self._with_usage(s) for sid, s in self._live.items() if principal.may_see(s.info.tenant)}
+        asleep = [i for i in self.store.hibernated(None if principal.admin else principal.tenant)
+                  if i.session_id not in live]
+        return sorted([*live.values(), *asleep], key=lambda i: (i.created_at, i.session_id))
 
     def page(self, principal: Principal = ADMIN, limit: int = listing.DEFAULT_LIMIT,
-             cursor: str | None = None) -> SessionList:
+             cursor: str | None = None, newest_first: bool = False) -> SessionList:
         """One page of the sessions ``principal`` may see, after ``cursor`` (listing.py)."""
-        def stored() -> Iterator[SessionInfo]:
-            # Read only when listing.page iterates, after it has checked the cursor: a cursor
-            # that is refused costs no read of the whole store.
-            yield from self.store.all()
-
-        shown, next_cursor = listing.page(stored(), principal, limit, cursor)
+        shown, next_cursor = listing.page_from(self.store.page, principal, limit, cursor, newest_first)
         # The store orders and filters; a live session's own info (status, usage) is the one shown.
         return SessionList(sessions=[i if (s := self._live.get(i.session_id)) is None else self._with_usage(s)
                                      for i in shown], next_cursor=next_cursor)

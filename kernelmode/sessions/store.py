@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,12 @@ CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY,
     kernel_id TEXT,
     workspace TEXT,
-    info TEXT NOT NULL
+    info TEXT NOT NULL,
+    -- Copies of the record's fields that listings select and order by (kept in step by save
+    -- and mark_lost), so a page reads its own rows only: see _INDEXES.
+    tenant TEXT,
+    created_us INTEGER,
+    status TEXT
 );
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
@@ -58,6 +64,22 @@ CREATE INDEX IF NOT EXISTS checkpoints_by_session ON checkpoints (session_id, cr
 """
 
 
+# Created after _migrate: a store made before these columns existed gets them first.
+_INDEXES = """
+CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_us, session_id);
+CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions (tenant, created_us, session_id);
+CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status, tenant);
+"""
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def micros(t: datetime) -> int:
+    """``t`` as whole microseconds since the epoch: exact, and ordered as the datetimes are
+    (a naive time is taken as UTC)."""
+    aware = t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+    return (aware - _EPOCH) // timedelta(microseconds=1)
+
+
 class SessionStore:
     """Small synchronous store; each call is one short transaction."""
 
@@ -70,16 +92,50 @@ class SessionStore:
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(runs)")}
         if "events" not in columns:  # a store made before outputs were kept in order
             self._db.execute("ALTER TABLE runs ADD COLUMN events TEXT")
+        self._migrate()
+        self._db.executescript(_INDEXES)
+
+    def _migrate(self) -> None:
+        """Give a store made before listings were indexed its listing columns, filled from each
+        record (once: later opens find no row without them), and bring back in step the rows an
+        older kernelmode wrote meanwhile."""
+        self._db.execute("BEGIN IMMEDIATE")  # all or nothing, and one opener at a time
+        try:
+            columns = {r[1] for r in self._db.execute("PRAGMA table_info(sessions)")}
+            for name, kind in (("tenant", "TEXT"), ("created_us", "INTEGER"), ("status", "TEXT")):
+                if name not in columns:
+                    self._db.execute(f"ALTER TABLE sessions ADD COLUMN {name} {kind}")
+            rows = self._db.execute("SELECT info FROM sessions WHERE created_us IS NULL").fetchall()
+            for (raw,) in rows:
+                info = SessionInfo.model_validate_json(raw)
+                self._db.execute("UPDATE sessions SET tenant=?, created_us=?, status=? WHERE session_id=?",
+                                 (*self._listed(info), info.session_id))
+            # A record an older kernelmode changed after this one filled the columns (a downgrade
+            # and back): its status and tenant follow the record again.
+            self._db.execute("UPDATE sessions SET status=json_extract(info, '$.status'), "
+                             "tenant=json_extract(info, '$.tenant') WHERE status IS NOT json_extract(info, "
+                             "'$.status') OR tenant IS NOT json_extract(info, '$.tenant')")
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _listed(info: SessionInfo) -> tuple[str | None, int, str]:
+        """The record's values of the listing columns."""
+        return info.tenant, micros(info.created_at), str(info.status)
 
     def close(self) -> None:
         self._db.close()
 
     def save(self, info: SessionInfo, kernel_id: str, workspace: Path) -> None:
         self._db.execute(
-            "INSERT INTO sessions (session_id, kernel_id, workspace, info) VALUES (?, ?, ?, ?) "
+            "INSERT INTO sessions (session_id, kernel_id, workspace, info, tenant, created_us, status) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(session_id) DO UPDATE SET kernel_id=excluded.kernel_id, "
-            "workspace=excluded.workspace, info=excluded.info",
-            (info.session_id, kernel_id, str(workspace), info.model_dump_json()),
+            "workspace=excluded.workspace, info=excluded.info, tenant=excluded.tenant, "
+            "created_us=excluded.created_us, status=excluded.status",
+            (info.session_id, kernel_id, str(workspace), info.model_dump_json(), *self._listed(info)),
         )
 
     def get(self, session_id: str) -> SessionInfo | None:
@@ -87,9 +143,32 @@ class SessionStore:
         return SessionInfo.model_validate_json(row[0]) if row else None
 
     def all(self) -> list[SessionInfo]:
-        rows = self._db.execute("SELECT info FROM sessions").fetchall()
-        infos = [SessionInfo.model_validate_json(r[0]) for r in rows]
-        return sorted(infos, key=lambda i: i.created_at)
+        """Every stored session, in creation order (then id): for start-up, not for listings."""
+        rows = self._db.execute("SELECT info FROM sessions ORDER BY created_us, session_id").fetchall()
+        return [SessionInfo.model_validate_json(r[0]) for r in rows]
+
+    def page(self, tenant: str | None, after: tuple[datetime, str] | None, limit: int,
+             newest_first: bool = False) -> list[SessionInfo]:
+        """At most ``limit`` sessions of ``tenant`` (None: of every tenant, the admin's view) in
+        creation order then id (or the reverse, ``newest_first``), after the position ``after``
+        (a session's creation time and id) in that order. Reads those rows only (the indexes)."""
+        where: list[str] = []
+        args: list[str | int] = []
+        if tenant is not None:
+            where.append("tenant = ?")
+            args.append(tenant)
+        if after is not None:
+            where.append(f"(created_us, session_id) {'<' if newest_first else '>'} (?, ?)")
+            args += [micros(after[0]), after[1]]
+        order = "DESC" if newest_first else "ASC"
+        rows = self._db.execute(
+            f"SELECT info FROM sessions {'WHERE ' + ' AND '.join(where) if where else ''} "
+            f"ORDER BY created_us {order}, session_id {order} LIMIT ?", (*args, limit)).fetchall()
+        return [SessionInfo.model_validate_json(r[0]) for r in rows]
+
+    def status_counts(self) -> dict[str, int]:
+        """How many stored sessions have each status (no record is read)."""
+        return dict(self._db.execute("SELECT status, COUNT(*) FROM sessions GROUP BY status").fetchall())
 
     def delete(self, session_id: str) -> None:
         """Forget the session; its runs stay (their artifacts outlive the session)."""
@@ -127,7 +206,7 @@ class SessionStore:
     def mark_lost(self, info: SessionInfo) -> None:
         """The session's kernel is gone (with the `serve` that ran it); its files stay."""
         self._db.execute(
-            "UPDATE sessions SET info=? WHERE session_id=?",
+            "UPDATE sessions SET info=?, status='lost' WHERE session_id=?",
             (info.model_copy(update={"status": "lost", "expires_at": None}).model_dump_json(),
              info.session_id),
         )
@@ -142,9 +221,11 @@ class SessionStore:
                 n += 1
         return n
 
-    def hibernated(self) -> list[SessionInfo]:
+    def hibernated(self, tenant: str | None = None) -> list[SessionInfo]:
+        """The hibernated sessions (of ``tenant``, or of every tenant), in creation order."""
         rows = self._db.execute(
-            "SELECT info FROM sessions WHERE json_extract(info, '$.status') = 'hibernated'").fetchall()
+            "SELECT info FROM sessions WHERE status = 'hibernated' AND (? IS NULL OR tenant = ?) "
+            "ORDER BY created_us, session_id", (tenant, tenant)).fetchall()
         return [SessionInfo.model_validate_json(r[0]) for r in rows]
 
     def add_run(self, code: str, result: RunResult, events: list[dict[str, Any]] | None = None) -> None:

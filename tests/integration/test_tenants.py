@@ -6,6 +6,7 @@ of another tenant, against real sessions (REST, the console websocket, and MCP t
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Iterator
 
@@ -164,12 +165,12 @@ async def test_mcp_list_sessions_pages_within_the_tenant(srv: Server, alpha_sid:
             text = (await client.call_tool("list_sessions", args)).content[0].text
             answers += 1
             assert alpha_sid not in text
-            seen += [sid for sid in beta_three if f"- {sid}:" in text]
+            seen += [sid for sid in re.findall(r"^- (\S+):", text, re.M) if sid in beta_three]
             if "More sessions remain" not in text:
                 break
             args = {"limit": 2, "cursor": text.split("cursor='")[1].split("'")[0]}
-        # beta's three (and this connection's own session, if it made one): two pages of two.
-        assert seen == beta_three and answers == 2
+        # beta's three, newest first (an agent's latest sessions on the first page): two pages.
+        assert seen == beta_three[::-1] and answers == 2
         refused = await client.call_tool("list_sessions", {"limit": 0})
         assert refused.is_error
 

@@ -3,6 +3,7 @@ against a real `kernelmode serve` (real kernels in the real sandbox)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
 from typing import Any
@@ -414,6 +415,37 @@ async def test_close_session_starts_fresh(mcp_connect: Connect) -> None:
     assert f"- {new}: " in listing
     assert re.search(rf"- {new}: .*<- this connection's session", listing), listing
     assert f"- {old}: " not in listing
+
+
+def _listed(text: str) -> list[str]:
+    return re.findall(r"^- (\S+):", text, re.M)
+
+
+async def test_list_sessions_is_newest_first_and_names_its_own(
+        mcp_connect: Connect, api: httpx.Client, session_factory: Any) -> None:
+    """An agent finds its latest sessions on the first page (REST keeps creation order), and its
+    connection's own session even when newer ones push it off that page."""
+    async with mcp_connect() as c:
+        own = (await run_ok(c, "1")).structured_content["session_id"]
+        newer = [await asyncio.to_thread(session_factory, session_id=f"mcp-newer-{i}") for i in range(2)]
+        first = text_of(await call(c, "list_sessions", limit=2))
+        assert _listed(first) == newer[::-1], first
+        assert first.startswith(f"This connection's session (older than this page): {own}, idle\n"), first
+        cursor = re.search(r"cursor='([^']+)'", first)
+        assert cursor is not None, first
+        second = text_of(await call(c, "list_sessions", limit=1, cursor=cursor.group(1)))
+        assert _listed(second) == [own] and "<- this connection's session" in second, second
+        assert "older than this page" not in second
+        both = text_of(await call(c, "list_sessions", limit=3))
+        assert _listed(both) == [*newer[::-1], own] and "older than this page" not in both, both
+        rest = (await asyncio.to_thread(api.get, "/v1/sessions", params={"limit": 1000})).json()
+        assert [s for s in (i["session_id"] for i in rest["sessions"]) if s in (own, *newer)] == [own, *newer]
+        # A REST cursor is no position in this listing (nor the reverse): refused by name.
+        rest_cursor = (await asyncio.to_thread(api.get, "/v1/sessions", params={"limit": 1})).json()["next_cursor"]
+        refused = await call(c, "list_sessions", cursor=rest_cursor)
+        assert refused.is_error and "other order" in text_of(refused), text_of(refused)
+        r = await asyncio.to_thread(api.get, "/v1/sessions", params={"cursor": cursor.group(1)})
+        assert r.status_code == 422 and "other order" in r.json()["error"]["message"], r.text
 
 
 # -- 13 --------------------------------------------------------------------------------------------

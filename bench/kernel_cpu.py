@@ -1,0 +1,395 @@
+"""The kernel's CPU per run (issue 18, K): ours against a bare ipykernel's, one cause at a time.
+
+Run:  .venv/bin/python bench/kernel_cpu.py [--samples N] [--quick] [--before REF] [--no-write]
+                                           [--only PATH,PATH...]
+
+Every path runs the warm `1+1` and is timed and accounted in the same run, interleaved
+round-robin in batches (harness ``interleave``); the CPU of a kernel's process tree (every
+thread of every process, /proc/<pid>/task/*/schedstat; utime+stime ticks as a cross-check) over
+its own batches is divided by its runs. The jupyter_client paths send exactly what the manager
+sends per run (``execute_content``: allow_stdin, stop_on_error off, store_history):
+
+  bare            ipykernel (kernel-venv, unsandboxed, ipc), ipykernel's 0.5 ms reply sleep on
+  bare_nosleep    the same, ``Kernel._execute_sleep = 0`` (what the preamble sets)
+  bare_memhist    bare_nosleep with IPython's history database in memory (no saving thread)
+  preamble_before bare + the preamble and file agent of the --before code (workspace empty)
+  preamble        bare + this checkout's preamble and file agent, with the kernel command line
+                  of this checkout's kernelspec (kernelmode/gateway/config/kernelspec.json)
+  bwrap           preamble + the real BwrapProvisioner (seccomp, cgroups, own uid), no gateway
+  bwrap_noseccomp as bwrap, without the seccomp filter (measurement only, never a default)
+  bwrap_nocgroup  as bwrap, cgroups off (rlimits instead)
+  rest            POST /v1/sessions/warm/execute on a real `kernelmode serve` (this checkout)
+  rest_before     the same on the --before code (default: the merge base with main)
+
+Writes the "kernel-cpu" section of bench/RESULTS.md unless --no-write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from importlib.metadata import EntryPoint
+from pathlib import Path
+from typing import Any
+
+from fewer_messages import checkout, export
+from harness import (
+    CODE,
+    EXPECTED,
+    MSG_TIMEOUT,
+    REPO,
+    KmServer,
+    Stats,
+    add_sampling_args,
+    interleave,
+    loadavg,
+    machine_info,
+    ms_since,
+    run_stoppable,
+    sampling_args,
+    write_section,
+)
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.provisioning.factory import KernelProvisionerFactory
+from procfs import cpu_ns, descendants, ptable, stat
+from profile_rest import kernel_pid
+
+from kernelmode.gateway.exchange import execute_content
+from kernelmode.kernel.preamble import MARKER, PING, boot_code
+from kernelmode.models import Limits
+from kernelmode.sandbox.bwrap import BwrapProvisioner
+from kernelmode.sandbox.kernelspec import kernel_env_paths
+from kernelmode.sandbox.spec import WORKSPACE_MOUNT, KernelParams
+
+# bwrap binds the kernel environment read-only: the real folder, not a worktree's symlink.
+KPY = Path(os.path.realpath(REPO / ".kernel-venv")) / "bin" / "python"
+NOSECCOMP = "kmbench-bwrap-noseccomp"
+ALL_PATHS = ("bare", "bare_nosleep", "bare_memhist", "preamble_before", "preamble", "bwrap",
+             "bwrap_noseccomp", "bwrap_nocgroup", "rest", "rest_before")
+KERNELSPEC = REPO / "kernelmode" / "gateway" / "config" / "kernelspec.json"  # kernelmode's kernel command
+
+
+class NoSeccompBwrap(BwrapProvisioner):
+    """The bwrap provisioner without its seccomp filter: a measurement, never a default."""
+
+    def wrap_command(self, cmd: list[str], env: dict[str, str], kdir: Path) -> tuple[list[str], dict[str, str], Path]:
+        argv, launch_env, cwd = super().wrap_command(cmd, env, kdir)
+        i = argv.index("--seccomp")
+        del argv[i:i + 2]
+        spec = json.loads(argv[3])  # [python, -I, launcher.py, SPEC, --, bwrap, ...]
+        spec.pop("seccomp")
+        argv[3] = json.dumps(spec)
+        return argv, launch_env, cwd
+
+
+class JcKernel:
+    """One kernel driven with jupyter_client the way the manager drives a session's kernel."""
+
+    def __init__(self, tmp: Path, name: str, *, provisioner: str | None = None, cgroups: bool = True,
+                 sleep: bool = True, boot: Callable[..., str] | None = None, ours: bool = False,
+                 memhist: bool = False) -> None:
+        self.dir = tmp / name
+        self.name = name
+        self.provisioner = provisioner
+        self.cgroups = cgroups
+        self.sleep = sleep
+        self.boot = boot  # a preamble's boot_code, run as the manager runs it
+        self.ours = ours  # the kernel command line of this checkout's kernelspec
+        self.memhist = memhist
+        self.km: AsyncKernelManager | None = None
+        self.kc: Any = None
+
+    async def start(self) -> None:
+        spec_dir = self.dir / "kernels" / "k"
+        spec_dir.mkdir(parents=True)
+        runtime = self.dir / "runtime"
+        runtime.mkdir(mode=0o755)
+        ws = self.dir / "ws"
+        ws.mkdir()
+        argv = [str(KPY), "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        if self.ours:
+            argv = [a.replace("{kernel_python}", str(KPY)) for a in json.loads(KERNELSPEC.read_text())["argv"]]
+        if self.memhist:
+            argv.append("--HistoryManager.hist_file=:memory:")
+        spec: dict[str, Any] = {"display_name": self.name, "language": "python", "argv": argv,
+                                "interrupt_mode": "message", "metadata": {}}
+        env: dict[str, str] = {}
+        if self.provisioner is not None:
+            spec["metadata"] = {
+                "kernel_provisioner": {"provisioner_name": self.provisioner, "config": {
+                    "runtime_dir": str(runtime), "state_dir": str(self.dir / "state"),
+                    "default_limits": Limits().model_dump_json(),
+                    "cgroups_mode": "auto" if self.cgroups else "off"}},
+                "kernelmode": {"ro_paths": kernel_env_paths(KPY)}}
+            env = KernelParams(ws, Limits(), self.name).to_env()
+        else:  # like harness.DirectKernel: HOME (IPython's history) on tmpfs, as the sandbox's /tmp
+            home = Path(tempfile.mkdtemp(prefix="kmbench-home-", dir="/dev/shm"))
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": str(home),
+                   "IPYTHONDIR": str(home / ".ipython"), "JUPYTER_RUNTIME_DIR": str(runtime)}
+            self._home = home
+        (spec_dir / "kernel.json").write_text(json.dumps(spec))
+        ksm = KernelSpecManager(kernel_dirs=[str(self.dir / "kernels")], ensure_native_kernel=False)
+        self.km = AsyncKernelManager(kernel_name="k", kernel_spec_manager=ksm, transport="ipc",
+                                     connection_file=str(runtime / "kernel.json"))
+        self.km.ip = str(runtime / "k")
+        log = (self.dir / "kernel.log").open("wb")
+        try:
+            await self.km.start_kernel(env=env, stdout=log, stderr=log, cwd=str(ws))
+        finally:
+            log.close()
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        await self.kc.wait_for_ready(timeout=120)
+        if self.boot is not None:
+            root = WORKSPACE_MOUNT if self.provisioner else str(ws)
+            await self.run(self.boot([], {"root": root, "max_changes": 100}), silent=True)
+        elif not self.sleep:
+            await self.run("get_ipython().kernel._execute_sleep = 0", silent=True)
+
+    def pids(self) -> list[int]:
+        """The kernel's process tree: the launched process (bwrap's, for a sandbox) and below."""
+        assert self.km is not None and self.km.provisioner is not None
+        top = int(self.km.provisioner.pid)  # type: ignore[attr-defined]
+        return [top, *descendants(top)]
+
+    async def run(self, code: str, silent: bool = False) -> str | None:
+        """One execute_request as the manager sends it; the text result. Tool calls over stdin
+        (the preamble's ping) are answered as the manager's broker answers a ping."""
+        kc = self.kc
+        content = execute_content(code, silent)
+        msg = kc.session.msg("execute_request", content)
+        kc.shell_channel.send(msg)
+        msg_id = msg["header"]["msg_id"]
+        answering = asyncio.create_task(self._answer_stdin()) if silent else None
+        try:
+            while True:
+                reply = await kc.get_shell_msg(timeout=MSG_TIMEOUT)
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    break
+        finally:
+            if answering is not None:
+                answering.cancel()
+        if reply["content"]["status"] != "ok":
+            raise RuntimeError(f"{self.name}: {reply['content']}")
+        result = None
+        while True:
+            m = await kc.get_iopub_msg(timeout=MSG_TIMEOUT)
+            if m["parent_header"].get("msg_id") != msg_id:
+                continue
+            if m["msg_type"] == "execute_result":
+                result = m["content"]["data"].get("text/plain")
+            elif m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                return result
+
+    async def _answer_stdin(self) -> None:
+        while True:
+            m = await self.kc.get_stdin_msg(timeout=MSG_TIMEOUT)
+            prompt = m["content"].get("prompt", "")
+            if prompt.startswith(MARKER):
+                req = json.loads(prompt[len(MARKER):])
+                ok = req.get("tool") == PING
+                self.kc.input(json.dumps({"id": req["id"], "ok": ok, "result": "pong" if ok else None,
+                                          "error": None if ok else "no tools here"}))
+
+    async def roundtrip(self) -> float:
+        t0 = time.perf_counter_ns()
+        result = await self.run(CODE)
+        if result != EXPECTED:
+            raise RuntimeError(f"{self.name} answered {result!r}")
+        return ms_since(t0)
+
+    async def stop(self) -> None:
+        if self.kc is not None:
+            with contextlib.suppress(Exception):
+                self.kc.stop_channels()
+        if self.km is not None and self.km.has_kernel:
+            try:
+                await asyncio.wait_for(self.km.shutdown_kernel(now=False), 15)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    await self.km.shutdown_kernel(now=True)
+        if getattr(self, "_home", None) is not None:
+            shutil.rmtree(self._home, ignore_errors=True)
+
+
+def kernel_tree(gateway: int, kernel_id: str) -> list[int]:
+    """A session's kernel with its bwrap wrappers: the gateway's child above the ipykernel."""
+    table = ptable()
+    pid = kernel_pid(gateway, kernel_id)
+    while table.get(pid) not in (gateway, None, 0):
+        pid = table[pid]
+    return [pid, *descendants(pid, table)]
+
+
+def ticks(pids: list[int]) -> int:
+    return sum(s[2] for s in map(stat, pids) if s is not None)
+
+
+def tree_ns(pids: list[int]) -> int:
+    return sum(cpu_ns(p) for p in pids)
+
+
+def load_boot_code(checkout: Path) -> Callable[..., str]:
+    """boot_code of another checkout's preamble (stdlib only; it reads files.py beside it)."""
+    spec = importlib.util.spec_from_file_location("km_preamble_before",
+                                                  checkout / "kernelmode" / "kernel" / "preamble.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.boot_code  # type: ignore[no-any-return]
+
+
+def make_kernels(tmp: Path, paths: list[str], before: Path | None) -> dict[str, JcKernel]:
+    ours: dict[str, Any] = {"boot": boot_code, "ours": True}
+    kinds: dict[str, dict[str, Any]] = {
+        "bare": {}, "bare_nosleep": {"sleep": False}, "bare_memhist": {"sleep": False, "memhist": True},
+        "preamble": ours, "bwrap": {"provisioner": "kernelmode-bwrap", **ours},
+        "bwrap_noseccomp": {"provisioner": NOSECCOMP, **ours},
+        "bwrap_nocgroup": {"provisioner": "kernelmode-bwrap", "cgroups": False, **ours}}
+    if before is not None:
+        kinds["preamble_before"] = {"boot": load_boot_code(before)}
+    return {p: JcKernel(tmp, p, **kinds[p]) for p in paths if p in kinds}
+
+
+def prepare(args: argparse.Namespace, paths: list[str]) -> tuple[Path, str]:
+    """A scratch folder (with the --before code in ``before/`` when a path needs it), and the
+    no-seccomp provisioner registered; the scratch folder and the before commit."""
+    tmp = Path(tempfile.mkdtemp(prefix="kmbench-kcpu-", dir="/tmp"))
+    tmp.chmod(0o711)
+    KernelProvisionerFactory.instance().provisioners[NOSECCOMP] = EntryPoint(
+        name=NOSECCOMP, value="__main__:NoSeccompBwrap", group=KernelProvisionerFactory.GROUP_NAME)
+    before_commit = ""
+    if "rest_before" in paths or "preamble_before" in paths:
+        (tmp / "before").mkdir()
+        before_commit = export(args.before, tmp / "before")
+    return tmp, before_commit
+
+
+async def run(args: argparse.Namespace) -> int:
+    started, load_start = time.monotonic(), loadavg()
+    os.environ.setdefault("KERNELMODE_SANDBOX__KERNEL_PYTHON", str(KPY))
+    paths = [p for p in ALL_PATHS if p in args.only] if args.only else list(ALL_PATHS)
+    tmp, before_commit = prepare(args, paths)
+    kernels = make_kernels(tmp, paths, tmp / "before" if before_commit else None)
+    servers = {p: KmServer(p, {"KERNELMODE_SESSIONS__POOL_SIZE": "1"}) for p in paths if p.startswith("rest")}
+    stats = {p: Stats(p) for p in paths}
+    cpu: dict[str, dict[str, int]] = {p: {} for p in paths}
+    tick: dict[str, int] = dict.fromkeys(paths, 0)
+    trees: dict[str, dict[str, list[int]]] = {}
+    fns: dict[str, Callable[[], Awaitable[float]]] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(shutil.rmtree, tmp, True)
+        for p, k in kernels.items():
+            stack.push_async_callback(k.stop)
+            print(f"starting {p} ...", flush=True)
+            await k.start()
+            trees[p] = {"kernel": k.pids()}
+            fns[p] = k.roundtrip
+        for p, km in servers.items():
+            stack.push_async_callback(km.stop)
+            with checkout(tmp / "before") if p == "rest_before" else contextlib.nullcontext():
+                km.start()
+            conn = km.http()
+            status, info = await conn.json("POST", "/v1/sessions", {"session_id": "warm"})
+            if status != 201:
+                raise RuntimeError(f"{p}: POST /v1/sessions: {status} {info}")
+            trees[p] = {"kernel": kernel_tree(km.gateway_pid, info["kernel_id"]),
+                        "manager": [km.manager_pid], "gateway": [km.gateway_pid]}
+            fns[p] = lambda c=conn: c.execute("warm")
+
+        @contextlib.contextmanager
+        def account(name: str) -> Iterator[None]:
+            before = {r: tree_ns(pids) for r, pids in trees[name].items()}
+            t0 = ticks(trees[name]["kernel"])
+            yield
+            for r, pids in trees[name].items():
+                cpu[name][r] = cpu[name].get(r, 0) + tree_ns(pids) - before[r]
+            tick[name] += ticks(trees[name]["kernel"]) - t0
+
+        print(f"measuring {', '.join(paths)}: {args.samples} samples each ...", flush=True)
+        await interleave(fns, stats, args.samples, args.batch, args.warmup, around=account,
+                         progress=lambda r, n: print(f"  round {r}/{n}", flush=True))
+        for km in servers.values():
+            await km.drop_connections()
+    text = report(paths, stats, cpu, tick, args, before_commit, time.monotonic() - started, load_start)
+    print(text)
+    if not args.no_write:
+        write_section(REPO / "bench" / "RESULTS.md", "kernel-cpu", text)
+    print("SUMMARY " + " ".join(f"{p}={per_run(cpu, stats, p, 'kernel'):.3f}" for p in paths), flush=True)
+    return 0
+
+
+def per_run(cpu: dict[str, dict[str, int]], stats: dict[str, Stats], path: str, role: str) -> float:
+    return cpu[path].get(role, 0) / 1e6 / max(stats[path].n, 1)
+
+
+LABELS = {
+    "bare": "bare ipykernel (jupyter_client, unsandboxed), 0.5 ms reply sleep on",
+    "bare_nosleep": "bare, `_execute_sleep = 0`",
+    "bare_memhist": "bare, no sleep, history database in memory",
+    "preamble_before": "bare + the preamble and file agent (before)",
+    "preamble": "bare + the preamble and file agent, kernelspec's command line (this checkout)",
+    "bwrap": "preamble + bwrap sandbox (seccomp, cgroups, own uid), no gateway",
+    "bwrap_noseccomp": "as bwrap, no seccomp filter (measurement only)",
+    "bwrap_nocgroup": "as bwrap, cgroups off (rlimits)",
+    "rest": "REST execute, `kernelmode serve` (this checkout)",
+    "rest_before": "REST execute, `kernelmode serve` (before)",
+}
+
+
+def report(paths: list[str], stats: dict[str, Stats], cpu: dict[str, dict[str, int]], tick: dict[str, int],
+           args: argparse.Namespace, before_commit: str, wall: float, load_start: str) -> str:
+    base = per_run(cpu, stats, paths[0], "kernel")
+    rows = []
+    for p in paths:
+        s = stats[p]
+        k = per_run(cpu, stats, p, "kernel")
+        mg = [f"{per_run(cpu, stats, p, r):.3f}" if r in cpu[p] else "" for r in ("manager", "gateway")]
+        label = LABELS[p] + (f" `{before_commit}`" if p.endswith("_before") else "")
+        rows.append(f"| {label} | {s.n} | {s.median:.2f} | {s.pct(95):.2f} | **{k:.3f}** | {k - base:+.3f} | "
+                    f"{tick[p] * 1000 / 100 / max(s.n, 1):.2f} | {mg[0]} | {mg[1]} |")
+    m = machine_info("every kernel here")
+    return f"""## The kernel's CPU per run (issue 18, K)
+
+Generated by `bench/kernel_cpu.py{' --quick' if args.quick else ''}` on {m['date']}: {args.samples}
+samples per path, interleaved round-robin in batches of {args.batch} after {args.warmup} warm-ups;
+wall {wall:.0f} s; load average {load_start} at the start, {loadavg()} at the end (a shared 2-CPU
+machine: the CPU per run of each path, measured in this one run, is what counts). Warm `1+1`.
+Kernel CPU: every thread of the kernel's process tree (bwrap's two processes included),
+/proc schedstat; the ticks column is utime+stime (10 ms ticks) of the same tree, a cross-check.
+
+| path | N | median ms | p95 ms | kernel CPU ms/run | vs {paths[0]} | kernel ticks ms/run | manager CPU ms/run | gateway CPU ms/run |
+|---|---|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+Python {m['python (manager, gateway, benchmark client)']}, kernel-venv python / ipykernel
+{m['python / ipykernel (kernel-venv: every kernel here)']}, {m['kernel']}, {m['cpu']}.
+"""
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    add_sampling_args(p)
+    p.add_argument("--before", default=None, help="git ref of rest_before (default: the merge base with main)")
+    p.add_argument("--only", type=lambda s: [x.strip() for x in s.split(",") if x.strip()], default=None,
+                   help=f"comma-separated paths among {', '.join(ALL_PATHS)}")
+    p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
+    args = p.parse_args()
+    sampling_args(p, args)
+    if args.only and (bad := [x for x in args.only if x not in ALL_PATHS]):
+        p.error(f"unknown paths: {bad}")
+    return run_stoppable(run, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

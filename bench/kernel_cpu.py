@@ -33,6 +33,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -286,6 +287,7 @@ async def run(args: argparse.Namespace) -> int:
     cpu: dict[str, dict[str, int]] = {p: {} for p in paths}
     tick: dict[str, int] = dict.fromkeys(paths, 0)
     trees: dict[str, dict[str, list[int]]] = {}
+    syscalls: dict[str, dict[str, float]] = {}
     fns: dict[str, Callable[[], Awaitable[float]]] = {}
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, True)
@@ -319,9 +321,13 @@ async def run(args: argparse.Namespace) -> int:
         print(f"measuring {', '.join(paths)}: {args.samples} samples each ...", flush=True)
         await interleave(fns, stats, args.samples, args.batch, args.warmup, around=account,
                          progress=lambda r, n: print(f"  round {r}/{n}", flush=True))
+        if args.strace and shutil.which("strace"):
+            print(f"counting system calls: {args.strace} runs per path under strace ...", flush=True)
+            for p in paths:
+                syscalls[p] = await count_syscalls(trees[p]["kernel"][-1], fns[p], args.strace, tmp / f"{p}.strace")
         for km in servers.values():
             await km.drop_connections()
-    text = report(paths, stats, cpu, tick, args, before_commit, time.monotonic() - started, load_start)
+    text = report(paths, stats, cpu, tick, syscalls, args, before_commit, time.monotonic() - started, load_start)
     print(text)
     if not args.no_write:
         write_section(REPO / "bench" / "RESULTS.md", "kernel-cpu", text)
@@ -347,7 +353,33 @@ LABELS = {
 }
 
 
+async def count_syscalls(pid: int, fn: Callable[[], Awaitable[float]], runs: int, out: Path) -> dict[str, float]:
+    """System calls per run of the ipykernel process ``pid`` (every thread), from ``strace -c``
+    attached while ``runs`` runs are made (counts only: strace slows every call down)."""
+    proc = await asyncio.create_subprocess_exec("strace", "-c", "-f", "-o", str(out), "-p", str(pid),
+                                                stderr=asyncio.subprocess.DEVNULL)
+    await asyncio.sleep(1.0)  # attached to every thread
+    for _ in range(runs):
+        await fn()
+    await asyncio.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    await proc.wait()
+    return per_run_calls(await asyncio.to_thread(out.read_text), runs)
+
+
+def per_run_calls(strace_c: str, runs: int) -> dict[str, float]:
+    """Calls per run by system call name, and their ``total``, from ``strace -c``'s table."""
+    counts: dict[str, float] = {}
+    for line in strace_c.splitlines():
+        f = line.split()  # % time, seconds, usecs/call, calls, [errors,] syscall
+        if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
+            counts[f[-1]] = int(f[3]) / runs
+    counts["total"] = sum(counts.values())
+    return counts
+
+
 def report(paths: list[str], stats: dict[str, Stats], cpu: dict[str, dict[str, int]], tick: dict[str, int],
+           syscalls: dict[str, dict[str, float]],
            args: argparse.Namespace, before_commit: str, wall: float, load_start: str) -> str:
     base = per_run(cpu, stats, paths[0], "kernel")
     rows = []
@@ -356,8 +388,10 @@ def report(paths: list[str], stats: dict[str, Stats], cpu: dict[str, dict[str, i
         k = per_run(cpu, stats, p, "kernel")
         mg = [f"{per_run(cpu, stats, p, r):.3f}" if r in cpu[p] else "" for r in ("manager", "gateway")]
         label = LABELS[p] + (f" `{before_commit}`" if p.endswith("_before") else "")
+        sc = syscalls.get(p, {})
+        calls = f"{sc['total']:.0f} ({sc.get('futex', 0):.0f})" if sc else ""
         rows.append(f"| {label} | {s.n} | {s.median:.2f} | {s.pct(95):.2f} | **{k:.3f}** | {k - base:+.3f} | "
-                    f"{tick[p] * 1000 / 100 / max(s.n, 1):.2f} | {mg[0]} | {mg[1]} |")
+                    f"{tick[p] * 1000 / 100 / max(s.n, 1):.2f} | {calls} | {mg[0]} | {mg[1]} |")
     m = machine_info("every kernel here")
     return f"""## The kernel's CPU per run (issue 18, K)
 
@@ -368,8 +402,8 @@ machine: the CPU per run of each path, measured in this one run, is what counts)
 Kernel CPU: every thread of the kernel's process tree (bwrap's two processes included),
 /proc schedstat; the ticks column is utime+stime (10 ms ticks) of the same tree, a cross-check.
 
-| path | N | median ms | p95 ms | kernel CPU ms/run | vs {paths[0]} | kernel ticks ms/run | manager CPU ms/run | gateway CPU ms/run |
-|---|---|---|---|---|---|---|---|---|
+| path | N | median ms | p95 ms | kernel CPU ms/run | vs {paths[0]} | kernel ticks ms/run | syscalls/run (futex) | manager CPU ms/run | gateway CPU ms/run |
+|---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
 Python {m['python (manager, gateway, benchmark client)']}, kernel-venv python / ipykernel
@@ -383,6 +417,8 @@ def main() -> int:
     p.add_argument("--before", default=None, help="git ref of rest_before (default: the merge base with main)")
     p.add_argument("--only", type=lambda s: [x.strip() for x in s.split(",") if x.strip()], default=None,
                    help=f"comma-separated paths among {', '.join(ALL_PATHS)}")
+    p.add_argument("--strace", type=int, default=200, metavar="RUNS",
+                   help="after the timing, count each kernel's system calls over RUNS runs (0: skip)")
     p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = p.parse_args()
     sampling_args(p, args)

@@ -27,6 +27,7 @@ for _s in (sys.stdout, sys.stderr):
     _m.lean_flush(_s)
 del _m, _s
 """
+PREAMBLE_SOURCE = Path(preamble.__file__).read_text()
 # How many events an empty flush of each stream hands to the IOPub thread (printed as JSON).
 COUNT = """
 import json, sys
@@ -108,7 +109,7 @@ async def _empty_flush_events(ch: KernelChannels) -> dict[str, int]:
 async def test_an_empty_flush_costs_no_round_trip_and_output_keeps_its_order(channels: KernelChannels) -> None:
     # ipykernel as it is: each empty flush hands the IOPub thread two events (a flush, a wake-up).
     assert await _empty_flush_events(channels) == {"stdout": 2, "stderr": 2}
-    install = INSTALL.format(source=Path(preamble.__file__).read_text())
+    install = INSTALL.format(source=PREAMBLE_SOURCE)
     for _ in range(2):  # a second install (a reconnect runs the preamble again) wraps once
         assert _reply(await _messages(channels, install))["content"]["status"] == "ok"
     assert await _empty_flush_events(channels) == {"stdout": 0, "stderr": 0}

@@ -68,6 +68,7 @@ from profile_rest import kernel_pid
 from kernelmode.gateway.exchange import execute_content
 from kernelmode.kernel.preamble import MARKER, PING, boot_code
 from kernelmode.models import Limits
+from kernelmode.sandbox import seccomp
 from kernelmode.sandbox.bwrap import BwrapProvisioner
 from kernelmode.sandbox.kernelspec import kernel_env_paths
 from kernelmode.sandbox.spec import WORKSPACE_MOUNT, KernelParams
@@ -405,6 +406,7 @@ def report(paths: list[str], stats: dict[str, Stats], cpu: dict[str, dict[str, i
         rows.append(f"| {label} | {s.n} | {s.median:.2f} | {s.pct(95):.2f} | **{k:.3f}** | {k - base:+.3f} | "
                     f"{tick[p] * 1000 / 100 / max(s.n, 1):.2f} | {calls} | {mg[0]} | {mg[1]} |")
     m = machine_info("every kernel here")
+    filter_len = len(seccomp.compile_bpf()) // 8
     found = [f"- {what}: {per_run(cpu, stats, a, 'kernel') - per_run(cpu, stats, b, 'kernel'):+.3f} ms of kernel "
              f"CPU per run ({a} - {b})" for what, a, b in CAUSES if a in paths and b in paths]
     if "rest" in paths and "rest_before" in paths:
@@ -427,6 +429,19 @@ Kernel CPU: every thread of the kernel's process tree (bwrap's two processes inc
 {chr(10).join(rows)}
 
 {chr(10).join(found)}
+
+How to read it. Every kernel here runs the same ipykernel, and the system calls per run show
+that a sandboxed kernel, and one behind the gateway, do exactly the work of a bare one: what a
+kernel costs per run is ipykernel's own traffic between its threads (the shell thread, the main
+thread, the IOPub thread, IPython's history thread: the futex column is mostly their hand-offs
+of the GIL). The seccomp filter is {filter_len} BPF instructions, a linear chain by system call
+number, but Linux (>= 5.11) caches the verdict of every call the filter allows whatever its
+arguments, so the calls a run makes (futex, poll, epoll_wait, read, write, sendto, getpid...)
+never run it. What this checkout changes in the kernel: an empty stdout/stderr flush returns at
+once (the preamble's ``lean_flush``: ipykernel flushes both before a cell's result and before
+its reply, each flush a round trip to the IOPub thread), and IPython's history database is in
+memory (the kernelspec's ``--HistoryManager.hist_file=:memory:``: no saving thread writing sqlite
+with a journal and fsyncs after each cell).
 
 Python {m['python (manager, gateway, benchmark client)']}, kernel-venv python / ipykernel
 {m['python / ipykernel (kernel-venv: every kernel here)']}, {m['kernel']}, {m['cpu']}.

@@ -108,6 +108,7 @@ class JcKernel:
         self.boot = boot  # a preamble's boot_code, run as the manager runs it
         self.ours = ours  # the kernel command line of this checkout's kernelspec
         self.memhist = memhist
+        self._home: Path | None = None  # a bare kernel's HOME (on tmpfs), removed at the end
         self.km: AsyncKernelManager | None = None
         self.kc: Any = None
 
@@ -220,7 +221,7 @@ class JcKernel:
             except Exception:
                 with contextlib.suppress(Exception):
                     await self.km.shutdown_kernel(now=True)
-        if getattr(self, "_home", None) is not None:
+        if self._home is not None:
             shutil.rmtree(self._home, ignore_errors=True)
 
 

@@ -195,6 +195,39 @@ def test_connection_file_for_other_frontends(srv: Server, api: httpx.Client, sid
     assert results == ["6"]
 
 
+def test_a_frontend_gets_the_sessions_history_kept_in_memory(srv: Server, api: httpx.Client, sid: str) -> None:
+    """IPython's history database lives in the kernel's memory (the kernelspec's
+    ``--HistoryManager.hist_file=:memory:``: no sqlite write in a thread after every cell), and
+    everything that reads it still sees every cell: a frontend's history requests (tail: a
+    console's up-arrow; search), %history, In and Out."""
+    execute(api, sid, "agent_marker = 6 * 7")
+    execute(api, sid, "agent_marker + 1")
+    kept = execute(api, sid, "hm = get_ipython().history_manager\n"
+                             "(str(hm.hist_file), hm.save_thread is None, In[-2], Out[len(In) - 2])")
+    assert kept["result"] == "(':memory:', True, 'agent_marker + 1', 43)", kept
+    assert "agent_marker = 6 * 7" in execute(api, sid, "%history -g agent_marker")["stdout"]
+    proc = subprocess.Popen([*KM, "console", sid, "--url", srv.url, "--token", srv.token, "--connection-file"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    try:
+        assert proc.stdout is not None
+        kc = BlockingKernelClient(connection_file=proc.stdout.readline().rsplit(": ", 1)[1].strip())
+        kc.load_connection_file()
+        kc.start_channels()
+        try:
+            kc.history(hist_access_type="tail", n=10)
+            tail = kc.get_shell_msg(timeout=30)["content"]
+            kc.history(hist_access_type="search", pattern="agent_marker*")
+            found = kc.get_shell_msg(timeout=30)["content"]
+        finally:
+            kc.stop_channels()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert tail["status"] == "ok" and found["status"] == "ok"
+    assert {"agent_marker = 6 * 7", "agent_marker + 1"} <= {cell for _, _, cell in tail["history"]}
+    assert [cell for _, _, cell in found["history"]] == ["agent_marker = 6 * 7", "agent_marker + 1"]
+
+
 def test_an_interrupt_before_the_runs_cell_starts_is_held_for_it(srv: Server, api: httpx.Client, sid: str) -> None:
     """The kernel is busy with something else (here a frontend's silent request) when an agent's
     run arrives, and the agent interrupts at once: the signal waits for the run's own cell

@@ -106,7 +106,7 @@ class BatchedWrites:
         True when DRAIN_MESSAGES were read and more may wait. Reading until EAGAIN is what
         ZMQStream does too (its socket's descriptor is edge-triggered)."""
         for _ in range(DRAIN_MESSAGES):
-            if stream.closed() or not stream.receiving():
+            if stream.closed() or not stream.receiving() or self._ws_open() is None:
                 return False
             try:
                 msg = stream.socket.recv_multipart(zmq.NOBLOCK)
@@ -117,6 +117,8 @@ class BatchedWrites:
                 return False
             try:
                 self.handle_outgoing_message(stream, msg)  # type: ignore[attr-defined]
+            except WebSocketClosedError:
+                return False
             except Exception:  # noqa: BLE001 - as ZMQStream's callback: the next message is read
                 log.exception("a kernel message could not be forwarded")
         return True

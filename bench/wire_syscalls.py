@@ -37,7 +37,7 @@ def strace_counts(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in text.splitlines():
         m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$", line)
-        if m:
+        if m and m.group(2) != "total":
             out[m.group(2)] = int(m.group(1))
     return out
 
@@ -80,7 +80,8 @@ async def run(args: argparse.Namespace) -> int:
     load_start = loadavg()
     tmp, before_commit, after_commit = prepare(args.before)
     servers = {side: KmServer(side, {"KERNELMODE_SESSIONS__POOL_SIZE": "1"}) for side in SIDES}
-    rows = []
+    rows: list[str] = []
+    tops: list[str] = []
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, True)
         for side, km in servers.items():
@@ -97,12 +98,15 @@ async def run(args: argparse.Namespace) -> int:
                 rows.append(f"| {side} | {role} | {total:.1f} | "
                             + " | ".join(f"{per[k]:.1f}" for k in WATCHED)
                             + f" | {segs / args.runs:.2f} |")
+                top = sorted(calls.items(), key=lambda kv: -kv[1])[:8]
+                tops.append(f"{side} {role}: " + ", ".join(f"{k} {v / args.runs:.1f}" for k, v in top))
     head = " | ".join(WATCHED)
     print(f"`bench/wire_syscalls.py --runs {args.runs}` on {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, "
           f"before {before_commit}, after {after_commit}; load average {load_start} -> {loadavg()}.\n")
     print(f"| side | process | syscalls/run | {head} | gateway data segments/run |")
     print("|" + "---|" * (len(WATCHED) + 4))
     print("\n".join(rows))
+    print("\nThe most frequent calls per run:\n\n" + "\n".join(f"- {t}" for t in tops))
     return 0
 
 

@@ -28,7 +28,7 @@ log = logging.getLogger("kernelmode.gateway")
 FLUSH_BYTES = 256 * 1024
 # ZMQ messages a flush reads ahead from one stream before it writes (then it goes on in the
 # next pass): a kernel flooding its IOPub never keeps a flush from writing.
-DRAIN_MESSAGES = 64
+DRAIN_MESSAGES = 32
 
 _FIN = 0x80
 _BINARY, _TEXT = 0x2, 0x1

@@ -14,6 +14,7 @@ import secrets
 import ssl
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import websockets
@@ -21,6 +22,9 @@ from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session as JupyterSession
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from websockets.asyncio.client import ClientConnection
+from websockets.client import ClientProtocol
+from websockets.frames import Frame, Opcode
+from websockets.protocol import Event
 
 from ..errors import (
     GatewayError,
@@ -178,6 +182,31 @@ class GatewayClient:
         return conn
 
 
+class FrameConnection(ClientConnection):
+    """websockets' client connection that hands each whole data frame to ``on_frame`` as it is
+    parsed (in ``data_received``), instead of queueing it for ``recv()``: no reader task step and
+    no queue between the socket and the request's queue, per message.
+
+    The frame size cap is the protocol's (max_size), as before. A fragmented message (tornado
+    never sends one) turns this off for the rest of the connection: from its first frame on,
+    every frame goes through ``recv()``, in order."""
+
+    def __init__(self, protocol: ClientProtocol, *, on_frame: Callable[[Frame], None], **kwargs: Any) -> None:
+        super().__init__(protocol, **kwargs)
+        self.on_frame: Callable[[Frame], None] | None = on_frame
+
+    def process_event(self, event: Event) -> None:
+        """A whole text or binary frame to ``on_frame``; anything else as websockets does."""
+        on_frame = self.on_frame
+        if (on_frame is not None and self.response is not None and isinstance(event, Frame)
+                and event.opcode in (Opcode.BINARY, Opcode.TEXT)):
+            if event.fin:
+                on_frame(event)
+                return
+            self.on_frame = None
+        super().process_event(event)
+
+
 class KernelConnection:
     """One websocket to one kernel. Replies are routed to their request by parent msg_id."""
 
@@ -214,6 +243,7 @@ class KernelConnection:
                 compression=None,
                 open_timeout=30,
                 ping_interval=None,
+                create_connection=partial(FrameConnection, on_frame=self._on_frame),  # type: ignore[arg-type]
                 **self.client.ws_options(),
             )
         except (OSError, websockets.WebSocketException, asyncio.TimeoutError) as e:
@@ -231,19 +261,35 @@ class KernelConnection:
                 await self._ws.close()
         self._ws = None
 
+    def _on_frame(self, frame: Frame) -> None:
+        """A whole frame, straight from the connection's parser (FrameConnection)."""
+        data = bytes(frame.data)
+        if frame.opcode == Opcode.TEXT:
+            try:
+                self._take(data.decode())
+            except UnicodeDecodeError as e:
+                log.warning("kernel %s sent a message that was skipped: %s", self.kernel_id, e)
+            return
+        self._take(data)
+
+    def _take(self, raw: str | bytes) -> None:
+        # One bad message (malformed, over a bound, not UTF-8) is skipped or arrives marked
+        # "dropped": it never ends the connection, which would fail the run as kernel_died
+        # while the kernel is fine.
+        try:
+            self._route(decode_frame(raw, self.client.bounds, lenient=True))
+        except FrameError as e:
+            log.warning("kernel %s sent a message that was skipped: %s", self.kernel_id, e)
+        except Exception:  # noqa: BLE001 - same: the next message is read
+            log.exception("kernel %s: a message could not be routed", self.kernel_id)
+
     async def _read(self) -> None:
+        """Waits for the websocket's end (then tells every request); reads the frames the
+        connection does not hand over itself (a fragmented message's, FrameConnection)."""
         assert self._ws is not None
         try:
             async for raw in self._ws:
-                # One bad message (malformed, over a bound, not UTF-8) is skipped or arrives
-                # marked "dropped": it never ends the reader, which would fail the run as
-                # kernel_died while the kernel is fine.
-                try:
-                    self._route(decode_frame(raw, self.client.bounds, lenient=True))
-                except FrameError as e:
-                    log.warning("kernel %s sent a message that was skipped: %s", self.kernel_id, e)
-                except Exception:  # noqa: BLE001 - same: the next message is read
-                    log.exception("kernel %s: a message could not be routed", self.kernel_id)
+                self._take(raw)
         except websockets.WebSocketException as e:
             log.warning("websocket of kernel %s closed: %s", self.kernel_id, e)
         finally:

@@ -18,6 +18,7 @@ from kernel_gateway.services.kernels.manager import SeedingMappingKernelManager
 from traitlets import default
 
 from .frames import DROPPED, MAX_HEADER_BYTES, json_shape_error
+from .ws_batch import BatchedWrites
 
 MAX_ZMQ_SOCKETS = 65_536
 # The manager's cap on a stream (sessions.max_output_bytes) + 1: longer stream texts are cut here.
@@ -75,12 +76,12 @@ def watch_lease(path: str, timeout: float, interval: float = 1.0) -> None:
             return
 
 
-class NoDelayWebsocketConnection(ZMQChannelsWebsocketConnection):
+class NoDelayWebsocketConnection(BatchedWrites, ZMQChannelsWebsocketConnection):
     """Turns Nagle off on each kernel websocket.
 
     tornado re-enables Nagle after every HTTP request and nothing turns it off for websockets,
     so each exchange of more than one message stalls ~40 ms on delayed ACK (GATEWAY-NOTES,
-    pitfall 1).
+    pitfall 1). The frames of one loop pass leave in one send instead (ws_batch.BatchedWrites).
     """
 
     def connect(self):  # noqa: ANN201 (same signature as the parent)
@@ -103,6 +104,7 @@ class NoDelayWebsocketConnection(ZMQChannelsWebsocketConnection):
                     return None
             if iopub:
                 self._note_activity(msg_list)
+        self._note_stream(stream)
         return super()._on_zmq_reply(stream, msg_list)
 
     def _note_activity(self, parts: list) -> None:

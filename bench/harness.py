@@ -198,25 +198,6 @@ def _section_markers(name: str) -> tuple[str, str]:
             f"{SECTION_END}{name} -->")
 
 
-def kept_sections(path: Path) -> str:
-    """The marked sections in ``path`` (with their markers), or ''."""
-    try:
-        lines = path.read_text().splitlines(keepends=True)
-    except OSError:
-        return ""
-    out: list[str] = []
-    end: str | None = None
-    for line in lines:
-        if end is None and line.startswith(SECTION_BEGIN):
-            name = line[len(SECTION_BEGIN):].split(":", 1)[0].strip()
-            end = _section_markers(name)[1]
-        if end is not None:
-            out.append(line)
-            if line.strip() == end:
-                end = None
-    return "".join(out)
-
-
 def write_section(path: Path, name: str, body: str) -> None:
     """Put ``body`` in ``path`` as the marked section ``name``: in place of the one there, else
     at the end; the rest of the file is left as it is."""
@@ -235,9 +216,16 @@ def write_section(path: Path, name: str, body: str) -> None:
 
 
 def write_page(path: Path, text: str) -> None:
-    """Write ``text`` as the unmarked part of ``path``, keeping the marked sections there."""
-    kept = kept_sections(path)
-    path.write_text(text + ("\n" + kept if kept else ""))
+    """Write ``text`` as the head of ``path``: what stands before its first marked section. All
+    from that section on stays as it is, marked or not (hand-written notes between sections
+    included: keeping only the marked sections lost them once)."""
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+    except OSError:
+        lines = []
+    first = next((i for i, line in enumerate(lines) if line.startswith(SECTION_BEGIN)), len(lines))
+    rest = "".join(lines[first:])
+    path.write_text(text + ("\n" + rest if rest else ""))
 
 
 # -- running -------------------------------------------------------------------------------------

@@ -1,0 +1,36 @@
+"""bench/harness.py's writers of bench/RESULTS.md: a benchmark's rewrite keeps everyone else's text."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+BENCH = str(Path(__file__).parents[2] / "bench")
+if BENCH not in sys.path:
+    sys.path.append(BENCH)  # the benchmarks import each other as scripts do: `import procfs`
+
+import harness  # noqa: E402
+
+
+def test_the_page_head_is_replaced_and_everything_after_it_kept(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# old head\n\nold figures\n")
+    harness.write_section(results, "load", "## Load\nfigures")
+    with results.open("a") as f:
+        f.write("\n## A hand-written note between sections\nkept\n")
+    harness.write_section(results, "other", "## Other\nmore")
+    harness.write_page(results, "# new head\n\nnew figures\n")
+    text = results.read_text()
+    assert text.startswith("# new head\n\nnew figures\n") and "old figures" not in text
+    for kept in ("## Load\nfigures", "## A hand-written note between sections\nkept", "## Other\nmore"):
+        assert kept in text, text
+    assert text.index("## Load") < text.index("hand-written") < text.index("## Other")
+
+
+def test_a_page_without_sections_is_the_new_head_only(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    harness.write_page(results, "# head\n")
+    assert results.read_text() == "# head\n"
+    results.write_text("# old\n")
+    harness.write_page(results, "# head\n")
+    assert results.read_text() == "# head\n"

@@ -4,8 +4,8 @@ What a kernel can see: the system (read-only), the kernel environment (read-only
 per-kernel directory (connection file and ipc sockets), its session's workspace at /mnt/data,
 a private tmpfs /tmp, and nothing else of the host. There is no network namespace to reach:
 only ``lo`` exists inside. When the gateway runs as root, each kernel also runs as its own
-unprivileged host uid (uid_base + slot), so a kernel is not host root even outside its
-namespaces, and RLIMIT_NPROC counts only its own processes.
+unprivileged host uid (uid_base + slot, leased host-wide: uids.py), so a kernel is not host
+root even outside its namespaces, and RLIMIT_NPROC counts only its own processes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from traitlets import Integer, Unicode
 
-from . import cgroups, seccomp
+from . import cgroups, seccomp, uids
 from .base import KernelmodeProvisioner, kernel_environment, log
 from .launcher import SECCOMP_FD
 from .spec import PACKAGES_ENV, PACKAGES_MOUNT, WORKSPACE_MOUNT
@@ -31,26 +31,6 @@ ETC_FILES = (
     "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
     "/etc/fonts", "/etc/mime.types", "/etc/alternatives", "/etc/matplotlibrc",
 )
-
-# kernel id -> host uid; outlives a provisioner instance (one is made per start).
-_uids: dict[str, int] = {}
-_next_uid = [0]  # where the search for a free uid starts: after the last one handed out
-
-
-def _allocate_uid(kernel_id: str, base: int, count: int) -> int:
-    """A host uid no live kernel has. Uids are handed out round-robin, so a freed uid is reused
-    as late as possible (never right away by the next kernel, which a straggler of the old one
-    could otherwise share a uid with)."""
-    if kernel_id not in _uids:
-        used = set(_uids.values())
-        start = _next_uid[0] % count
-        free = next((base + (start + i) % count for i in range(count)
-                     if base + (start + i) % count not in used), None)
-        if free is None:
-            raise RuntimeError("kernelmode: no free sandbox uid left (sandbox.uid_count)")
-        _uids[kernel_id] = free
-        _next_uid[0] = free - base + 1
-    return _uids[kernel_id]
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
@@ -166,9 +146,9 @@ class BwrapProvisioner(KernelmodeProvisioner):
             rlimits["as"] = limits.memory_mb * 1024 * 1024
         uid = gid = os.getuid()
         if os.getuid() == 0:
-            uid = gid = _allocate_uid(self.kernel_id, self.uid_base, self.uid_count)
+            uid = gid = uids.allocate(self.kernel_id, self.uid_base, self.uid_count)
             spec.update(uid=uid, gid=gid)
-            # RLIMIT_NPROC binds only a non-root uid; here each kernel has its own.
+            # RLIMIT_NPROC binds only a non-root uid; here each kernel has its own (uids.py: host-wide).
             rlimits["nproc"] = limits.pids
             os.chown(kdir, uid, gid)
             for f in kdir.iterdir():
@@ -230,7 +210,7 @@ class BwrapProvisioner(KernelmodeProvisioner):
             self._cgroup.destroy()
             self._cgroup = None
         if not restart:
-            _uids.pop(self.kernel_id, None)
+            uids.release(self.kernel_id)
             shutil.rmtree(self.etc_dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             for sock in self.kernel_dir.glob("k-*"):

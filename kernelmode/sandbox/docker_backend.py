@@ -32,9 +32,9 @@ from tornado import web
 from traitlets import Float, Integer, Unicode
 
 from ..models import LimitCeilings, Limits
-from . import seccomp
+from . import seccomp, uids
 from .base import KernelmodeProvisioner, kernel_environment, log
-from .bwrap import _allocate_uid, _chown_tree, _uids
+from .bwrap import _chown_tree
 from .spec import PACKAGES_ENV, PACKAGES_MOUNT, WORKSPACE_MOUNT
 
 LAUNCHER = str(Path(__file__).with_name("docker_launcher.py"))
@@ -85,7 +85,7 @@ class DockerProvisioner(KernelmodeProvisioner):
     ) -> tuple[list[str], dict[str, str], Path]:
         assert self.params is not None
         limits = self.params.limits
-        uid = _allocate_uid(self.kernel_id, self.uid_base, self.uid_count)
+        uid = uids.allocate(self.kernel_id, self.uid_base, self.uid_count)
         os.chown(kdir, uid, uid)
         for f in kdir.iterdir():
             os.chown(f, uid, uid, follow_symlinks=False)
@@ -237,7 +237,7 @@ class DockerProvisioner(KernelmodeProvisioner):
     def release(self, restart: bool) -> None:
         self._remove()
         if not restart:
-            _uids.pop(self.kernel_id, None)
+            uids.release(self.kernel_id)
             shutil.rmtree(self.etc_dir, ignore_errors=True)
             self.status_path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):

@@ -6,7 +6,7 @@ import json
 import secrets
 from pathlib import Path
 
-from tests.conftest import BACKEND, CANARY, REPO
+from tests.conftest import BACKEND, CANARY, REPO, start_server
 
 from .conftest import host_file_in_workspace, host_kernel_procs
 
@@ -198,3 +198,23 @@ def test_kernels_run_as_unprivileged_host_uids(server, shared_sid, run):
     for pid, p in {**kernels, **bwraps}.items():
         assert min(p["uids"]) >= 200_000, (pid, p)
         assert min(p["gids"]) >= 200_000, (pid, p)
+
+
+def test_two_servers_on_one_host_share_no_kernel_uid():
+    """Each gateway used to count uids from uid_base: the first kernels of two servers on one host
+    ran as the same host uid, sharing its per-uid budgets (a fork bomb in one used up the other's
+    RLIMIT_NPROC). Uids are leased host-wide (sandbox/uids.py)."""
+    servers = [start_server({"KERNELMODE_SESSIONS__POOL_SIZE": "1"}) for _ in range(2)]
+    try:
+        uids: list[set[int]] = []
+        for srv in servers:
+            with srv.client() as c:
+                sid = c.post("/v1/sessions", json={}).json()["session_id"]
+                assert c.post(f"/v1/sessions/{sid}/execute", json={"code": "1"}).json()["status"] == "ok"
+            kernels = [p for p in host_kernel_procs(srv).values() if "ipykernel_launcher" in p["cmdline"]]
+            assert kernels, srv.data_dir
+            uids.append({u for p in kernels for u in p["uids"]})
+        assert not uids[0] & uids[1], uids
+    finally:
+        for srv in servers:
+            srv.discard()

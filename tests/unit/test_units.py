@@ -91,17 +91,3 @@ def test_kernel_params_leave_the_kernel_env():
     params = KernelParams.pop_from_env(env, Limits())
     assert env == {"PATH": "/bin"}
     assert params is not None and params.limits.pids == 50 and params.session_id == "s1"
-
-
-def test_sandbox_uids_are_unique_and_reused_as_late_as_possible(monkeypatch: pytest.MonkeyPatch):
-    from kernelmode.sandbox import bwrap
-
-    monkeypatch.setattr(bwrap, "_uids", {})
-    monkeypatch.setattr(bwrap, "_next_uid", [0])
-    a, b = bwrap._allocate_uid("a", 5000, 3), bwrap._allocate_uid("b", 5000, 3)
-    assert (a, b) == (5000, 5001) and bwrap._allocate_uid("a", 5000, 3) == a
-    bwrap._uids.pop("a")  # a's kernel ended: its uid is not the next one handed out
-    assert bwrap._allocate_uid("c", 5000, 3) == 5002
-    assert bwrap._allocate_uid("d", 5000, 3) == 5000  # wrapped around to the free one
-    with pytest.raises(RuntimeError, match="no free sandbox uid"):
-        bwrap._allocate_uid("e", 5000, 3)

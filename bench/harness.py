@@ -665,6 +665,21 @@ def _tmpfs_dir() -> str | None:
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
+async def stop_kernel(km: AsyncKernelManager | None, kc: Any, home: Path | None) -> None:
+    """Stop a kernel started with jupyter_client (politely, then at once) and remove its HOME."""
+    if kc is not None:
+        with contextlib.suppress(Exception):
+            kc.stop_channels()
+    if km is not None and km.has_kernel:
+        try:
+            await asyncio.wait_for(km.shutdown_kernel(now=False), 15)
+        except Exception:
+            with contextlib.suppress(Exception):
+                await km.shutdown_kernel(now=True)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 class DirectKernel:
     """An unsandboxed ipykernel (kernel-venv python) driven with jupyter_client."""
 
@@ -743,17 +758,7 @@ class DirectKernel:
         return elapsed
 
     async def stop(self) -> None:
-        if self.kc is not None:
-            with contextlib.suppress(Exception):
-                self.kc.stop_channels()
-        if self.km is not None and self.km.has_kernel:
-            try:
-                await asyncio.wait_for(self.km.shutdown_kernel(now=False), 15)
-            except Exception:
-                with contextlib.suppress(Exception):
-                    await self.km.shutdown_kernel(now=True)
-        if self.home is not None:
-            shutil.rmtree(self.home, ignore_errors=True)
+        await stop_kernel(self.km, self.kc, self.home)
 
 
 class BareKernels:

@@ -57,6 +57,7 @@ from harness import (
     ms_since,
     run_stoppable,
     sampling_args,
+    stop_kernel,
     write_section,
 )
 from jupyter_client.kernelspec import KernelSpecManager
@@ -212,17 +213,7 @@ class JcKernel:
         return ms_since(t0)
 
     async def stop(self) -> None:
-        if self.kc is not None:
-            with contextlib.suppress(Exception):
-                self.kc.stop_channels()
-        if self.km is not None and self.km.has_kernel:
-            try:
-                await asyncio.wait_for(self.km.shutdown_kernel(now=False), 15)
-            except Exception:
-                with contextlib.suppress(Exception):
-                    await self.km.shutdown_kernel(now=True)
-        if self._home is not None:
-            shutil.rmtree(self._home, ignore_errors=True)
+        await stop_kernel(self.km, self.kc, self._home)
 
 
 def kernel_tree(gateway: int, kernel_id: str) -> list[int]:

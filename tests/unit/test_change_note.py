@@ -5,21 +5,18 @@ then with the file agent installed in it as the boot code installs it."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest_asyncio
-from jupyter_client.manager import AsyncKernelManager
 
 from kernelmode.artifacts.channel import changes_buffer
 from kernelmode.gateway.exchange import ExecuteExchange, Message, execute_content
 from kernelmode.gateway.execution import OutputCollector
 from kernelmode.kernel import files
-from tests.unit.test_exchange import LONG, KernelChannels
+from tests.unit.test_exchange import LONG, KernelChannels, bare_kernel
 
 INSTALL = """
 import json, sys, types
@@ -33,20 +30,8 @@ del _m
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def channels(tmp_path_factory) -> AsyncIterator[KernelChannels]:  # noqa: ANN001
-    km = AsyncKernelManager()
-    km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    await km.start_kernel(cwd=str(tmp_path_factory.mktemp("ws")))
-    kc = km.client()
-    kc.start_channels()
-    await kc.wait_for_ready(timeout=60)
-    ch = KernelChannels(kc)
-    try:
+    async with bare_kernel(cwd=str(tmp_path_factory.mktemp("ws"))) as (_, ch):
         yield ch
-    finally:
-        await ch.close()
-        kc.stop_channels()
-        with contextlib.suppress(Exception):
-            await km.shutdown_kernel(now=True)
 
 
 async def _messages(ch: KernelChannels, code: str, silent: bool = False) -> list[Message]:

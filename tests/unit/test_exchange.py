@@ -68,11 +68,12 @@ class KernelChannels:
         await asyncio.gather(*self.pumps, return_exceptions=True)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def kernel() -> AsyncIterator[tuple[AsyncKernelManager, KernelChannels]]:
+@contextlib.asynccontextmanager
+async def bare_kernel(cwd: str | None = None) -> AsyncIterator[tuple[AsyncKernelManager, KernelChannels]]:
+    """A real ipykernel (this venv's) and its channels, shut down after."""
     km = AsyncKernelManager()
     km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    await km.start_kernel()
+    await km.start_kernel(cwd=cwd)
     kc = km.client()
     kc.start_channels()
     await kc.wait_for_ready(timeout=60)
@@ -84,6 +85,12 @@ async def kernel() -> AsyncIterator[tuple[AsyncKernelManager, KernelChannels]]:
         kc.stop_channels()
         with contextlib.suppress(Exception):
             await km.shutdown_kernel(now=True)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def kernel() -> AsyncIterator[tuple[AsyncKernelManager, KernelChannels]]:
+    async with bare_kernel() as k:
+        yield k
 
 
 def _collector() -> OutputCollector:

@@ -6,18 +6,15 @@ A real ipykernel: first as it is, then with the preamble's lean_flush installed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest_asyncio
-from jupyter_client.manager import AsyncKernelManager
 
 from kernelmode.gateway.exchange import Message, execute_content
 from kernelmode.kernel import preamble
-from tests.unit.test_exchange import LONG, KernelChannels
+from tests.unit.test_exchange import LONG, KernelChannels, bare_kernel
 
 INSTALL = """
 import sys, types
@@ -50,20 +47,8 @@ print(json.dumps(_n))
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def channels(tmp_path_factory) -> AsyncIterator[KernelChannels]:  # noqa: ANN001
-    km = AsyncKernelManager()
-    km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    await km.start_kernel(cwd=str(tmp_path_factory.mktemp("ws")))
-    kc = km.client()
-    kc.start_channels()
-    await kc.wait_for_ready(timeout=60)
-    ch = KernelChannels(kc)
-    try:
+    async with bare_kernel(cwd=str(tmp_path_factory.mktemp("ws"))) as (_, ch):
         yield ch
-    finally:
-        await ch.close()
-        kc.stop_channels()
-        with contextlib.suppress(Exception):
-            await km.shutdown_kernel(now=True)
 
 
 async def _messages(ch: KernelChannels, code: str) -> list[Message]:

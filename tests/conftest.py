@@ -3,6 +3,7 @@ ipykernels in the real bubblewrap sandbox) as a subprocess, and HTTP clients for
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -144,6 +146,29 @@ def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None 
     srv = Server(url=url, token=token, data_dir=data_dir, proc=proc, log_path=log_path)
     _STARTED.append(srv)
     return srv
+
+
+@contextlib.contextmanager
+def attached_frontend(srv: Server, sid: str) -> Iterator[Any]:
+    """A Jupyter frontend (jupyter_client's BlockingKernelClient, channels started) attached to
+    session ``sid`` through `kernelmode console --connection-file`; detached after."""
+    from jupyter_client import BlockingKernelClient
+
+    proc = subprocess.Popen([sys.executable, "-m", "kernelmode.cli", "console", sid, "--url", srv.url,
+                             "--token", srv.token, "--connection-file"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    try:
+        assert proc.stdout is not None
+        kc = BlockingKernelClient(connection_file=proc.stdout.readline().rsplit(": ", 1)[1].strip())
+        kc.load_connection_file()
+        kc.start_channels()
+        try:
+            yield kc
+        finally:
+            kc.stop_channels()
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 @pytest.fixture(scope="session")

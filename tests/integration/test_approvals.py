@@ -355,30 +355,13 @@ async def test_mcp_elicitation_over_the_stdio_bridge(gate_server: Server) -> Non
 def test_a_console_cell_cannot_wait_for_approval(gate_server: Server, api: httpx.Client, sid: str) -> None:
     """A person's console cell calling a gated tool is denied at once, saying why (nobody could
     answer for a cell no front door follows)."""
-    import subprocess
-
-    from jupyter_client import BlockingKernelClient
-
-    from tests.conftest import REPO
+    from tests.conftest import attached_frontend
 
     assert api.post(f"/v1/sessions/{sid}/execute", json={"code": "1"}).status_code == 200  # tools installed
-    proc = subprocess.Popen([sys.executable, "-m", "kernelmode.cli", "console", sid, "--url", gate_server.url,
-                             "--token", gate_server.token, "--connection-file"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
     outputs: list[dict[str, Any]] = []
-    try:
-        assert proc.stdout is not None
-        kc = BlockingKernelClient(connection_file=proc.stdout.readline().rsplit(": ", 1)[1].strip())
-        kc.load_connection_file()
-        kc.start_channels()
-        try:
-            reply = kc.execute_interactive(CATCH, timeout=120, allow_stdin=True, output_hook=outputs.append,
-                                           stdin_hook=lambda msg: kc.input(""))
-        finally:
-            kc.stop_channels()
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with attached_frontend(gate_server, sid) as kc:
+        reply = kc.execute_interactive(CATCH, timeout=120, allow_stdin=True, output_hook=outputs.append,
+                                       stdin_hook=lambda msg: kc.input(""))
     assert reply["content"]["status"] == "ok", reply["content"]
     printed = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
     assert printed == ("denied: weather: weather requires approval, which only a run started through REST or "

@@ -16,7 +16,7 @@ import pexpect
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 
-from tests.conftest import REPO, Server, start_server
+from tests.conftest import REPO, Server, attached_frontend, start_server
 
 PROMPT = r"In \[[^\]]*\]:"  # the prompt, with the colour codes prompt_toolkit puts inside it
 CONFIG = 'tools:\n  - {name: add, function: "tests.integration.host_tools:add"}\n'
@@ -206,23 +206,11 @@ def test_a_frontend_gets_the_sessions_history_kept_in_memory(srv: Server, api: h
                              "(str(hm.hist_file), hm.save_thread is None, In[-2], Out[len(In) - 2])")
     assert kept["result"] == "(':memory:', True, 'agent_marker + 1', 43)", kept
     assert "agent_marker = 6 * 7" in execute(api, sid, "%history -g agent_marker")["stdout"]
-    proc = subprocess.Popen([*KM, "console", sid, "--url", srv.url, "--token", srv.token, "--connection-file"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
-    try:
-        assert proc.stdout is not None
-        kc = BlockingKernelClient(connection_file=proc.stdout.readline().rsplit(": ", 1)[1].strip())
-        kc.load_connection_file()
-        kc.start_channels()
-        try:
-            kc.history(hist_access_type="tail", n=10)
-            tail = kc.get_shell_msg(timeout=30)["content"]
-            kc.history(hist_access_type="search", pattern="agent_marker*")
-            found = kc.get_shell_msg(timeout=30)["content"]
-        finally:
-            kc.stop_channels()
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with attached_frontend(srv, sid) as kc:
+        kc.history(hist_access_type="tail", n=10)
+        tail = kc.get_shell_msg(timeout=30)["content"]
+        kc.history(hist_access_type="search", pattern="agent_marker*")
+        found = kc.get_shell_msg(timeout=30)["content"]
     assert tail["status"] == "ok" and found["status"] == "ok"
     assert {"agent_marker = 6 * 7", "agent_marker + 1"} <= {cell for _, _, cell in tail["history"]}
     assert [cell for _, _, cell in found["history"]] == ["agent_marker = 6 * 7", "agent_marker + 1"]
@@ -304,26 +292,14 @@ def test_an_unreadable_tool_request_from_a_console_cell_is_refused_not_passed_on
         srv: Server, api: httpx.Client, sid: str) -> None:
     """A tool request too large to be read arrives at the tap without its prompt: the tap refuses
     it (the call fails at once in the kernel) instead of showing the console an empty prompt."""
-    proc = subprocess.Popen([*KM, "console", sid, "--url", srv.url, "--token", srv.token, "--connection-file"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
     asked: list[dict] = []
     outputs: list[dict] = []
     code = ("import kernelmode_preamble as kp\n"
             "try:\n    kp._bridge.call('add', {'a': 'x' * 30_000_000, 'b': 1})\n"
             "except kp.ToolError as e:\n    print('refused:', e)\n")
-    try:
-        assert proc.stdout is not None
-        kc = BlockingKernelClient(connection_file=proc.stdout.readline().rsplit(": ", 1)[1].strip())
-        kc.load_connection_file()
-        kc.start_channels()
-        try:
-            reply = kc.execute_interactive(code, timeout=120, allow_stdin=True, output_hook=outputs.append,
-                                           stdin_hook=lambda msg: (asked.append(msg), kc.input(""))[0])
-        finally:
-            kc.stop_channels()
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with attached_frontend(srv, sid) as kc:
+        reply = kc.execute_interactive(code, timeout=120, allow_stdin=True, output_hook=outputs.append,
+                                       stdin_hook=lambda msg: (asked.append(msg), kc.input(""))[0])
     assert reply["content"]["status"] == "ok", reply["content"]
     assert asked == []  # the console was never asked
     printed = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")

@@ -114,7 +114,8 @@ class McpSession:
     benchmark's exit stack) rather than in a helper task.
     """
 
-    def __init__(self, rest: RestSession) -> None:
+    def __init__(self, rest: RestSession | Any) -> None:
+        """``rest``: anything with a started ``server`` (``url``, ``token``), e.g. a RestSession."""
         self.rest = rest
         self.client: McpClient | None = None
         self.session_id: str | None = None

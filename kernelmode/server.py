@@ -253,7 +253,8 @@ class KernelmodeApp:
 
             self.mcp_http = McpHttp(self.mcp_server(), s.mcp.max_request_bytes)
             await self.mcp_http.start()
-            routes.append((r"/mcp/?", McpHandler, {"services": services, "mcp_http": self.mcp_http}))
+            # First: tornado tries the rules in order, and /mcp is the agents' hot path.
+            routes.insert(0, (r"/mcp/?", McpHandler, {"services": services, "mcp_http": self.mcp_http}))
         app = web.Application(routes, default_handler_class=NotFoundHandler,
                               default_handler_args={"services": services})
         self.http = httpserver.HTTPServer(app, max_body_size=s.server.max_body_bytes, xheaders=False)

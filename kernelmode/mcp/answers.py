@@ -8,6 +8,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from mcp.server.mcpserver import Context
@@ -40,9 +41,11 @@ class RunAnswers:
     def _image_mime(out: dict[str, Any]) -> str | None:
         return next((m for m in ("image/png", "image/jpeg", "image/gif", "image/webp") if m in out.get("data", {})), None)
 
-    async def _images(self, outputs: list[dict[str, Any]], room: int) -> tuple[list[ContentBlock], list[str]]:
-        """Inline images of ``outputs``: at most ``max_images``, each within its share of ``room``
-        bytes of the message (base64 makes 4 characters of 3 bytes)."""
+    async def _images(self, outputs: list[dict[str, Any]],
+                      room: Callable[[], int]) -> tuple[list[ContentBlock], list[str]]:
+        """Inline images of ``outputs``: at most ``max_images``, each within its share of
+        ``room()`` bytes of the message (base64 makes 4 characters of 3 bytes; measured only when
+        there is an image)."""
         shown = [(out, mime) for out in outputs if (mime := self._image_mime(out)) is not None]
         notes = [f"{len(shown) - self.cfg.max_images} more image(s) were left out (see the files of this run)"
                  ] if len(shown) > self.cfg.max_images else []
@@ -50,7 +53,7 @@ class RunAnswers:
         blocks: list[ContentBlock] = []
         if not shown:
             return blocks, notes
-        share = min(self.cfg.max_image_bytes, room // len(shown) * 3 // 4 - 1_024)
+        share = min(self.cfg.max_image_bytes, room() // len(shown) * 3 // 4 - 1_024)
         for out, mime in shown:
             try:
                 if share < 10_000:
@@ -82,11 +85,15 @@ class RunAnswers:
         while len(self._seen) >= _MAX_FOLLOWED:  # the least recently looked at go first
             self._seen.pop(next(iter(self._seen)))
         self._seen[follow] = (page.stdout_end, page.stderr_end, page.outputs_end)
-        structured = lean_record(result, page, self.cfg.max_structured_chars).model_dump(mode="json")
+        # Fields at their default are left out (the outputSchema gives each default): every
+        # client checks the structured content against that schema, field by field, and some
+        # hand it to the model; a plain `1+1` answer is 6 fields instead of 36.
+        structured = lean_record(result, page, self.cfg.max_structured_chars).model_dump(
+            mode="json", exclude_defaults=True)
         budget = self.cfg.max_text_chars
         # Notes (the session's, the images') come first; the run's text gets the rest of the budget.
-        image_room = self.room([TextContent(text="x" * budget)], structured)
-        images, image_notes = await self._images(page.outputs, image_room)
+        images, image_notes = await self._images(
+            page.outputs, lambda: self.room([TextContent(text="x" * budget)], structured))
         extra = "\n\n".join(n for n in [note, *image_notes] if n)
         text = run_text(result, page, max(budget - len(extra) - 2, 200) if extra else budget,
                         self.cfg.max_structured_chars)
@@ -128,7 +135,8 @@ class RunAnswers:
                 if run.gate is None or not run.gate.asking:
                     break
                 remaining = 1.0  # a person is being asked: wait for the answer
-            await run.wait_changed(offset, remaining)
+            # Output wakes the wait only when it can go somewhere (a progress notification).
+            await run.wait_changed(offset if getattr(ctx, "sends_progress", True) else None, remaining)
             new = run.collector.events[offset:]
             offset += len(new)
             text = "".join(e["text"] for e in new if e["type"] == "stream")

@@ -160,10 +160,11 @@ def fit_text(result: dict[str, Any], budget: int) -> dict[str, Any]:
     return {**result, "content": content}
 
 
-async def fit_message(result: dict[str, Any], cap: int) -> dict[str, Any]:
+async def fit_message(result: dict[str, Any], cap: int, size: int | None = None) -> dict[str, Any]:
     """``result`` (a serialized answer) if it fits ``cap`` bytes, else a tool result shrunk to
-    fit with a note of what was cut; MessageTooLarge for any other answer."""
-    size = wire_bytes(result)
+    fit with a note of what was cut; MessageTooLarge for any other answer. ``size``: the
+    message's bytes when the caller measured them (the encoded JSON-RPC message)."""
+    size = wire_bytes(result) if size is None else size
     if size <= cap:
         return result
     content = result.get("content")
@@ -188,8 +189,9 @@ async def fit_message(result: dict[str, Any], cap: int) -> dict[str, Any]:
             for key in ("outputs", "tool_calls", "artifacts"):
                 if isinstance(sc.get(key), list) and len(sc[key]) > (limit and 5):
                     sc[key] = sc[key][:limit and 5]
-            if isinstance(sc.get("cut"), list):
-                sc["cut"] = [*sc["cut"][-1:], "this answer's structured content was cut to fit the "
+            if isinstance(sc.get("cut"), list) or isinstance(run_id, str):  # a run's record
+                cut: list[Any] = sc["cut"] if isinstance(sc.get("cut"), list) else []
+                sc["cut"] = [*cut[-1:], "this answer's structured content was cut to fit the "
                              f"MCP message cap of {cap:,} bytes"]
             if wire_bytes(result) <= cap:
                 break

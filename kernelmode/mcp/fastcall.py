@@ -52,11 +52,17 @@ class HeadersContext:
     connection's id and the caller's tenant). No ``session``: a plain client cannot be asked
     anything (elicit.py then finds no capability), and progress was not asked for."""
 
+    sends_progress = False  # answers.RunAnswers then waits for a run's end, not each output
+
     def __init__(self, headers: Mapping[str, str]) -> None:
         self.headers = headers
 
     async def report_progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """No progress token: nothing to send (the SDK's Context does the same)."""
+
+
+def _encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)
@@ -155,7 +161,12 @@ class FastCalls:
                 result = call.tool.fn_metadata.convert_result(await call.tool.fn(**call.arguments, ctx=ctx))
                 dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
                 dumped = serialize_server_result(_METHOD, call.version, dumped)
-                envelope["result"] = await self.kmcp.cap_answer(_METHOD, dumped)
+                # Encoded once and measured as sent; encoded again only if the cap cut it.
+                body = _encode({**envelope, "result": dumped})
+                capped = await self.kmcp.cap_answer(_METHOD, dumped, len(body))
+                if capped is dumped:
+                    return body
+                envelope["result"] = capped
             except MCPError as e:
                 envelope["error"] = e.error.model_dump(by_alias=True, mode="json", exclude_none=True)
             except Exception as e:  # as the SDK answers: a deliberate ToolError's text, else none
@@ -166,7 +177,7 @@ class FastCalls:
                     text = f"Error executing tool {call.tool.name}"
                 failed = CallToolResult(content=[TextContent(text=text)], is_error=True)
                 envelope["result"] = failed.model_dump(by_alias=True, mode="json", exclude_none=True)
-        return json.dumps(envelope, separators=(",", ":")).encode()
+        return _encode(envelope)
 
     @contextmanager
     def _in_flight(self, mcp_session: str) -> Iterator[None]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import MutableMapping
 from typing import Any
@@ -46,6 +47,13 @@ def tenant_user(tenant: str) -> AuthenticatedUser:
     """The SDK's authenticated user for a tenant: the SDK binds each MCP connection to the user
     that opened it (its ``client_id``). No token in it: tools never need the caller's secret."""
     return AuthenticatedUser(AccessToken(token="", client_id=tenant, scopes=[]))
+
+
+@functools.lru_cache(maxsize=1024)
+def _owner(tenant: str) -> AuthorizationContext:
+    """The owner record the SDK keeps for the connections a tenant opened (compared on every
+    fast call: built once per tenant; only ever compared, never changed)."""
+    return authorization_context(tenant_user(tenant))
 
 
 class TenantSessionManager(StreamableHTTPSessionManager):
@@ -88,8 +96,7 @@ class McpHttp:
         # Connections answered as plain JSON when the SSE stream would carry only the answer.
         self.plain = PlainClients(mcp.cfg.max_sessions) if mcp.cfg.json_answers else None
         # run_python/get_run of those connections answered without the SDK's machinery (fastcall.py).
-        self.fast = FastCalls(mcp, self.manager, self.plain,
-                              lambda tenant: authorization_context(tenant_user(tenant))
+        self.fast = FastCalls(mcp, self.manager, self.plain, _owner
                               ) if self.plain is not None and mcp.cfg.fast_calls else None
         if self.fast is not None and not FastCalls.fits(mcp, self.manager):
             log.warning("mcp.fast_calls: this mcp release keeps its connections elsewhere; "

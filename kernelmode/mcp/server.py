@@ -93,12 +93,17 @@ class KernelmodeMCP:
             return result  # a notification's (None)
         return await self.cap_answer(getattr(ctx, "method", None), result)
 
-    async def cap_answer(self, method: str | None, result: dict[str, Any]) -> dict[str, Any]:
+    async def cap_answer(self, method: str | None, result: dict[str, Any],
+                         wire_size: int | None = None) -> dict[str, Any]:
         """An answer's wire form held to the text budget (tool calls) and the message cap (the
-        middleware above, and the direct route of fastcall.py)."""
+        middleware above, and the direct route of fastcall.py). ``wire_size``: the bytes of the
+        message as it will be sent, when the caller has encoded it already (else measured here);
+        ``result`` itself comes back when it fits."""
         if method == "tools/call":
-            result = fit_text(result, self.cfg.max_text_chars)
+            fitted = fit_text(result, self.cfg.max_text_chars)
+            if fitted is not result:
+                result, wire_size = fitted, None
         try:
-            return await fit_message(result, self.cfg.max_message_bytes)
+            return await fit_message(result, self.cfg.max_message_bytes, wire_size)
         except MessageTooLarge as e:
             raise MCPError(INTERNAL_ERROR, str(e)) from e

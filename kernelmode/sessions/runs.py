@@ -10,8 +10,10 @@ never held in memory for the hour a finished run stays pollable.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +21,24 @@ from ..errors import KernelmodeError
 from ..gateway.execution import OutputCollector
 from ..models import ErrorDetail, RunProgress, RunResult
 from ..tools.approvals import RunGate
+
+if sys.version_info >= (3, 11):
+    async def _within(timeout: float, wait: Callable[[], Awaitable[None]]) -> bool:
+        """Whether ``wait()`` ended within ``timeout`` s. asyncio.timeout, not wait_for: no task
+        and no extra loop pass (an MCP call waits so for each run it follows)."""
+        try:
+            async with asyncio.timeout(timeout):
+                await wait()
+            return True
+        except TimeoutError:
+            return False
+else:
+    async def _within(timeout: float, wait: Callable[[], Awaitable[None]]) -> bool:
+        try:
+            await asyncio.wait_for(wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
 
 
 @dataclass
@@ -72,22 +92,23 @@ class LiveRun:
             failure=ErrorDetail(**self.failure.to_dict()) if self.failure is not None else None,
         )
 
-    async def wait_changed(self, offset: int, timeout: float) -> None:
+    async def wait_changed(self, offset: int | None, timeout: float) -> None:
         """Return when there are events past ``offset``, the run has ended, its approvals changed
         (one came or was decided; one that already waited does not end it: no busy polling), or
-        ``timeout`` passed."""
-        deadline = time.monotonic() + timeout
+        ``timeout`` passed. ``offset`` None: output does not end the wait (nobody is shown it)."""
         seen = self.gate.version if self.gate is not None else 0
-        while not self.done and len(self.collector.events) <= offset and (
-                self.gate is None or self.gate.version == seen):
-            self.changed.clear()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            try:
-                await asyncio.wait_for(self.changed.wait(), remaining)
-            except asyncio.TimeoutError:
-                return
+
+        def waiting() -> bool:
+            return not self.done and (offset is None or len(self.collector.events) <= offset) and (
+                self.gate is None or self.gate.version == seen)
+
+        async def wait() -> None:
+            while waiting():
+                self.changed.clear()
+                await self.changed.wait()
+
+        if waiting() and timeout > 0:
+            await _within(timeout, wait)
 
 
 class RunRegistry:

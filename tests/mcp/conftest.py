@@ -11,6 +11,7 @@ import pytest
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from kernelmode.mcp.budget import McpRunResult
 from tests.conftest import Server
 
 Connect = Callable[..., contextlib.AbstractAsyncContextManager[Client]]
@@ -44,3 +45,11 @@ def mcp_connect(server: Server) -> Connect:
         return mcp_client(server, **kw)
 
     return connect
+
+
+def run_record(structured: dict[str, Any] | None) -> dict[str, Any]:
+    """A run answer's structured content with the fields it leaves out at their defaults filled
+    in (the outputSchema's defaults), as a program reading it would: answers carry only what
+    differs from the default."""
+    assert structured is not None
+    return McpRunResult.model_validate(structured).model_dump(mode="json")

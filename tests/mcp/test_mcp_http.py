@@ -18,7 +18,7 @@ from mcp_types import CallToolResult, ImageContent, TextContent
 
 from tests.conftest import Server
 
-from .conftest import Connect
+from .conftest import Connect, run_record
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_IMAGE_BYTES = 1_000_000  # McpFrontSettings.max_image_bytes default
@@ -96,6 +96,7 @@ async def test_variables_persist_on_one_connection(mcp_connect: Connect) -> None
     async with mcp_connect() as c:
         r1 = await run_ok(c, "x = 41")
         r2 = await run_ok(c, "x + 1")
+        r3 = await run_ok(c, "print('hi')")
     sc = r2.structured_content
     assert sc is not None
     assert sc["status"] == "ok"
@@ -105,6 +106,12 @@ async def test_variables_persist_on_one_connection(mcp_connect: Connect) -> None
     text = text_of(r2)
     assert f"session_id: {sc['session_id']}" in text
     assert "42" in text
+    # Lean: fields at their default are left out (the outputSchema names each default); the
+    # client already checked what is left against that schema.
+    assert set(sc) == {"run_id", "session_id", "status", "result", "execution_count", "duration_ms"}, sc
+    assert run_record(sc)["stdout"] == "" and run_record(sc)["artifacts"] == []
+    printed = r3.structured_content
+    assert printed["stdout"] == "hi\n" and printed["stdout_total"] == 3 and "result" not in printed, printed
 
 
 # -- 3 ---------------------------------------------------------------------------------------------
@@ -269,7 +276,7 @@ async def test_long_run_followed_with_get_run(mcp_connect: Connect) -> None:
     assert final.structured_content["status"] == "ok", text_of(final)
     ticks = [f"tick {i}" for i in range(6)]
     # Each answer carries the output since the previous look: together, all of it, once.
-    pages = [r.structured_content for r in [first, *rest]]
+    pages = [run_record(r.structured_content) for r in [first, *rest]]
     assert "".join(p["stdout"] for p in pages) == "".join(t + "\n" for t in ticks)
     assert [p["stdout_offset"] for p in pages] == [sum(len(q["stdout"]) for q in pages[:i]) for i in range(len(pages))]
 

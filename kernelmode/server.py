@@ -233,7 +233,7 @@ class KernelmodeApp:
         assert self.gateway is not None
         self.store = SessionStore(self.data_dir / "sessions.sqlite3")
         if s.gateway.url:  # a shared gateway runs others' kernels too: only ours are adopted or shut
-            running_kernels &= {i.kernel_id for i in self.store.all() if i.kernel_id}
+            running_kernels &= self.store.kernel_ids()
         self.artifact_store = await self._start_store()
         scratch = self.data_dir / "scratch"
         scratch.mkdir(exist_ok=True, mode=0o700)

@@ -53,8 +53,7 @@ class Hibernation:
 
     def expired(self, at: datetime) -> list[str]:
         """Hibernated sessions unused past ``hibernated_ttl_seconds``."""
-        return [i.session_id for i in self.store.hibernated()
-                if i.session_id not in self.live and i.expires_at is not None and i.expires_at <= at]
+        return [i.session_id for i in self.store.hibernated_expired(at) if i.session_id not in self.live]
 
     async def hibernate(self, s: LiveSession) -> bool:
         """Checkpoint the session and stop its kernel; False (and it stays live) when its state

@@ -36,11 +36,9 @@ class Lifecycle:
         m, store = self.m, self.m.store
         adoptable = recovery.adoptable(store, running_kernels)
         adopted_ids = {i.session_id for i in adoptable}
-        gone = sorted(i.session_id for i in store.all()
-                      if i.status not in ("lost", "hibernated") and i.session_id not in adopted_ids)
         lost = store.mark_all_lost(keep=adopted_ids)
         if lost:  # named: the operator (and the sessions' owners) learn which did not survive
-            log.info("%d session(s) of a previous run are marked lost: %s", lost, ", ".join(gone))
+            log.info("%d session(s) of a previous run are marked lost: %s", len(lost), ", ".join(lost))
         m.workspaces.mkdir(parents=True, exist_ok=True)
         m.workspaces.chmod(0o711)
         keep_mounted = {w for i in adoptable if (w := store.workspace(i.session_id)) is not None}
@@ -80,8 +78,8 @@ class Lifecycle:
         # of live sessions keep running (a successor may adopt them); only pool kernels go.
         await asyncio.gather(*(s.conn.close() for s in self.live.values() if s.conn),
                              m.pool.stop(), return_exceptions=True)
-        hibernated = {w for i in store.hibernated() if (w := store.workspace(i.session_id))}
-        await asyncio.to_thread(m.volumes.sweep, {s.workspace for s in self.live.values()} | hibernated)
+        await asyncio.to_thread(m.volumes.sweep,
+                                {s.workspace for s in self.live.values()} | store.hibernated_workspaces())
         self.live.clear()
 
     async def _shut_down(self, kernel_ids: set[str] | frozenset[str]) -> None:

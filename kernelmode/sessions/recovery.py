@@ -18,7 +18,7 @@ log = logging.getLogger("kernelmode.sessions")
 
 def adoptable(store: SessionStore, running_kernels: set[str] | frozenset[str]) -> list[SessionInfo]:
     """The stored sessions whose kernel is among ``running_kernels``."""
-    return [i for i in store.all() if i.status != "lost" and i.kernel_id in running_kernels and i.kernel_id]
+    return store.with_kernels(running_kernels)
 
 
 async def adopt(kernels: Kernels, store: SessionStore, infos: list[SessionInfo],

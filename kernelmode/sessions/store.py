@@ -69,7 +69,25 @@ _INDEXES = """
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_us, session_id);
 CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions (tenant, created_us, session_id);
 CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status, tenant);
+-- The hibernation expiry pass reads the hibernated sessions due, not every hibernated record.
+CREATE INDEX IF NOT EXISTS sessions_hibernated_by_expiry ON sessions (expires_ms) WHERE status = 'hibernated';
 """
+
+# Any writer of a record keeps its status and tenant columns in step, an older kernelmode too (it
+# writes the record alone: INSERT, or an UPDATE of info): the triggers are in the database, so
+# an open need not scan for rows it changed. A row it inserted has no created_us (exact to the
+# microsecond only in Python): an open fills those few through the index.
+_LISTED = "json_extract(NEW.info, '$.status'), json_extract(NEW.info, '$.tenant')"
+_TRIGGERS = tuple(f"""
+CREATE TRIGGER IF NOT EXISTS sessions_listed_after_{event.split()[0].lower()} AFTER {event} ON sessions
+WHEN NEW.status IS NOT json_extract(NEW.info, '$.status') OR NEW.tenant IS NOT json_extract(NEW.info, '$.tenant')
+BEGIN UPDATE sessions SET (status, tenant) = ({_LISTED}) WHERE rowid = NEW.rowid; END;
+""" for event in ("INSERT", "UPDATE OF info"))
+# When a record expires, in milliseconds since the epoch (SQLite's time resolution; the exact
+# time is checked on the record): computed from the record, so no writer can leave it behind.
+_EXPIRES = "json_extract(info, '$.expires_at')"
+_EXPIRES_MS = (f"CAST(strftime('%s', {_EXPIRES}) AS INTEGER) * 1000 "
+               f"+ CAST(substr(strftime('%f', {_EXPIRES}), 4) AS INTEGER)")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -97,12 +115,14 @@ class SessionStore:
 
     def _migrate(self) -> None:
         """Give a store made before listings were indexed its listing columns, filled from each
-        record (once: later opens find no row without them), and bring back in step the rows an
-        older kernelmode wrote meanwhile."""
+        record (once: later opens find no row without them), and the triggers that keep them in
+        step with the record whoever writes it; a store opened before the triggers existed is
+        brought in step once, when they are made."""
         self._db.execute("BEGIN IMMEDIATE")  # all or nothing, and one opener at a time
         try:
-            columns = {r[1] for r in self._db.execute("PRAGMA table_info(sessions)")}
-            for name, kind in (("tenant", "TEXT"), ("created_us", "INTEGER"), ("status", "TEXT")):
+            columns = {r[1] for r in self._db.execute("PRAGMA table_xinfo(sessions)")}
+            for name, kind in (("tenant", "TEXT"), ("created_us", "INTEGER"), ("status", "TEXT"),
+                               ("expires_ms", f"INTEGER GENERATED ALWAYS AS ({_EXPIRES_MS}) VIRTUAL")):
                 if name not in columns:
                     self._db.execute(f"ALTER TABLE sessions ADD COLUMN {name} {kind}")
             rows = self._db.execute("SELECT info FROM sessions WHERE created_us IS NULL").fetchall()
@@ -110,11 +130,14 @@ class SessionStore:
                 info = SessionInfo.model_validate_json(raw)
                 self._db.execute("UPDATE sessions SET tenant=?, created_us=?, status=? WHERE session_id=?",
                                  (*self._listed(info), info.session_id))
-            # A record an older kernelmode changed after this one filled the columns (a downgrade
-            # and back): its status and tenant follow the record again.
-            self._db.execute("UPDATE sessions SET status=json_extract(info, '$.status'), "
-                             "tenant=json_extract(info, '$.tenant') WHERE status IS NOT json_extract(info, "
-                             "'$.status') OR tenant IS NOT json_extract(info, '$.tenant')")
+            if self._db.execute("SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' AND name "
+                                "LIKE 'sessions_listed_after_%'").fetchone()[0] < 2:
+                # Made by a kernelmode without them: an older one may have changed records since.
+                self._db.execute("UPDATE sessions SET status=json_extract(info, '$.status'), "
+                                 "tenant=json_extract(info, '$.tenant') WHERE status IS NOT json_extract(info, "
+                                 "'$.status') OR tenant IS NOT json_extract(info, '$.tenant')")
+                for trigger in _TRIGGERS:
+                    self._db.execute(trigger)
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
@@ -143,7 +166,8 @@ class SessionStore:
         return SessionInfo.model_validate_json(row[0]) if row else None
 
     def all(self) -> list[SessionInfo]:
-        """Every stored session, in creation order (then id): for start-up, not for listings."""
+        """Every stored session, in creation order (then id): each record read (tools and tests;
+        the start and listings read through the indexes)."""
         rows = self._db.execute("SELECT info FROM sessions ORDER BY created_us, session_id").fetchall()
         return [SessionInfo.model_validate_json(r[0]) for r in rows]
 
@@ -211,15 +235,32 @@ class SessionStore:
              info.session_id),
         )
 
-    def mark_all_lost(self, keep: set[str] | frozenset[str] = frozenset()) -> int:
+    def mark_all_lost(self, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
         """Sessions of a previous `serve` whose kernels are gone (all but those in ``keep``,
-        whose kernels were adopted)."""
-        n = 0
-        for info in self.all():  # a hibernated session has no kernel to lose: it wakes as ever
-            if info.status not in ("lost", "hibernated") and info.session_id not in keep:
-                self.mark_lost(info)
-                n += 1
-        return n
+        whose kernels were adopted): their ids, in order. One statement over the status index;
+        the records are changed as ``mark_lost`` changes them."""
+        # A hibernated session has no kernel to lose: it wakes as ever. Two ranges around 'lost'
+        # and 'hibernated' (not NOT IN): the index finds the few live ones among many lost.
+        rows = self._db.execute(
+            "UPDATE sessions SET status = 'lost', info = json_set(info, '$.status', 'lost', '$.expires_at', "
+            "json('null')) WHERE (status < 'hibernated' OR (status > 'hibernated' AND status < 'lost') "
+            "OR status > 'lost') AND session_id NOT IN (SELECT value FROM json_each(?)) RETURNING session_id",
+            (json.dumps(sorted(keep)),)).fetchall()
+        return sorted(r[0] for r in rows)
+
+    def with_kernels(self, kernel_ids: set[str] | frozenset[str]) -> list[SessionInfo]:
+        """The sessions not lost whose kernel is among ``kernel_ids``, in creation order: only
+        their records are read."""
+        if not kernel_ids:
+            return []
+        rows = self._db.execute(
+            "SELECT info FROM sessions WHERE kernel_id IN (SELECT value FROM json_each(?)) "
+            "AND status IS NOT 'lost' ORDER BY created_us, session_id", (json.dumps(sorted(kernel_ids)),)).fetchall()
+        return [i for i in (SessionInfo.model_validate_json(r[0]) for r in rows) if i.kernel_id in kernel_ids]
+
+    def kernel_ids(self) -> set[str]:
+        """The kernels stored sessions have had (no record is read)."""
+        return {r[0] for r in self._db.execute("SELECT kernel_id FROM sessions WHERE kernel_id IS NOT NULL")}
 
     def hibernated(self, tenant: str | None = None) -> list[SessionInfo]:
         """The hibernated sessions (of ``tenant``, or of every tenant), in creation order."""
@@ -227,6 +268,22 @@ class SessionStore:
             "SELECT info FROM sessions WHERE status = 'hibernated' AND (? IS NULL OR tenant = ?) "
             "ORDER BY created_us, session_id", (tenant, tenant)).fetchall()
         return [SessionInfo.model_validate_json(r[0]) for r in rows]
+
+    def hibernated_expired(self, at: datetime) -> list[SessionInfo]:
+        """The hibernated sessions whose ``expires_at`` is ``at`` or before: the index finds them
+        (to the millisecond, one more for rounding), their records decide."""
+        rows = self._db.execute(
+            # Named: without statistics SQLite would take the status index, every hibernated row.
+            "SELECT info FROM sessions INDEXED BY sessions_hibernated_by_expiry "
+            "WHERE status = 'hibernated' AND expires_ms <= ? "
+            "ORDER BY created_us, session_id", (micros(at) // 1000 + 1,)).fetchall()
+        return [i for i in (SessionInfo.model_validate_json(r[0]) for r in rows)
+                if i.expires_at is not None and i.expires_at <= at]
+
+    def hibernated_workspaces(self) -> set[Path]:
+        """The workspaces of hibernated sessions (no record is read)."""
+        return {Path(r[0]) for r in self._db.execute(
+            "SELECT workspace FROM sessions WHERE status = 'hibernated' AND workspace IS NOT NULL") if r[0]}
 
     def add_run(self, code: str, result: RunResult, events: list[dict[str, Any]] | None = None) -> None:
         """``events``: the run's output in arrival order (what a notebook export shows)."""

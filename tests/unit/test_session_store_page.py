@@ -79,11 +79,12 @@ def test_the_store_pages_exactly_as_the_reference_for_every_tenant(store: Sessio
 
 def test_a_page_reads_only_its_rows(store: SessionStore, tmp_path: Path) -> None:
     _fill(store, [_info(f"s{i}", "acme", i) for i in range(10)])
-    # A record that cannot be decoded, among acme's latest and every tenant's: a page that read
-    # it (or read every row to sort them) would fail.
+    # A record that cannot be decoded (JSON, as the store's triggers read it, but no session),
+    # among acme's latest and every tenant's: a page that read it (or read every row to sort
+    # them) would fail.
     db = sqlite3.connect(tmp_path / "sessions.sqlite3")
-    db.execute("INSERT INTO sessions (session_id, info, tenant, created_us, status) "
-               "VALUES ('broken', 'not json', 'acme', (SELECT MAX(created_us) + 1 FROM sessions), 'idle')")
+    db.execute("INSERT INTO sessions (session_id, info, tenant, created_us, status) VALUES ('broken', "
+               "'{\"status\": \"idle\", \"tenant\": \"acme\"}', 'acme', (SELECT MAX(created_us) + 1 FROM sessions), 'idle')")
     db.commit()
     db.close()
     assert [i.session_id for i in store.page("acme", None, 4)] == ["s0", "s1", "s2", "s3"]

@@ -69,6 +69,9 @@ _INDEXES = """
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_us, session_id);
 CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions (tenant, created_us, session_id);
 CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status, tenant);
+-- Runs not known to have ended (running, or written by a kernelmode without the column): the
+-- start finds the interrupted ones among these few.
+CREATE INDEX IF NOT EXISTS runs_not_ended ON runs (run_id) WHERE running IS NOT 0;
 -- The hibernation expiry pass reads the hibernated sessions due, not every hibernated record.
 CREATE INDEX IF NOT EXISTS sessions_hibernated_by_expiry ON sessions (expires_ms) WHERE status = 'hibernated';
 """
@@ -110,6 +113,8 @@ class SessionStore:
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(runs)")}
         if "events" not in columns:  # a store made before outputs were kept in order
             self._db.execute("ALTER TABLE runs ADD COLUMN events TEXT")
+        if "running" not in columns:  # NULL: not known yet (runs_in_flight reads the record once)
+            self._db.execute("ALTER TABLE runs ADD COLUMN running INTEGER")
         self._migrate()
         self._db.executescript(_INDEXES)
 
@@ -289,17 +294,21 @@ class SessionStore:
         """``events``: the run's output in arrival order (what a notebook export shows)."""
         # A run is written when it starts (status running) and again when it ends, in its place.
         self._db.execute(
-            "INSERT INTO runs (run_id, session_id, seq, code, result, events) VALUES "
-            "(?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs WHERE session_id=?), ?, ?, ?) "
-            "ON CONFLICT(run_id) DO UPDATE SET result=excluded.result, events=excluded.events",
+            "INSERT INTO runs (run_id, session_id, seq, code, result, events, running) VALUES "
+            "(?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs WHERE session_id=?), ?, ?, ?, ?) "
+            "ON CONFLICT(run_id) DO UPDATE SET result=excluded.result, events=excluded.events, "
+            "running=excluded.running",
             (result.run_id, result.session_id, result.session_id, storable(code), result.model_dump_json(),
-             json.dumps(events, default=str) if events is not None else None),
+             json.dumps(events, default=str) if events is not None else None, result.status == "running"),
         )
 
     def runs_in_flight(self) -> list[RunResult]:
-        """Runs recorded as started and never as ended (their server died under them)."""
-        rows = self._db.execute(
-            "SELECT result FROM runs WHERE json_extract(result, '$.status') = 'running'").fetchall()
+        """Runs recorded as started and never as ended (their server died under them): for the
+        start. Only the runs not known to have ended are read (an index): those an older
+        kernelmode wrote, once, to learn whether they ended, then the running ones."""
+        self._db.execute("UPDATE runs SET running = json_extract(result, '$.status') = 'running' "
+                         "WHERE running IS NOT 0 AND running IS NOT (json_extract(result, '$.status') = 'running')")
+        rows = self._db.execute("SELECT result FROM runs WHERE running IS NOT 0").fetchall()
         return [RunResult.model_validate_json(r[0]) for r in rows]
 
     def forget_run_if_running(self, run_id: str) -> None:
@@ -307,7 +316,8 @@ class SessionStore:
                          (run_id,))
 
     def end_run(self, result: RunResult) -> None:
-        self._db.execute("UPDATE runs SET result=? WHERE run_id=?", (result.model_dump_json(), result.run_id))
+        self._db.execute("UPDATE runs SET result=?, running=? WHERE run_id=?",
+                         (result.model_dump_json(), result.status == "running", result.run_id))
 
     def get_run(self, run_id: str) -> RunResult | None:
         row = self._db.execute("SELECT result FROM runs WHERE run_id=?", (run_id,)).fetchone()

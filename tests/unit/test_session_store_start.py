@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kernelmode.models import Limits, SessionInfo
+from kernelmode.models import Limits, RunResult, SessionInfo
 from kernelmode.sessions.store import SessionStore
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -182,3 +182,51 @@ def test_an_open_does_no_work_per_stored_session(tmp_path: Path, monkeypatch: py
     # The first open of either was its making; these are the opens of every later start. (The
     # scan they replace, a json_extract of each record, took ~10 steps per session.)
     assert _open_steps(big, monkeypatch) <= _open_steps(small, monkeypatch) + 2
+
+
+def _run(rid: str, status: str = "ok", sid: str = "a") -> RunResult:
+    return RunResult(run_id=rid, session_id=sid, status=status)
+
+
+def test_the_start_reads_only_the_runs_not_known_to_have_ended(store: SessionStore, path: Path) -> None:
+    store.add_run("1", _run("r1", "running"))
+    store.add_run("2", _run("r2", "running"))
+    store.end_run(_run("r2", "ok"))
+    store.add_run("3", _run("r3", "running"))
+    # Ended runs whose record is not even JSON: whatever reads one (json_extract too) fails.
+    db = sqlite3.connect(path)
+    db.executemany("INSERT INTO runs (run_id, session_id, seq, code, result, running) VALUES (?, 'j', ?, '', "
+                   "'not json', 0)", [(f"junk{i}", i) for i in range(50)])
+    # An older kernelmode (no `running` column): a run it started, one it ended, and the end of r3.
+    db.execute("INSERT INTO runs (run_id, session_id, seq, code, result) VALUES ('o1', 'b', 1, '', ?)",
+               (_run("o1", "running", "b").model_dump_json(),))
+    db.execute("INSERT INTO runs (run_id, session_id, seq, code, result) VALUES ('o2', 'b', 2, '', ?)",
+               (_run("o2", "ok", "b").model_dump_json(),))
+    db.execute("UPDATE runs SET result=? WHERE run_id='r3'", (_run("r3", "error").model_dump_json(),))
+    db.commit()
+    db.close()
+    assert sorted(r.run_id for r in store.runs_in_flight()) == ["o1", "r1"]
+    # What it learnt is kept: the next start's candidates are the running ones alone.
+    assert dict(store._db.execute("SELECT run_id, running FROM runs WHERE running IS NOT 0")) == {"o1": 1, "r1": 1}
+    plan = " ".join(r[-1] for r in store._db.execute("EXPLAIN QUERY PLAN SELECT result FROM runs WHERE running IS NOT 0"))
+    assert "runs_not_ended" in plan, plan
+    store.end_run(_run("r1", "interrupted"))
+    store.forget_run_if_running("o1")
+    assert store.runs_in_flight() == []
+
+
+def test_a_store_made_before_the_running_column_finds_its_runs_in_flight(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.sqlite3"
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, seq INTEGER NOT NULL, "
+                "code TEXT NOT NULL, result TEXT NOT NULL, events TEXT)")
+    old.executemany("INSERT INTO runs (run_id, session_id, seq, code, result) VALUES (?, 'a', ?, '', ?)",
+                    [(f"r{i}", i, _run(f"r{i}", "running" if i == 3 else "ok").model_dump_json()) for i in range(6)])
+    old.commit()
+    old.close()
+    store = SessionStore(path)
+    try:
+        assert [r.run_id for r in store.runs_in_flight()] == ["r3"]
+        assert store._db.execute("SELECT COUNT(*) FROM runs WHERE running IS NULL").fetchone()[0] == 0
+    finally:
+        store.close()

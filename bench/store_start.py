@@ -1,11 +1,13 @@
 """What a `kernelmode serve` start and a hibernation expiry pass cost with many stored sessions,
 before and after they read only what they need (part B of session 10).
 
-Run:  .venv/bin/python bench/store_start.py [--before DIR] [--sessions N] [--rounds N] [--no-write]
+Run:  .venv/bin/python bench/store_start.py [--before DIR] [--sessions N] [--runs N] [--rounds N]
+      [--passes N] [--no-write]
 
 Two checkouts, before (``--before``, /work/main by default) and after (this one). For each, a
 store of N sessions is made once by that checkout's own code, as a server leaves it: 90% lost,
-9% hibernated (expiring tomorrow), 1% idle (a crash left them: the start marks them lost); then
+9% hibernated (expiring tomorrow), 1% idle (a crash left them: the start marks them lost), each
+with --runs ended runs (3); then
 opened once more by it (a normal start meets a store its own version opened before).
 
   start  per round, a fresh data dir with a copy of that store; `kernelmode serve` (bwrap, no
@@ -48,9 +50,9 @@ FILL = """
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from kernelmode.models import Limits, SessionInfo
+from kernelmode.models import Limits, RunResult, SessionInfo
 from kernelmode.sessions.store import SessionStore
-path, n, mix = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+path, n, mix, runs = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 store = SessionStore(path)
 t0 = datetime.now(timezone.utc) - timedelta(days=1)
 tomorrow = t0 + timedelta(days=2)
@@ -62,6 +64,9 @@ for i in range(n):
                        ttl_seconds=1800, limits=Limits(), sandbox="bwrap", tenant="admin",
                        kernel_id=f"kernel-{i}", expires_at=tomorrow if status == "hibernated" else None)
     store.save(info, f"kernel-{i}", path.parent / "workspaces" / f"gone-{i}")
+    for k in range(runs if mix == "start" else 0):  # ended runs, with a little output each
+        store.add_run(f"x = {k}", RunResult(run_id=f"run-{i}-{k}", session_id=info.session_id, status="ok",
+                                            stdout=f"line {k}\n" * 20, execution_count=k + 1))
 store._db.execute("COMMIT")
 store.close()
 SessionStore(path).close()  # the store as a later start of this version finds it
@@ -161,7 +166,8 @@ async def main(args: argparse.Namespace) -> int:
             print(f"filling {side}'s stores ({checkout}) with {args.sessions:,} sessions ...", flush=True)
             for mix in ("start", "hibernated"):
                 (work / side / mix).mkdir(parents=True)
-                python_in(checkout, FILL, str(work / side / mix / "sessions.sqlite3"), str(args.sessions), mix)
+                python_in(checkout, FILL, str(work / side / mix / "sessions.sqlite3"), str(args.sessions), mix,
+                          str(args.runs))
         for rnd in range(args.rounds):
             order = list(sides) if rnd % 2 == 0 else list(sides)[::-1]
             for side in order:
@@ -193,13 +199,15 @@ def report(stats: dict[str, Stats], args: argparse.Namespace, load_start: str, l
     return "\n".join([
         "## Store open, `serve` start and hibernation expiry with many stored sessions (B, session 10)",
         "",
-        f"`python bench/store_start.py --sessions {args.sessions} --rounds {args.rounds} --passes {args.passes}` "
+        f"`python bench/store_start.py --sessions {args.sessions} --runs {args.runs} --rounds {args.rounds} "
+        f"--passes {args.passes}` "
         f"(bench/store_start.py), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: before ({args.before}) "
         f"and after (this checkout), rounds interleaved. Shared 2-core machine: load average {load_start} at "
         f"the start, {load_end} at the end (the differences measured in this one run are what count).",
         "",
         f"- start: `kernelmode serve` (bwrap, no warm pool) on a store of {args.sessions:,} sessions (90% lost, "
-        "9% hibernated, 1% idle left by a crash, which the start marks lost), from spawn to `/readyz` 200; "
+        f"9% hibernated, 1% idle left by a crash, which the start marks lost) with {args.runs} ended runs each, "
+        "from spawn to `/readyz` 200; "
         "start cpu: the manager process's CPU until then (its imports and the gateway's start included).",
         f"- expiry cpu: one hibernation expiry pass (`Hibernation.expired`, nothing due) over {args.sessions:,} "
         "hibernated sessions, CPU per pass.",
@@ -212,9 +220,11 @@ def report(stats: dict[str, Stats], args: argparse.Namespace, load_start: str, l
         "",
         "Before, each start's store open ran a json_extract over every record (to catch rows an older "
         "kernelmode changed), and the start decoded every record twice (the lost ones to name, "
-        "`mark_all_lost`) and re-encoded each it marked lost; each expiry pass decoded every hibernated "
+        "`mark_all_lost`) and re-encoded each it marked lost, and ran a json_extract over every run to find "
+        "the interrupted ones; each expiry pass decoded every hibernated "
         "record. After, triggers in the database keep the listing columns in step whoever writes, the start "
         "marks the live sessions lost in one UPDATE over the status index and decodes only adoptable ones, "
+        "the interrupted runs come from a partial index of the runs not known to have ended, "
         "and the expiry pass reads the due sessions from a partial index on a generated `expires_ms` column.",
     ])
 
@@ -225,6 +235,7 @@ if __name__ == "__main__":
     p.add_argument("--sessions", type=int, default=10_000)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--passes", type=int, default=20)
+    p.add_argument("--runs", type=int, default=3, help="ended runs stored per session (the start's store)")
     p.add_argument("--no-write", action="store_true")
     a = p.parse_args()
     if not (a.before / "kernelmode" / "__init__.py").is_file():

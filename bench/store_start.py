@@ -66,7 +66,7 @@ for i in range(n):
     store.save(info, f"kernel-{i}", path.parent / "workspaces" / f"gone-{i}")
     for k in range(runs if mix == "start" else 0):  # ended runs, with a little output each
         store.add_run(f"x = {k}", RunResult(run_id=f"run-{i}-{k}", session_id=info.session_id, status="ok",
-                                            stdout=f"line {k}\n" * 20, execution_count=k + 1))
+                                            stdout=f"line {k}\\n" * 20, execution_count=k + 1))
 store._db.execute("COMMIT")
 store.close()
 SessionStore(path).close()  # the store as a later start of this version finds it

@@ -2,7 +2,7 @@
 before and after they read only what they need (part B of session 10).
 
 Run:  .venv/bin/python bench/store_start.py [--before DIR] [--sessions N] [--runs N] [--rounds N]
-      [--passes N] [--no-write]
+      [--passes N] [--saves N] [--no-write]
 
 Two checkouts, before (``--before``, /work/main by default) and after (this one). For each, a
 store of N sessions is made once by that checkout's own code, as a server leaves it: 90% lost,
@@ -16,6 +16,9 @@ opened once more by it (a normal start meets a store its own version opened befo
   expiry per round, a fresh process of the checkout on a store of N hibernated sessions (none
          expired: the usual pass) runs the expiry pass (Hibernation.expired) --passes times;
          its CPU time per pass.
+  save   per round, a fresh process of the checkout saves one session of that store --saves
+         times (status and last activity changing, as runs do): CPU per save (the cost of the
+         triggers on the run path).
 
 Rounds alternate before/after (the order swapped every round), so load on the shared machine
 falls on both alike. Results go to the "store-start" section of bench/RESULTS.md (unless
@@ -86,6 +89,24 @@ t0 = time.process_time_ns()
 for _ in range(int(sys.argv[2])):
     assert Hibernation.expired(h, at) == []
 print((time.process_time_ns() - t0) / int(sys.argv[2]) / 1e6)
+"""
+# What the triggers cost where it counts (issue 18: a save per run): one session saved over and
+# over (its status and last activity changing, as runs do), in a store of N sessions.
+SAVE = """
+import sys, time
+from datetime import timedelta
+from pathlib import Path
+from kernelmode.sessions.store import SessionStore
+store = SessionStore(Path(sys.argv[1]))
+info = store.get("stored-000001")
+n = int(sys.argv[2])
+for _ in range(2):  # the first pass warms up
+    t0 = time.process_time_ns()
+    for k in range(n):
+        info.status = "busy" if k % 2 else "idle"
+        info.last_activity += timedelta(microseconds=1)
+        store.save(info, "kernel-1", Path("/w"))
+print((time.process_time_ns() - t0) / n / 1e3)
 """
 
 
@@ -159,7 +180,7 @@ async def main(args: argparse.Namespace) -> int:
     load_start = loadavg()
     work = Path(tempfile.mkdtemp(prefix="kmstart-stores-", dir="/tmp"))
     sides = {"before": args.before, "after": REPO}
-    stats = {f"{what} {side}": Stats(f"{what} {side}") for what in ("start", "start cpu", "expiry cpu")
+    stats = {f"{what} {side}": Stats(f"{what} {side}") for what in ("start", "start cpu", "expiry cpu", "save cpu")
              for side in sides}
     try:
         for side, checkout in sides.items():
@@ -177,6 +198,9 @@ async def main(args: argparse.Namespace) -> int:
                 per_pass = float(python_in(sides[side], EXPIRY, str(work / side / "hibernated" / "sessions.sqlite3"),
                                            str(args.passes)))
                 stats[f"expiry cpu {side}"].samples.append(per_pass)
+                per_save = float(python_in(sides[side], SAVE, str(work / side / "hibernated" / "sessions.sqlite3"),
+                                           str(args.saves)))
+                stats[f"save cpu {side}"].samples.append(per_save)
             print(f"  round {rnd + 1}/{args.rounds}: " + ", ".join(
                 f"{n} {s.samples[-1]:.1f}" for n, s in stats.items()), flush=True)
     finally:
@@ -190,11 +214,13 @@ async def main(args: argparse.Namespace) -> int:
 
 
 def report(stats: dict[str, Stats], args: argparse.Namespace, load_start: str, load_end: str) -> str:
-    rows = [f"| {n} | {s.n} | {s.median:.1f} | {s.pct(90):.1f} |" for n, s in stats.items()]
+    rows = [f"| {n} | {s.n} | {s.median:.1f} | {s.pct(90):.1f} |" for n, s in stats.items() if "save" not in n]
+    rows += [f"| {n} (µs) | {s.n} | {s.median:.1f} µs | {s.pct(90):.1f} µs |" for n, s in stats.items() if "save" in n]
 
     def ratio(what: str) -> str:
         b, a = stats[f"{what} before"].median, stats[f"{what} after"].median
-        return f"{what}: {b:.1f} -> {a:.1f} ms median ({b - a:+.1f} ms saved, {b / a:.1f}x)"
+        unit = "µs" if "save" in what else "ms"
+        return f"{what}: {b:.1f} -> {a:.1f} {unit} median ({b - a:+.1f} {unit} saved, {b / a:.2f}x)"
 
     return "\n".join([
         "## Store open, `serve` start and hibernation expiry with many stored sessions (B, session 10)",
@@ -210,13 +236,14 @@ def report(stats: dict[str, Stats], args: argparse.Namespace, load_start: str, l
         "from spawn to `/readyz` 200; "
         "start cpu: the manager process's CPU until then (its imports and the gateway's start included).",
         f"- expiry cpu: one hibernation expiry pass (`Hibernation.expired`, nothing due) over {args.sessions:,} "
-        "hibernated sessions, CPU per pass.",
+        "hibernated sessions, CPU per pass; save cpu: `SessionStore.save` of one session (status and last "
+        f"activity changing), {args.saves} times, CPU per save in µs (the triggers' cost on the run path).",
         "",
         "| measure | n | median ms | p90 ms |",
         "|---|---|---|---|",
         *rows,
         "",
-        *[f"- {ratio(w)}" for w in ("start", "start cpu", "expiry cpu")],
+        *[f"- {ratio(w)}" for w in ("start", "start cpu", "expiry cpu", "save cpu")],
         "",
         "Before, each start's store open ran a json_extract over every record (to catch rows an older "
         "kernelmode changed), and the start decoded every record twice (the lost ones to name, "
@@ -235,6 +262,7 @@ if __name__ == "__main__":
     p.add_argument("--sessions", type=int, default=10_000)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--passes", type=int, default=20)
+    p.add_argument("--saves", type=int, default=5000)
     p.add_argument("--runs", type=int, default=3, help="ended runs stored per session (the start's store)")
     p.add_argument("--no-write", action="store_true")
     a = p.parse_args()

@@ -218,13 +218,13 @@ async def main(args: argparse.Namespace) -> int:
 
 
 def report(stats: dict[str, Stats], args: argparse.Namespace, load_start: str, load_end: str) -> str:
-    rows = [f"| {n} | {s.n} | {s.median:.1f} | {s.pct(90):.1f} |" for n, s in stats.items() if "save" not in n]
+    rows = [f"| {n} | {s.n} | {s.median:.2f} | {s.pct(90):.2f} |" for n, s in stats.items() if "save" not in n]
     rows += [f"| {n} (µs) | {s.n} | {s.median:.1f} µs | {s.pct(90):.1f} µs |" for n, s in stats.items() if "save" in n]
 
     def ratio(what: str) -> str:
         b, a = stats[f"{what} before"].median, stats[f"{what} after"].median
         unit = "µs" if "save" in what else "ms"
-        return f"{what}: {b:.1f} -> {a:.1f} {unit} median ({b - a:+.1f} {unit} saved, {b / a:.2f}x)"
+        return f"{what}: {b:.2f} -> {a:.2f} {unit} median ({b - a:+.2f} {unit} saved, {b / a:.3g}x)"
 
     return "\n".join([
         "## Store open, `serve` start and hibernation expiry with many stored sessions (B, session 10)",

@@ -38,7 +38,7 @@ def kernel_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def history_of(python: Path, home: Path) -> tuple[str, bool]:
     """(hist_file, whether the history thread runs) in a kernel started with no IPython options."""
     spec = home / "kernels" / "probe"
-    spec.mkdir(parents=True)
+    spec.mkdir(parents=True)  # `home` is the kernel's cwd too
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "probe", "language": "python"}))
@@ -82,4 +82,8 @@ def test_setup_puts_the_config_in_the_venv_and_a_bare_kernel_reads_it(kernel_env
     installed = kernel_env / "etc" / "ipython" / "ipython_kernel_config.json"
     assert installed.read_bytes() == IPYTHON_CONFIG.read_bytes()
     assert installed.stat().st_mode & 0o777 == 0o644
+    # A config file in the kernel's working directory (the workspace) configures nothing.
+    (tmp_path / "after").mkdir()
+    for name in ("ipython_kernel_config.json", "ipython_config.json"):
+        (tmp_path / "after" / name).write_text('{"HistoryManager": {"hist_file": "workspace.sqlite"}}')
     assert history_of(python, tmp_path / "after") == (":memory:", False)

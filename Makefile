@@ -42,10 +42,11 @@ $(VENV)/.stamp: pyproject.toml $(VENV)/.stamp-run
 	@touch $@
 
 # The same code as `kernelmode setup` (kernelmode/setup_env.py): a venv of KERNEL_PYTHON with
-# kernel-image/requirements.txt, readable by the sandbox uids; it writes $(KVENV)/.stamp.
+# kernel-image/requirements.txt and the kernels' IPython config (kernel-image/ipython_kernel_config.json,
+# into $(KVENV)/etc/ipython), readable by the sandbox uids; it writes $(KVENV)/.stamp.
 # CONFIG (default: ./kernelmode.yaml if there is one): its kernel.extra_requirements go in too.
 CONFIG ?= $(wildcard kernelmode.yaml)
-$(KVENV)/.stamp: kernel-image/requirements.txt .stamp-system $(CONFIG) | $(VENV)/.stamp-run
+$(KVENV)/.stamp: kernel-image/requirements.txt kernel-image/ipython_kernel_config.json .stamp-system $(CONFIG) | $(VENV)/.stamp-run
 	$(VENV)/bin/kernelmode setup --quiet --kernel-env $(KVENV) --python $(KERNEL_PYTHON) \
 		--requirements kernel-image/requirements.txt $(if $(CONFIG),--config $(CONFIG))
 	@touch $@

@@ -680,6 +680,13 @@ async def stop_kernel(km: AsyncKernelManager | None, kc: Any, home: Path | None)
         shutil.rmtree(home, ignore_errors=True)
 
 
+def stock_history_arg(ipython_dir: Path) -> str:
+    """IPython's default history file, stated on a bare kernel's command line: the kernel venv's
+    own config (etc/ipython/ipython_kernel_config.json, from `kernelmode setup`) keeps history in
+    memory, and a bare ipykernel must stay stock (the command line wins over config files)."""
+    return f"--HistoryManager.hist_file={ipython_dir / 'profile_default' / 'history.sqlite'}"
+
+
 class DirectKernel:
     """An unsandboxed ipykernel (kernel-venv python) driven with jupyter_client."""
 
@@ -692,12 +699,16 @@ class DirectKernel:
         self.home: Path | None = None
 
     async def start(self) -> None:
+        # HOME (and so IPython's history database) on tmpfs when there is one, like the
+        # sandbox's /tmp: on disk, the history writes of every execution cost ~0.3 ms here.
+        self.home = Path(tempfile.mkdtemp(prefix="kmbench-home-", dir=_tmpfs_dir()))
         spec_dir = self.tmp / "kernels" / "kmbench-direct"
         spec_dir.mkdir(parents=True)
         (spec_dir / "kernel.json").write_text(json.dumps({
             "display_name": "kmbench direct (kernel-venv)",
             "language": "python",
-            "argv": [str(KERNEL_PYTHON), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "argv": [str(KERNEL_PYTHON), "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                     stock_history_arg(self.home / ".ipython")],
         }))
         ksm = KernelSpecManager(kernel_dirs=[str(self.tmp / "kernels")], ensure_native_kernel=False)
         runtime = self.tmp / "runtime"
@@ -708,9 +719,6 @@ class DirectKernel:
         )
         if self.transport == "ipc":  # like kernelmode's gateway; the default tcp is on loopback
             self.km.ip = str(runtime / "kernel-ipc")
-        # HOME (and so IPython's history database) on tmpfs when there is one, like the
-        # sandbox's /tmp: on disk, the history writes of every execution cost ~0.3 ms here.
-        self.home = Path(tempfile.mkdtemp(prefix="kmbench-home-", dir=_tmpfs_dir()))
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
                "HOME": str(self.home), "IPYTHONDIR": str(self.home / ".ipython"),
                "JUPYTER_RUNTIME_DIR": str(runtime)}

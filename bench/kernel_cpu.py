@@ -57,6 +57,7 @@ from harness import (
     ms_since,
     run_stoppable,
     sampling_args,
+    stock_history_arg,
     stop_kernel,
     write_section,
 )
@@ -141,6 +142,8 @@ class JcKernel:
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": str(home),
                    "IPYTHONDIR": str(home / ".ipython"), "JUPYTER_RUNTIME_DIR": str(runtime)}
             self._home = home
+            if not self.ours and not self.memhist:  # stock, whatever the kernel venv's config says
+                argv.append(stock_history_arg(home / ".ipython"))
         (spec_dir / "kernel.json").write_text(json.dumps(spec))
         ksm = KernelSpecManager(kernel_dirs=[str(self.dir / "kernels")], ensure_native_kernel=False)
         self.km = AsyncKernelManager(kernel_name="k", kernel_spec_manager=ksm, transport="ipc",

@@ -5,6 +5,10 @@ kernel (ipykernel and the libraries that code in a session can import).
 Python and left readable by everyone (``a+rX``): as root, kernels run as other uids, which
 cannot read a Python under /root or a 0700 home. A stamp file holding the hash of the
 requirements makes a second run a quick check.
+
+Every run (a quick one too) also writes the kernels' IPython configuration into the venv's
+``etc/ipython`` (see install_ipython_config): one file that every kernel started from this venv
+reads, however it is started (the embedded gateway, Enterprise Gateway's launchers).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from .sandbox.kernelspec import _check_traversable
 
 # The same list as kernel-image/requirements.txt (the Docker image's), shipped as package data.
 REQUIREMENTS = Path(str(importlib.resources.files("kernelmode.sandbox") / "kernel-requirements.txt"))
+# The kernels' IPython configuration (kernel-image/ipython_kernel_config.json, the Docker image's too).
+IPYTHON_CONFIG = Path(str(importlib.resources.files("kernelmode.sandbox") / "ipython_kernel_config.json"))
 STAMP = ".stamp"  # the Makefile's stamp too: its mtime says when the environment was last built
 VENV_TIMEOUT = 300
 PIP_TIMEOUT = 3600  # a first install downloads numpy, pandas, scipy, matplotlib, pyarrow...
@@ -92,6 +98,25 @@ def _run(argv: list[str], timeout: float, what: str, quiet: bool) -> None:
         raise SetupFailed(f"{tail}{what} failed (exit code {proc.returncode})")
 
 
+def install_ipython_config(target: Path, source: Path = IPYTHON_CONFIG) -> Path:
+    """Write the kernels' IPython config to ``target/etc/ipython/ipython_kernel_config.json``.
+
+    IPython reads ``sys.prefix/etc/ipython`` (its ENV_CONFIG_DIRS) at every kernel start, whatever
+    starts the kernel: ``ipykernel_launcher`` with the kernelspec's argv, or Enterprise Gateway's
+    ``launch_ipykernel.py``, which takes no IPython options. The venv is read-only in the sandbox.
+    """
+    d = target / "etc" / "ipython"
+    d.mkdir(parents=True, exist_ok=True)
+    for p in (target / "etc", d):
+        os.chmod(p, 0o755)
+    dest = d / "ipython_kernel_config.json"
+    text = source.read_text()
+    if not dest.is_file() or dest.read_text() != text:
+        dest.write_text(text)
+    os.chmod(dest, 0o644)
+    return dest
+
+
 def _imports_ipykernel(python: Path) -> bool:
     try:
         return subprocess.run([str(python), "-c", "import ipykernel"], capture_output=True,
@@ -119,6 +144,7 @@ def build_kernel_env(
     fingerprint = _fingerprint(requirements, python, extra)
     current = stamp.read_text().strip() if stamp.is_file() else ""
     if not force and current == fingerprint and _imports_ipykernel(venv_python):
+        install_ipython_config(target)
         stamp.touch()
         say(f"kernel environment {target} is up to date (requirements unchanged; --force rebuilds)")
         return venv_python
@@ -138,7 +164,8 @@ def build_kernel_env(
         say(f"      and kernel.extra_requirements: {' '.join(extra)}")
         _run(extra_install_argv(venv_python, requirements, extra, quiet), PIP_TIMEOUT,
              "pip install (kernel.extra_requirements)", quiet)
-    say("[4/4] making it readable by the sandbox users and checking ipykernel")
+    say("[4/4] the kernels' IPython config; making it readable by the sandbox users, checking ipykernel")
+    install_ipython_config(target)
     _open_to_all(target)
     if not _imports_ipykernel(venv_python):
         raise SetupFailed(f"{venv_python} cannot import ipykernel after the install: is ipykernel "

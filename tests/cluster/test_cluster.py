@@ -1,6 +1,7 @@
 """The manager drives Enterprise Gateway, which launches sandboxed kernels on two nodes over
 SSH: sessions spread over both, variables persist, tools, interrupts, timeouts and a kernel's
-death behave as with the embedded gateway, and the manager's disk holds no workspace."""
+death behave as with the embedded gateway, the kernels get the kernel env's IPython config, and
+the manager's disk holds no workspace."""
 
 from __future__ import annotations
 
@@ -37,6 +38,11 @@ def test_sessions_spread_over_both_nodes_with_state_and_tools(served, rig):
         assert set(nodes.values()) == {"a", "b"}, nodes  # least-connection uses both nodes
         for i, sid in enumerate(nodes):
             assert run(c, sid, f"x = {20 + i}")["status"] == "ok"
+        # EG's launcher takes no IPython options: the kernel env's ipython_kernel_config.json
+        # (`kernelmode setup` writes it) keeps the history in memory, with no thread.
+        for sid in nodes:
+            r = run(c, sid, "hm = get_ipython().history_manager\n(str(hm.hist_file), hm.save_thread is None)")
+            assert r["result"] == "(':memory:', True)", (r, "the kernel env lacks it? `make setup`")
         for i, sid in enumerate(nodes):
             r = run(c, sid, "tools.add(x, 22)")
             assert r["status"] == "ok" and r["result"] == str(42 + i), r

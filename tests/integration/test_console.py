@@ -205,6 +205,11 @@ def test_a_frontend_gets_the_sessions_history_kept_in_memory(srv: Server, api: h
     kept = execute(api, sid, "hm = get_ipython().history_manager\n"
                              "(str(hm.hist_file), hm.save_thread is None, In[-2], Out[len(In) - 2])")
     assert kept["result"] == "(':memory:', True, 'agent_marker + 1', 43)", kept
+    # The kernel env's own IPython config (`kernelmode setup` writes it; the only one Enterprise
+    # Gateway's kernels get) is read inside the sandbox as well: the flag's twin.
+    loaded = execute(api, sid, "import sys\nfrom ipykernel.kernelapp import IPKernelApp\n"
+                               "[f[len(sys.prefix):] for f in IPKernelApp.instance().loaded_config_files]")
+    assert loaded["result"] == "['/etc/ipython/ipython_kernel_config.json']", (loaded, "run `make setup`")
     assert "agent_marker = 6 * 7" in execute(api, sid, "%history -g agent_marker")["stdout"]
     with attached_frontend(srv, sid) as kc:
         kc.history(hist_access_type="tail", n=10)

@@ -7,7 +7,8 @@ Runs the pod template's command (EG's launch_ipykernel.py) in a container locked
 (read-only root, uid 1000, no capabilities, no-new-privileges, tmpfs /tmp and /mnt/data), plays
 Enterprise Gateway's response port (an RSA key of its own; the launcher sends the connection info
 encrypted with it), then drives the kernel with jupyter_client: a file in /mnt/data, a refused
-write to /etc, no capabilities, pandas imports; prints the container's memory idle and with pandas, and how long the start took. Exits non-zero when any of that fails.
+write to /etc, no capabilities, pandas imports, IPython's history in memory (the image's
+ipython_kernel_config.json: the launcher passes no IPython options); prints the container's memory idle and with pandas, and how long the start took. Exits non-zero when any of that fails.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ try:
 except OSError:
     read_only = True
 cap_eff = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')][0]
+hm = get_ipython().history_manager
 print(json.dumps({"uid": os.getuid(), "cwd": os.getcwd(), "files": os.listdir('.'), "read_only": read_only,
-                  "cap_eff": cap_eff, "pandas": pandas.__version__}))
+                  "cap_eff": cap_eff, "pandas": pandas.__version__,
+                  "hist_file": str(hm.hist_file), "history_thread": hm.save_thread is not None}))
 """
 
 
@@ -107,7 +110,8 @@ def main() -> int:
         print(f"container memory (docker stats: cgroup usage less inactive file pages, as the kubelet counts a working set): idle {idle}, "
               f"after import pandas {with_pandas}")
         ok = (reply["content"]["status"] == "ok" and facts["uid"] == 1000 and facts["read_only"]
-              and facts["cap_eff"] == "0000000000000000" and facts["files"] == ["x.txt"])
+              and facts["cap_eff"] == "0000000000000000" and facts["files"] == ["x.txt"]
+              and facts["hist_file"] == ":memory:" and not facts["history_thread"])
     finally:
         logs = subprocess.run(["docker", "logs", name], capture_output=True, text=True, timeout=30)
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)

@@ -30,7 +30,6 @@ import httpx
 from harness import (
     BENCH,
     REPO,
-    RestSession,
     Stats,
     WsKernel,
     add_sampling_args,
@@ -42,6 +41,7 @@ from harness import (
     write_section,
 )
 from profile_rest import WsKernelV1
+from servers import RestSession
 
 from kernelmode.api.jupyter_api import kernel_id_of
 from tests.integration.test_jupyter_gateway import JUPYTER_TOKEN, start_jupyter_server

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -42,13 +43,11 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
-from fewer_messages import checkout, export
 from harness import (
     CODE,
     EXPECTED,
     MSG_TIMEOUT,
     REPO,
-    KmServer,
     Stats,
     add_sampling_args,
     interleave,
@@ -64,7 +63,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.factory import KernelProvisionerFactory
 from procfs import cpu_ns, descendants, ptable, stat
-from profile_rest import kernel_pid
+from servers import KmServer, export, kernel_pid
 
 from kernelmode.gateway.exchange import execute_content
 from kernelmode.kernel.preamble import MARKER, PING, boot_code
@@ -240,7 +239,7 @@ def load_boot_code(checkout: Path) -> Callable[..., str]:
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.boot_code  # type: ignore[no-any-return]
+    return mod.boot_code
 
 
 def make_kernels(tmp: Path, paths: list[str], before: Path | None) -> dict[str, JcKernel]:
@@ -275,7 +274,9 @@ async def run(args: argparse.Namespace) -> int:
     paths = [p for p in ALL_PATHS if p in args.only] if args.only else list(ALL_PATHS)
     tmp, before_commit = prepare(args, paths)
     kernels = make_kernels(tmp, paths, tmp / "before" if before_commit else None)
-    servers = {p: KmServer(p, {"KERNELMODE_SESSIONS__POOL_SIZE": "1"}) for p in paths if p.startswith("rest")}
+    servers = {p: KmServer(p, {"KERNELMODE_SESSIONS__POOL_SIZE": "1"},
+                           checkout=tmp / "before" if p == "rest_before" else None)
+               for p in paths if p.startswith("rest")}
     stats = {p: Stats(p) for p in paths}
     cpu: dict[str, dict[str, int]] = {p: {} for p in paths}
     tick: dict[str, int] = dict.fromkeys(paths, 0)
@@ -292,15 +293,14 @@ async def run(args: argparse.Namespace) -> int:
             fns[p] = k.roundtrip
         for p, km in servers.items():
             stack.push_async_callback(km.stop)
-            with checkout(tmp / "before") if p == "rest_before" else contextlib.nullcontext():
-                km.start()
+            km.start()
             conn = km.http()
             status, info = await conn.json("POST", "/v1/sessions", {"session_id": "warm"})
             if status != 201:
                 raise RuntimeError(f"{p}: POST /v1/sessions: {status} {info}")
             trees[p] = {"kernel": kernel_tree(km.gateway_pid, info["kernel_id"]),
                         "manager": [km.manager_pid], "gateway": [km.gateway_pid]}
-            fns[p] = lambda c=conn: c.execute("warm")
+            fns[p] = functools.partial(conn.execute, "warm")
 
         @contextlib.contextmanager
         def account(name: str) -> Iterator[None]:

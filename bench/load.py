@@ -55,7 +55,6 @@ from harness import (
     BENCH,
     CONCURRENCY,
     DirectKernel,
-    KmServer,
     Stats,
     loadavg,
     ms_since,
@@ -66,6 +65,7 @@ from harness import (
     write_section,
 )
 from procfs import CLK_TCK, cpu_ticks, descendants, hwm_kb, reset_hwm, rss_kb
+from servers import KmServer
 
 from kernelmode.client import AsyncClient, AsyncSession
 

@@ -35,7 +35,6 @@ from harness import (
     BENCH,
     REPO,
     BareKernels,
-    KmServer,
     Stats,
     ms_since,
     require_kernel_venv,
@@ -44,6 +43,7 @@ from harness import (
 )
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from servers import KmServer
 
 SECTION = "mcp_startup"
 

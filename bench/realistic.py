@@ -36,7 +36,6 @@ from urllib.parse import urlsplit
 from harness import (
     REPO,
     DirectKernel,
-    RestSession,
     Stats,
     add_sampling_args,
     interleave,
@@ -46,6 +45,7 @@ from harness import (
     sampling_args,
     write_section,
 )
+from servers import RestSession
 
 SETUP = ("import numpy as np, pandas as pd, matplotlib\nmatplotlib.use('Agg')\n"
          "import matplotlib.pyplot as plt\nrng = np.random.default_rng(0)\n"

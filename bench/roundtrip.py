@@ -55,7 +55,6 @@ from harness import (
     MSG_TIMEOUT,
     REPO,
     DirectKernel,
-    RestSession,
     Stats,
     WsKernel,
     add_sampling_args,
@@ -72,6 +71,7 @@ from harness import (
 )
 from mcp.client.client import Client as McpClient
 from mcp.client.streamable_http import streamable_http_client
+from servers import RestSession
 
 GOAL = 1.2  # the project's goal (issue 18): REST median <= 1.2x the direct round trip
 MCP_GOAL = 1.6  # and MCP run_python over streamable HTTP <= 1.6x direct

@@ -35,11 +35,9 @@ from files import copy_ms, mbs, peak_mb, round_trip, write_source
 from harness import (
     BENCH,
     Stats,
-    add_sampling_args,
     interleave,
     loadavg,
-    run_stoppable,
-    sampling_args,
+    sampling_main,
     write_section,
 )
 from serve_pair import POOL, clients_with_warm_session, execute_and_create
@@ -175,13 +173,9 @@ eg {growth.get('eg', 0):.1f} MB (the file is streamed, never held).
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_sampling_args(p)
     p.add_argument("--files", type=int, default=2, metavar="ROUNDS",
                    help="100 MB round trips per server (0: skip the file transfer part)")
-    p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
-    args = p.parse_args()
-    sampling_args(p, args)
-    return run_stoppable(run, args)
+    return sampling_main(run, p)
 
 
 if __name__ == "__main__":

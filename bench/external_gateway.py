@@ -26,10 +26,8 @@ from pathlib import Path
 
 from harness import (
     BENCH,
-    add_sampling_args,
     loadavg,
-    run_stoppable,
-    sampling_args,
+    sampling_main,
     write_section,
 )
 from serve_pair import POOL, clients_with_warm_session, execute_and_create
@@ -85,12 +83,7 @@ Both gateways on this host (bwrap); the external one is a Kernel Gateway this sc
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_sampling_args(p)
-    p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
-    args = p.parse_args()
-    sampling_args(p, args)
-    return run_stoppable(run, args)
+    return sampling_main(run, argparse.ArgumentParser(description=__doc__.splitlines()[0]))
 
 
 if __name__ == "__main__":

@@ -31,11 +31,9 @@ from harness import (
     REPO,
     DirectKernel,
     Stats,
-    add_sampling_args,
     interleave,
     loadavg,
-    run_stoppable,
-    sampling_args,
+    sampling_main,
     write_section,
 )
 from servers import CpuMeter, KmServer, before_checkout, kernel_pid
@@ -178,13 +176,9 @@ The file agent's change note per run, nothing changed (microseconds of CPU, in t
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_sampling_args(p)
     p.add_argument("--before", default=None,
                    help="git ref of the 'before' code (default: the merge base of HEAD and main)")
-    p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
-    args = p.parse_args()
-    sampling_args(p, args)
-    return run_stoppable(run, args)
+    return sampling_main(run, p)
 
 
 if __name__ == "__main__":

@@ -259,6 +259,24 @@ def sampling_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--samples and --batch must be >= 1, --warmup >= 0")
 
 
+def sampling_main(run: Callable[[argparse.Namespace], Awaitable[int]], p: argparse.ArgumentParser,
+                  writes: str = "bench/RESULTS.md",
+                  check: Callable[[argparse.Namespace], str | None] | None = None) -> int:
+    """The command line of a benchmark that ``interleave``s paths: ``p`` (its description and own
+    options) with --samples, --quick, --batch, --warmup and --no-write (leave ``writes`` alone);
+    a usage error when ``check`` names a problem or the kernel environment is missing; then
+    ``run`` under ``run_stoppable``."""
+    add_sampling_args(p)
+    p.add_argument("--no-write", action="store_true", help=f"print only; leave {writes} alone")
+    args = p.parse_args()
+    sampling_args(p, args)
+    require_kernel_venv(p)
+    problem = None if check is None else check(args)
+    if problem:
+        p.error(problem)
+    return run_stoppable(run, args)
+
+
 def small_bench_main(doc: str | None, run: Callable[[argparse.Namespace], Awaitable[int]], samples: int,
                      warmup: int, quick_samples: int) -> int:
     """The command line of a benchmark that times a few operations per sandbox (--samples,

@@ -28,34 +28,26 @@ import httpx
 from harness import (
     REPO,
     Stats,
-    add_sampling_args,
     interleave,
     loadavg,
-    run_stoppable,
-    sampling_args,
+    sampling_main,
     write_section,
 )
 from roundtrip import McpSession
+from serve_pair import execute
 from servers import AS_DEPLOYED, CpuMeter, KmServer, is_checkout
 
 BATCH = 10
 
 
 def probes(c: httpx.AsyncClient) -> dict[str, Callable[[], Awaitable[float]]]:
-    async def execute() -> float:
-        t0 = time.perf_counter_ns()
-        r = await c.post("/v1/sessions/warm/execute", json={"code": "1+1"})
-        ms = (time.perf_counter_ns() - t0) / 1e6
-        assert r.json()["result"] == "2", r.text
-        return ms
-
     async def get() -> float:
         t0 = time.perf_counter_ns()
         r = await c.get("/v1/sessions/warm")
         ms = (time.perf_counter_ns() - t0) / 1e6
         assert r.status_code == 200, r.text
         return ms
-    return {"execute": execute, "get": get}
+    return {"execute": execute(c), "get": get}
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -127,14 +119,9 @@ SDK's client (httpx2).
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_sampling_args(p)
     p.add_argument("--before", type=Path, default=Path("/work/main"), help="the checkout to compare with")
-    p.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
-    args = p.parse_args()
-    sampling_args(p, args)
-    if not is_checkout(args.before):
-        p.error(f"{args.before} is not a kernelmode checkout")
-    return run_stoppable(run, args)
+    return sampling_main(run, p, check=lambda a: None if is_checkout(a.before) else
+                         f"{a.before} is not a kernelmode checkout")
 
 
 if __name__ == "__main__":

@@ -56,12 +56,9 @@ from harness import (
     DirectKernel,
     Stats,
     WsKernel,
-    add_sampling_args,
     interleave,
     ms_since,
-    require_kernel_venv,
-    run_stoppable,
-    sampling_args,
+    sampling_main,
 )
 from servers import CpuMeter, RestSession, kernel_pid
 
@@ -497,14 +494,9 @@ async def run(args: argparse.Namespace) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_sampling_args(p)
     p.add_argument("--cprofile", action="store_true",
                    help="then profile the manager (in-process) and a gateway (under cProfile)")
-    p.add_argument("--no-write", action="store_true", help="do not write bench/PROFILE.md")
-    args = p.parse_args()
-    sampling_args(p, args)
-    require_kernel_venv(p)
-    return run_stoppable(run, args)
+    return sampling_main(run, p, writes="bench/PROFILE.md")
 
 
 if __name__ == "__main__":

@@ -57,14 +57,11 @@ from harness import (
     DirectKernel,
     Stats,
     WsKernel,
-    add_sampling_args,
     interleave,
     loadavg,
     machine_info,
     ms_since,
-    require_kernel_venv,
-    run_stoppable,
-    sampling_args,
+    sampling_main,
     verdict,
     version,
     write_page,
@@ -509,15 +506,9 @@ async def run(args: argparse.Namespace) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_sampling_args(p)
     p.add_argument("--direct-transport", choices=["ipc", "tcp"], default="ipc",
                    help="ZMQ transport of the direct kernel (default ipc, as kernelmode's gateway uses)")
-    p.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
-    args = p.parse_args()
-    sampling_args(p, args)
-    require_kernel_venv(p)
-
-    return run_stoppable(run, args)
+    return sampling_main(run, p)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 KERNEL_PYTHON = REPO / ".kernel-venv" / "bin" / "python"
+# bwrap binds the kernel environment read-only and cannot follow a worktree's symlinked
+# .kernel-venv: the real folder (its python, not what that python links to)
+REAL_KERNEL_PYTHON = Path(os.path.realpath(REPO / ".kernel-venv")) / "bin" / "python"
 CODE = "1+1"  # the warm round trip every benchmark times
 EXPECTED = "2"
 EXEC_BODY = json.dumps({"code": CODE}).encode()

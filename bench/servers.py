@@ -32,7 +32,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from harness import EXEC_BODY, EXPECTED, KERNEL_PYTHON, REPO, Http, Stats, ms_since, unmount_under
+from harness import (
+    EXEC_BODY,
+    EXPECTED,
+    REAL_KERNEL_PYTHON,
+    REPO,
+    Http,
+    Stats,
+    ms_since,
+    unmount_under,
+)
 from procfs import cmdline, cpu_ns, descendants, processes_mentioning, ptable, stat
 
 from kernelmode.config import SessionSettings
@@ -100,9 +109,9 @@ class KmServer:
         if checkout is not None:
             self.env["PYTHONPATH"] = str(checkout)  # never this checkout's code by way of the environment
         if "KERNELMODE_SANDBOX__KERNEL_PYTHON" not in os.environ:
-            # bwrap binds the kernel environment read-only: the real folder, not a worktree's
-            # symlink, and this checkout's for another checkout (an exported tree has none)
-            self.env.setdefault("KERNELMODE_SANDBOX__KERNEL_PYTHON", str(Path(os.path.realpath(KERNEL_PYTHON))))
+            # not a worktree's symlink (see harness), and this checkout's for another checkout
+            # (an exported tree has none)
+            self.env.setdefault("KERNELMODE_SANDBOX__KERNEL_PYTHON", str(REAL_KERNEL_PYTHON))
         self.checkout = checkout
         self.backend = backend
         self.args = ["--sandbox", backend, *(args or [])]

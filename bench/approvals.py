@@ -28,17 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import (
-    BENCH,
-    Http,
-    KmServer,
-    Stats,
-    interleave,
-    loadavg,
-    ms_since,
-    run_stoppable,
-    write_section,
-)
+from harness import BENCH, Http, Stats, interleave, loadavg, ms_since, run_stoppable, write_section
+from servers import KmServer
 
 SECTION = "approvals"
 CONFIG = """

@@ -47,7 +47,6 @@ from harness import (
     BENCH,
     BareKernels,
     DirectKernel,
-    KmServer,
     Stats,
     interleave,
     loadavg,
@@ -58,6 +57,7 @@ from harness import (
     version,
 )
 from procfs import CLK_TCK, mem_kb, ptable, stat, tree_mem
+from servers import KmServer
 
 from kernelmode.config import SandboxSettings
 from kernelmode.sandbox.docker_backend import container_name, engine_status, server_id

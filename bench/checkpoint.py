@@ -38,17 +38,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from harness import (
-    BENCH,
-    KmServer,
-    Stats,
-    loadavg,
-    machine_info,
-    ms_since,
-    run_stoppable,
-    write_section,
-)
+from harness import BENCH, Stats, loadavg, machine_info, ms_since, run_stoppable, write_section
 from procfs import cmdline, processes_mentioning, rss_kb
+from servers import KmServer
 
 NAMESPACE = """
 import numpy as np, pandas as pd

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
+import contextlib
 import sys
 import tempfile
 import time
@@ -35,19 +35,17 @@ from files import copy_ms, mbs, peak_mb, round_trip, write_source
 from harness import (
     BENCH,
     Stats,
-    add_sampling_args,
     interleave,
     loadavg,
-    run_stoppable,
-    sampling_args,
+    sampling_main,
     write_section,
 )
 from serve_pair import POOL, clients_with_warm_session, execute_and_create
+from servers import KmServer
 
 from tests.cluster import eg as eg_mod
 from tests.cluster import rig as rig_mod
-from tests.conftest import Server, start_server
-from tests.integration.test_lifecycle import _unmount_under
+from tests.conftest import Server
 
 SECTION = "cluster"
 FILES_SECTION = "cluster-files"
@@ -60,19 +58,20 @@ async def run(args: argparse.Namespace) -> int:
         return 2
     started, load = time.monotonic(), loadavg()
     rig = rig_mod.claim()
-    gw: eg_mod.EnterpriseGateway | None = None
-    dirs = [Path(tempfile.mkdtemp(prefix=f"kmbench-{n}-", dir="/tmp")) for n in ("emb", "eg")]
-    servers: dict[str, Server] = {}
-    clients: dict[str, httpx.AsyncClient] = {}
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(rig.down)
         gw = eg_mod.start(rig)
-        for d in dirs:
-            d.chmod(0o711)
-        servers["embedded"] = start_server(POOL, data_dir=dirs[0])
-        servers["eg"] = start_server({**POOL, **gw.env()}, data_dir=dirs[1])
-        clients = await clients_with_warm_session(servers)
+        stack.callback(gw.stop)
+        servers = {"embedded": KmServer("embedded", POOL), "eg": KmServer("eg", {**POOL, **gw.env()})}
+        for km in servers.values():
+            stack.push_async_callback(km.stop)
+            km.start()
+        srvs = {n: km.srv for n, km in servers.items() if km.srv}
+        clients = await clients_with_warm_session(srvs)
         egc = httpx.AsyncClient(base_url=gw.url, timeout=120, headers={"Authorization": f"token {gw.token}"})
         clients["_eg"] = egc
+        for c in clients.values():
+            stack.push_async_callback(c.aclose)
 
         async def cold() -> float:
             t0 = time.perf_counter_ns()
@@ -88,18 +87,7 @@ async def run(args: argparse.Namespace) -> int:
         await interleave({"cold launch/eg": cold}, cl, max(10, args.samples // 10), 5, 1)
         stats = {**pair, **cl}
         if args.files:
-            files, memory = await asyncio.to_thread(file_round_trips, servers, args.files)
-    finally:
-        for c in clients.values():
-            await c.aclose()
-        for srv in servers.values():
-            srv.stop()
-        if gw is not None:
-            gw.stop()
-        rig.down()
-        for d in dirs:
-            _unmount_under(d)
-            shutil.rmtree(d, ignore_errors=True)
+            files, memory = await asyncio.to_thread(file_round_trips, srvs, args.files)
     ratio_ex = stats["execute/eg"].median / stats["execute/embedded"].median
     ratio_cr = stats["create/eg"].median / stats["execute/eg"].median
     rows = "\n".join(f"| {k} | {s.n} | {s.median:.2f} | {s.pct(95):.2f} |" for k, s in stats.items())
@@ -185,13 +173,9 @@ eg {growth.get('eg', 0):.1f} MB (the file is streamed, never held).
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_sampling_args(p)
     p.add_argument("--files", type=int, default=2, metavar="ROUNDS",
                    help="100 MB round trips per server (0: skip the file transfer part)")
-    p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
-    args = p.parse_args()
-    sampling_args(p, args)
-    return run_stoppable(run, args)
+    return sampling_main(run, p)
 
 
 if __name__ == "__main__":

@@ -16,52 +16,47 @@ Results go to a section of bench/RESULTS.md (unless --no-write); the last line i
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 from harness import (
     BENCH,
-    add_sampling_args,
     loadavg,
-    run_stoppable,
-    sampling_args,
+    sampling_main,
     write_section,
 )
 from serve_pair import POOL, clients_with_warm_session, execute_and_create
+from servers import KmServer
 
-from tests.conftest import Server, start_server
 from tests.integration.external_gateway import start_external_gateway
-from tests.integration.test_lifecycle import _unmount_under
 
 SECTION = "external_gateway"
 
 
 async def run(args: argparse.Namespace) -> int:
     started, load = time.monotonic(), loadavg()
-    dirs = [Path(tempfile.mkdtemp(prefix=f"kmbench-{n}-", dir="/tmp")) for n in ("emb", "ext")]
-    for d in dirs:
-        d.chmod(0o711)
-    gw = start_external_gateway(dirs[1])
-    servers: dict[str, Server] = {}
-    clients: dict[str, httpx.AsyncClient] = {}
-    try:
-        servers["embedded"] = start_server(POOL, data_dir=dirs[0])
-        servers["external"] = start_server({**POOL, **gw.env()}, data_dir=dirs[1])
-        clients = await clients_with_warm_session(servers)
-        stats = await execute_and_create(clients, ("embedded", "external"), args.samples, args.batch, args.warmup)
-    finally:
+    ext_dir = Path(tempfile.mkdtemp(prefix="kmbench-ext-", dir="/tmp"))
+    os.chmod(ext_dir, 0o711)  # sandbox uids go through it
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(shutil.rmtree, ext_dir, True)
+        gw = start_external_gateway(ext_dir)
+        stack.callback(gw.log_path.unlink, missing_ok=True)
+        stack.callback(gw.stop)
+        servers = {"embedded": KmServer("embedded", POOL),
+                   "external": KmServer("external", {**POOL, **gw.env()}, data_dir=ext_dir)}
+        servers["external"].on_stop.append(gw.stop)  # in its data dir: stopped before the sweep
+        for km in servers.values():
+            stack.push_async_callback(km.stop)
+            km.start()
+        clients = await clients_with_warm_session({n: km.srv for n, km in servers.items() if km.srv})
         for c in clients.values():
-            await c.aclose()
-        for srv in servers.values():
-            srv.stop()
-        gw.stop()
-        for d in dirs:
-            _unmount_under(d)
-            shutil.rmtree(d, ignore_errors=True)
+            stack.push_async_callback(c.aclose)
+        stats = await execute_and_create(clients, ("embedded", "external"), args.samples, args.batch, args.warmup)
     ratio_ex = stats["execute/external"].median / stats["execute/embedded"].median
     ratio_cr = stats["create/external"].median / stats["execute/external"].median
     rows = "\n".join(f"| {k} | {s.n} | {s.median:.2f} | {s.pct(95):.2f} |" for k, s in stats.items())
@@ -88,12 +83,7 @@ Both gateways on this host (bwrap); the external one is a Kernel Gateway this sc
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_sampling_args(p)
-    p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
-    args = p.parse_args()
-    sampling_args(p, args)
-    return run_stoppable(run, args)
+    return sampling_main(run, argparse.ArgumentParser(description=__doc__.splitlines()[0]))
 
 
 if __name__ == "__main__":

@@ -18,63 +18,30 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from harness import (
     REPO,
     DirectKernel,
-    KmServer,
     Stats,
-    add_sampling_args,
     interleave,
     loadavg,
-    run_stoppable,
-    sampling_args,
+    sampling_main,
     write_section,
 )
-from procfs import cpu_ns
-from profile_rest import kernel_pid
-
-import tests.conftest
+from servers import CpuMeter, KmServer, before_checkout, kernel_pid
 
 SIDES = ("before", "after")
 PATHS = ("direct", *SIDES)
 ROLES = ("manager", "gateway", "kernel")
 WORKSPACES = (0, 10, 100, 1000)  # files, in 10 folders
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True,
-                          text=True).stdout.strip()
-
-
-def export(ref: str | None, dest: Path) -> str:
-    """The tree of ``ref`` (None: the merge base of HEAD and main) in ``dest`` (kernelmode runs
-    from its checkout); its short commit."""
-    commit = git("rev-parse", "--short", ref or git("merge-base", "HEAD", "main"))
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return commit
-
-
-@contextlib.contextmanager
-def checkout(path: Path) -> Iterator[None]:
-    """tests.conftest.start_server runs `serve` from its REPO: point it at ``path`` meanwhile."""
-    saved = tests.conftest.REPO
-    tests.conftest.REPO = path
-    try:
-        yield
-    finally:
-        tests.conftest.REPO = saved
 
 
 def load_agent(path: Path, name: str) -> Any:
@@ -111,61 +78,39 @@ def note_costs(before: Path, scratch: Path) -> dict[int, dict[str, float]]:
     return out
 
 
-def prepare(ref: str | None) -> tuple[Path, str, str]:
-    """A scratch folder with the code of ``ref`` in ``before/``; the two short commits."""
-    # bwrap binds the kernel environment read-only: the real folder, not a worktree's symlink.
-    os.environ.setdefault("KERNELMODE_SANDBOX__KERNEL_PYTHON",
-                          str(Path(os.path.realpath(REPO / ".kernel-venv")) / "bin" / "python"))
-    tmp = Path(tempfile.mkdtemp(prefix="kmbench-fewer-", dir="/tmp"))
-    tmp.chmod(0o711)
-    (tmp / "before").mkdir()
-    (tmp / "direct").mkdir()
-    before_commit = export(ref, tmp / "before")
-    return tmp, before_commit, git("rev-parse", "--short", "HEAD")
-
-
 async def run(args: argparse.Namespace) -> int:
     started, load_start = time.monotonic(), loadavg()
-    tmp, before_commit, after_commit = prepare(args.before)
+    tmp, before_commit, after_commit = before_checkout(args.before, "kmbench-fewer-")
+    (tmp / "direct").mkdir()
     notes = note_costs(tmp / "before", tmp)
-    servers = {side: KmServer(side, {"KERNELMODE_SESSIONS__POOL_SIZE": "1"}) for side in SIDES}
+    servers = {side: KmServer(side, {"KERNELMODE_SESSIONS__POOL_SIZE": "1"},
+                              checkout=tmp / "before" if side == "before" else None) for side in SIDES}
     direct = DirectKernel(tmp / "direct")
     stats = {p: Stats(p) for p in PATHS}
-    cpu = {p: dict.fromkeys(ROLES, 0) for p in PATHS}
+    cpu = CpuMeter(stats)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, True)
         stack.push_async_callback(direct.stop)
         print(f"starting: direct kernel, serve from {before_commit} and from this "
               f"checkout ({after_commit}) ...", flush=True)
         await direct.start()
-        for side, km in servers.items():
+        for km in servers.values():
             stack.push_async_callback(km.stop)
-            with checkout(tmp / "before") if side == "before" else contextlib.nullcontext():
-                km.start()
+            km.start()
         conns = {side: km.http() for side, km in servers.items()}
-        roles: dict[str, dict[str, int]] = {}
-        assert direct.km is not None and direct.km.provisioner is not None
-        roles["direct"] = {"kernel": direct.km.provisioner.pid}  # type: ignore[attr-defined]
+        cpu.watch("direct", kernel=direct.pid)
         for side, conn in conns.items():
             status, info = await conn.json("POST", "/v1/sessions", {"session_id": "warm"})
             if status != 201:
                 raise RuntimeError(f"{side}: POST /v1/sessions: {status} {info}")
             km = servers[side]
-            roles[side] = {"manager": km.manager_pid, "gateway": km.gateway_pid,
-                           "kernel": kernel_pid(km.gateway_pid, info["kernel_id"])}
+            cpu.watch(side, manager=km.manager_pid, gateway=km.gateway_pid,
+                      kernel=kernel_pid(km.gateway_pid, info["kernel_id"]))
         fns: dict[str, Callable[[], Awaitable[float]]] = {
             "direct": direct.roundtrip,
-            **{side: (lambda c=conn: c.execute("warm")) for side, conn in conns.items()}}
-
-        @contextlib.contextmanager
-        def account(name: str) -> Iterator[None]:
-            before = {r: cpu_ns(pid) for r, pid in roles[name].items()}
-            yield
-            for r, pid in roles[name].items():
-                cpu[name][r] += cpu_ns(pid) - before[r]
-
+            **{side: functools.partial(conn.execute, "warm") for side, conn in conns.items()}}
         print(f"measuring: {args.samples} samples per path ...", flush=True)
-        await interleave(fns, stats, args.samples, args.batch, args.warmup, around=account)
+        await interleave(fns, stats, args.samples, args.batch, args.warmup, around=cpu.around)
         for conn in conns.values():
             await conn.close()
     text = report(stats, cpu, notes, args, before_commit, after_commit, time.monotonic() - started,
@@ -175,16 +120,12 @@ async def run(args: argparse.Namespace) -> int:
         write_section(REPO / "bench" / "RESULTS.md", "fewer-messages", text)
     d = stats["direct"].median
     print(f"SUMMARY before/direct={stats['before'].median / d:.2f}x after/direct={stats['after'].median / d:.2f}x "
-          + " ".join(f"{r}_ms_per_run before={per_run(cpu, stats, 'before', r):.3f} "
-                     f"after={per_run(cpu, stats, 'after', r):.3f}" for r in ROLES), flush=True)
+          + " ".join(f"{r}_ms_per_run before={cpu.per_run('before', r):.3f} "
+                     f"after={cpu.per_run('after', r):.3f}" for r in ROLES), flush=True)
     return 0
 
 
-def per_run(cpu: dict[str, dict[str, int]], stats: dict[str, Stats], path: str, role: str) -> float:
-    return cpu[path].get(role, 0) / 1e6 / max(stats[path].n, 1)
-
-
-def report(stats: dict[str, Stats], cpu: dict[str, dict[str, int]], notes: dict[int, dict[str, float]],
+def report(stats: dict[str, Stats], cpu: CpuMeter, notes: dict[int, dict[str, float]],
            args: argparse.Namespace,
            before_commit: str, after_commit: str, wall: float, load_start: str, load_end: str) -> str:
     d = stats["direct"].median
@@ -194,10 +135,10 @@ def report(stats: dict[str, Stats], cpu: dict[str, dict[str, int]], notes: dict[
     rows = []
     for p in PATHS:
         s = stats[p]
-        cells = [f"{per_run(cpu, stats, p, r):.3f}" if r in cpu[p] and cpu[p][r] else "" for r in ROLES]
+        cells = [f"{cpu.per_run(p, r):.3f}" if cpu.measured(p, r) else "" for r in ROLES]
         rows.append(f"| {labels[p]} | {s.n} | {s.median:.2f} | {s.pct(95):.2f} | {s.median / d:.2f}x | "
                     + " | ".join(cells) + " |")
-    delta = {r: per_run(cpu, stats, "after", r) - per_run(cpu, stats, "before", r) for r in ROLES}
+    delta = {r: cpu.per_run("after", r) - cpu.per_run("before", r) for r in ROLES}
     note_rows = "\n".join(f"| {n} | {c['before']:.0f} | {c['after']:.0f} |" for n, c in notes.items())
     return f"""## Fewer messages per run (issue 18, S1)
 
@@ -235,13 +176,9 @@ The file agent's change note per run, nothing changed (microseconds of CPU, in t
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_sampling_args(p)
     p.add_argument("--before", default=None,
                    help="git ref of the 'before' code (default: the merge base of HEAD and main)")
-    p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
-    args = p.parse_args()
-    sampling_args(p, args)
-    return run_stoppable(run, args)
+    return sampling_main(run, p)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-from harness import BENCH, KmServer, Stats, loadavg, require_kernel_venv, write_section
+from harness import BENCH, Stats, loadavg, require_kernel_venv, write_section
+from servers import KmServer
 
 MB = 1_000_000
 SIZE = 100 * MB

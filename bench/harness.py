@@ -1,8 +1,7 @@
-"""What every benchmark in bench/ shares: servers, reference clients, statistics and reporting.
+"""What every benchmark in bench/ shares: reference clients, statistics and reporting (the
+`kernelmode serve` processes themselves, and CPU per path in an A/B: bench/servers.py).
 
-- ``KmServer``: a real `kernelmode serve` (tests.conftest.start_server) with a lean keep-alive
-  HTTP client (``Http``), started, restarted on the same data dir, and stopped with everything it
-  left behind; ``RestSession``: one session on one, driven like a REST client would.
+- ``Http``: a lean keep-alive HTTP client for a `kernelmode serve`.
 - ``DirectKernel`` / ``BareKernels``: the floor, unsandboxed ipykernels driven with jupyter_client;
   ``WsKernel``: a kernel driven over a Kernel Gateway's kernel websocket.
 - ``Stats``, ``verdict``, ``machine_info``, ``write_section`` / ``write_page`` (a benchmark's own
@@ -19,7 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
-import http.client
 import json
 import os
 import platform
@@ -31,29 +29,28 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import websockets
 from jupyter_client.jsonutil import json_default
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.session import Session as JupyterSession
-from procfs import descendants, processes_mentioning, ptable, stat
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.conftest import Server, start_server  # noqa: E402  (needs the repo root on sys.path)
-
 KERNEL_PYTHON = REPO / ".kernel-venv" / "bin" / "python"
+# bwrap binds the kernel environment read-only and cannot follow a worktree's symlinked
+# .kernel-venv: the real folder (its python, not what that python links to)
+REAL_KERNEL_PYTHON = Path(os.path.realpath(REPO / ".kernel-venv")) / "bin" / "python"
 CODE = "1+1"  # the warm round trip every benchmark times
 EXPECTED = "2"
 EXEC_BODY = json.dumps({"code": CODE}).encode()
@@ -99,7 +96,7 @@ class Stats:
         return statistics.fmean(self.samples)
 
 
-async def interleave(fns: dict[str, Callable[[], Awaitable[float]]], stats: dict[str, Stats],
+async def interleave(fns: Mapping[str, Callable[[], Awaitable[float]]], stats: Mapping[str, Stats],
                      samples: int, batch: int, warmup: int = 0,
                      around: Callable[[str], contextlib.AbstractContextManager[object]] | None = None,
                      progress: Callable[[int, int], None] | None = None) -> None:
@@ -265,6 +262,24 @@ def sampling_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--samples and --batch must be >= 1, --warmup >= 0")
 
 
+def sampling_main(run: Callable[[argparse.Namespace], Awaitable[int]], p: argparse.ArgumentParser,
+                  writes: str = "bench/RESULTS.md",
+                  check: Callable[[argparse.Namespace], str | None] | None = None) -> int:
+    """The command line of a benchmark that ``interleave``s paths: ``p`` (its description and own
+    options) with --samples, --quick, --batch, --warmup and --no-write (leave ``writes`` alone);
+    a usage error when ``check`` names a problem or the kernel environment is missing; then
+    ``run`` under ``run_stoppable``."""
+    add_sampling_args(p)
+    p.add_argument("--no-write", action="store_true", help=f"print only; leave {writes} alone")
+    args = p.parse_args()
+    sampling_args(p, args)
+    require_kernel_venv(p)
+    problem = None if check is None else check(args)
+    if problem:
+        p.error(problem)
+    return run_stoppable(run, args)
+
+
 def small_bench_main(doc: str | None, run: Callable[[argparse.Namespace], Awaitable[int]], samples: int,
                      warmup: int, quick_samples: int) -> int:
     """The command line of a benchmark that times a few operations per sandbox (--samples,
@@ -373,288 +388,6 @@ class Http:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.writer.wait_closed(), 2)
         self.reader = self.writer = None
-
-
-# -- a kernelmode server -------------------------------------------------------------------------
-
-
-class KmServer:
-    """`kernelmode serve` with extra settings, and what the benchmarks need of it.
-
-    ``start()`` again after the server died (or was killed) starts a successor on the same data
-    dir; ``stop()`` stops the server and whatever of its data dir is left (an orphaned gateway,
-    kernels, mounts) and removes the data dir and the log.
-    """
-
-    def __init__(self, name: str, env: dict[str, str], backend: str = "bwrap",
-                 args: list[str] | None = None, data_dir: Path | None = None) -> None:
-        self.name = name
-        self.env = {"KERNELMODE_SESSIONS__TTL_SECONDS": "86400", **env}
-        self.backend = backend
-        self.args = ["--sandbox", backend, *(args or [])]
-        self.data_dir = data_dir
-        self.srv: Server | None = None
-        self.old: list[Server] = []  # killed predecessors (their stdout pipes are closed at the end)
-        self.ctl: Http | None = None  # control connection: creates, deletes, readyz
-        self.conns: list[Http] = []
-        self.pool_size = 0
-        self.ready: dict[str, Any] = {}
-        self._gateway: int | None = None
-        self._known: dict[int, int] = {}  # pid -> start time of every process seen under it
-        self.keep_logs = False  # set when the run failed: the logs are copied before cleanup
-
-    def start(self) -> float:
-        """Start `serve` until it prints its serving line; the seconds it took.
-
-        Blocking on purpose (it reads the child's stdout): the Server object is then ours to stop
-        even if Ctrl-C arrives meanwhile."""
-        if self.srv is not None:
-            self.old.append(self.srv)
-        t0 = time.perf_counter()
-        self.srv = start_server(env_extra=self.env, data_dir=self.data_dir, args=self.args)
-        took = time.perf_counter() - t0
-        self.data_dir = self.srv.data_dir
-        self.ctl = self.http()
-        return took
-
-    def http(self) -> Http:
-        assert self.srv is not None
-        conn = Http(self.srv.url, self.srv.token)
-        self.conns.append(conn)
-        return conn
-
-    async def drop_connections(self) -> None:
-        for conn in self.conns:
-            await conn.close()
-        self.conns.clear()
-        self.ctl = None
-
-    @property
-    def manager_pid(self) -> int:
-        assert self.srv is not None
-        return self.srv.proc.pid
-
-    @property
-    def gateway_pid(self) -> int:
-        """The Kernel Gateway of this server: the manager's child, or one adopted from a killed
-        predecessor (found by its data dir). Looked up again once the known one has gone."""
-        if self._gateway is not None and self._is_gateway(self._gateway):
-            return self._gateway
-        self._gateway = None
-        table = ptable()
-        for pid, ppid in table.items():
-            if ppid == self.manager_pid and self._is_gateway(pid):
-                self._gateway = pid
-                return pid
-        found = [pid for pid in processes_mentioning(str(self.data_dir)) if self._is_gateway(pid)]
-        top = [pid for pid in found if table.get(pid) not in found]
-        if len(top) != 1:
-            raise RuntimeError(f"{self.name}: expected one kernel gateway process, found {top}")
-        self._gateway = top[0]
-        return top[0]
-
-    @staticmethod
-    def _is_gateway(pid: int) -> bool:
-        with contextlib.suppress(OSError):
-            return b"kernel_gateway" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        return False
-
-    def remember_processes(self) -> list[int]:
-        """The processes under the manager now (remembered: any left at stop() are killed)."""
-        pids = descendants(self.manager_pid)
-        for pid in pids:
-            st = stat(pid)
-            if st is not None:
-                self._known[pid] = st[1]
-        return pids
-
-    async def ready_check(self, conn: Http | None = None) -> tuple[int, dict[str, Any]]:
-        """GET /readyz: (status, checks); the checks are kept as ``ready``."""
-        status, body = await (conn or self.ctl).json("GET", "/readyz")  # type: ignore[union-attr]
-        self.ready = (body or {}).get("checks", {})
-        return status, self.ready
-
-    async def readyz(self, conn: Http | None = None) -> dict[str, Any]:
-        return (await self.ready_check(conn))[1]
-
-    async def wait_pool_full(self, settle: float = 0.3, timeout: float = 120, strict: bool = True,
-                             need_ok: bool = False) -> bool:
-        """Until the warm pool is full (no kernel starting in the background), then ``settle`` s.
-
-        With ``need_ok``, /readyz must also answer 200. False (or, when ``strict``, an error) if
-        that did not happen within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            status, checks = await self.ready_check()
-            pool = checks.get("pool", {})
-            self.pool_size = int(pool.get("size", 0))
-            if int(pool.get("ready", -1)) >= self.pool_size and (status == 200 or not need_ok):
-                break
-            if time.monotonic() > deadline:
-                if strict:
-                    raise RuntimeError(f"{self.name}: the warm pool did not fill up: {checks}")
-                return False
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(settle)
-        return True
-
-    async def create(self, body: dict[str, Any], conn: Http | None = None) -> dict[str, Any]:
-        status, info = await (conn or self.ctl).json("POST", "/v1/sessions", body)  # type: ignore[union-attr]
-        if status != 201:
-            raise RuntimeError(f"{self.name}: POST /v1/sessions: {status} {info}")
-        return info
-
-    async def delete(self, sid: str, conn: Http | None = None) -> None:
-        status, body = await (conn or self.ctl).json("DELETE", f"/v1/sessions/{sid}")  # type: ignore[union-attr]
-        if status != 204:
-            raise RuntimeError(f"{self.name}: DELETE {sid}: {status} {body}")
-
-    async def stop(self, timeout: float = 180) -> None:
-        await self.drop_connections()
-        srv, self.srv = self.srv, None
-        if srv is not None:
-            with contextlib.suppress(Exception):
-                self._remember(srv)
-            if self.keep_logs:
-                self._keep_logs(srv)
-            if srv.proc.poll() is None:
-                try:
-                    await asyncio.to_thread(srv.stop, signal.SIGTERM, timeout)
-                except subprocess.TimeoutExpired:
-                    srv.proc.kill()
-                    srv.proc.wait(10)
-        await asyncio.to_thread(self._kill_leftovers)
-        for s in (*self.old, *([srv] if srv is not None else [])):
-            if s.proc.stdout is not None:
-                s.proc.stdout.close()
-        self.old.clear()
-        if self.data_dir is not None:
-            unmount_under(self.data_dir)
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-            self.data_dir.with_suffix(".log").unlink(missing_ok=True)
-
-    def _remember(self, srv: Server) -> None:
-        if srv.proc.poll() is None:
-            self.remember_processes()
-
-    def _keep_logs(self, srv: Server) -> None:
-        slug = self.name.replace("+", "-").replace(" ", "-").replace("=", "")
-        keep = Path(tempfile.mkdtemp(prefix=f"km-bench-logs-{slug}-", dir="/tmp"))
-        for src in (srv.log_path, srv.data_dir / "gateway" / "gateway.log"):
-            with contextlib.suppress(OSError):
-                shutil.copy(src, keep / src.name)
-        print(f"the run failed: logs of the {self.name} server kept in {keep}", file=sys.stderr)
-
-    def _kill_leftovers(self) -> None:
-        """Whatever of this server outlived it: a gateway orphaned by a killed manager (with its
-        kernels: by process group), processes of its data dir, processes seen under it."""
-        if self.data_dir is not None:
-            where = str(self.data_dir)
-            deadline = time.monotonic() + 15
-            while processes_mentioning(where) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            left = processes_mentioning(where)
-            if left:
-                print(f"{self.name}: {len(left)} process(es) left after the server stopped: killing them",
-                      file=sys.stderr)
-                for pid in left:
-                    if self._is_gateway(pid):
-                        with contextlib.suppress(OSError):
-                            os.killpg(pid, signal.SIGKILL)
-                for pid in processes_mentioning(where):
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, signal.SIGKILL)
-                time.sleep(0.5)
-        for pid, start in self._known.items():  # same pid and start time: still ours
-            st = stat(pid)
-            if st is not None and st[1] == start:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-
-
-class RestSession:
-    """One session on a real `kernelmode serve` (bwrap sandbox, one trivial host tool), driven over
-    REST with one keep-alive http.client connection (``roundtrip``) or httpx.Client (``client``)."""
-
-    def __init__(self) -> None:
-        self.km: KmServer | None = None
-        self.client: httpx.Client | None = None
-        self.conn: http.client.HTTPConnection | None = None
-        self.sid: str | None = None
-        self.ready: dict[str, Any] = {}
-        self.session_sandbox = ""
-        self._config: Path | None = None
-        self._path = ""
-        self._body = EXEC_BODY
-
-    @property
-    def server(self) -> Server | None:
-        return None if self.km is None else self.km.srv
-
-    async def start(self) -> None:
-        # One trivial host tool, for the tool-call round trip from kernel code.
-        self._config = Path(tempfile.mkstemp(prefix="kmbench-", suffix=".yaml")[1])
-        self._config.write_text('tools:\n  - {name: add, function: "tests.integration.host_tools:add"}\n'
-                                'tool_calls: {rate_per_second: 1000000, rate_burst: 1000000}\n')
-        self.km = KmServer("rest", {}, args=["--config", str(self._config)])
-        self.km.start()
-        assert self.server is not None
-        self.client = self.server.client(timeout=60)
-        r = self.client.get("/readyz")
-        self.ready = r.json().get("checks", {})
-        r = self.client.post("/v1/sessions", json={})
-        if r.status_code != 201:
-            raise RuntimeError(f"POST /v1/sessions: {r.status_code} {r.text}")
-        info = r.json()
-        self.sid = info["session_id"]
-        self.session_sandbox = info.get("sandbox", "")
-        self._path = f"/v1/sessions/{self.sid}/execute"
-
-    async def roundtrip(self) -> float:
-        """The REST call through a lean keep-alive client (the standard library's http.client)."""
-        assert self.server is not None
-        if self.conn is None:
-            u = urlsplit(self.server.url)
-            self.conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=60)
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.server.token}"}
-        t0 = time.perf_counter_ns()
-        self.conn.request("POST", self._path, body=self._body, headers=headers)
-        resp = self.conn.getresponse()
-        data = resp.read()
-        elapsed = ms_since(t0)
-        if resp.status != 200:
-            raise RuntimeError(f"POST {self._path}: {resp.status} {data[:500]!r}")
-        body = json.loads(data)
-        if body.get("status") != "ok" or body.get("result") != EXPECTED:
-            raise RuntimeError(f"kernelmode answered {body!r}")
-        return elapsed
-
-    async def roundtrip_httpx(self) -> float:
-        # A blocking call on purpose: nothing else needs the event loop while it runs.
-        assert self.client is not None
-        t0 = time.perf_counter_ns()
-        r = self.client.post(self._path, content=self._body,
-                             headers={"Content-Type": "application/json"})
-        elapsed = ms_since(t0)
-        if r.status_code != 200:
-            raise RuntimeError(f"POST {self._path}: {r.status_code} {r.text[:500]}")
-        body = r.json()
-        if body.get("status") != "ok" or body.get("result") != EXPECTED:
-            raise RuntimeError(f"kernelmode answered {body!r}")
-        return elapsed
-
-    async def stop(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-        if self.client is not None:
-            if self.sid is not None:
-                with contextlib.suppress(Exception):
-                    self.client.delete(f"/v1/sessions/{self.sid}")
-            self.client.close()
-        if self.km is not None:
-            await self.km.stop(timeout=30)
-        if self._config is not None:
-            self._config.unlink(missing_ok=True)
 
 
 # -- reference kernels: the floor ----------------------------------------------------------------
@@ -868,7 +601,7 @@ class WsKernel:
         return m["msg_type"], m["parent_header"].get("msg_id"), m["content"]
 
     def _content(self, raw: Any) -> dict[str, Any]:
-        return raw  # type: ignore[no-any-return]
+        return raw
 
     async def _send(self, msg_type: str, content: dict[str, Any]) -> str:
         msg = self._session.msg(msg_type, content)

@@ -30,18 +30,15 @@ import httpx
 from harness import (
     BENCH,
     REPO,
-    RestSession,
     Stats,
     WsKernel,
-    add_sampling_args,
     interleave,
     loadavg,
-    require_kernel_venv,
-    run_stoppable,
-    sampling_args,
+    sampling_main,
     write_section,
 )
 from profile_rest import WsKernelV1
+from servers import RestSession
 
 from kernelmode.api.jupyter_api import kernel_id_of
 from tests.integration.test_jupyter_gateway import JUPYTER_TOKEN, start_jupyter_server
@@ -117,14 +114,8 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_sampling_args(p)
-    p.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
-    args = p.parse_args()
-    sampling_args(p, args)
-    require_kernel_venv(p)
-    return run_stoppable(run, args)
+    return sampling_main(run, argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                                      formatter_class=argparse.RawDescriptionHelpFormatter))
 
 
 if __name__ == "__main__":

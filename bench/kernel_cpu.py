@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -42,13 +43,11 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
-from fewer_messages import checkout, export
 from harness import (
     CODE,
     EXPECTED,
     MSG_TIMEOUT,
     REPO,
-    KmServer,
     Stats,
     add_sampling_args,
     interleave,
@@ -64,8 +63,8 @@ from harness import (
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.factory import KernelProvisionerFactory
-from procfs import cpu_ns, descendants, ptable, stat
-from profile_rest import kernel_pid
+from procfs import descendants, ptable, stat
+from servers import CpuMeter, KmServer, export, kernel_pid
 
 from kernelmode.gateway.exchange import execute_content
 from kernelmode.kernel.preamble import MARKER, PING, boot_code
@@ -232,10 +231,6 @@ def ticks(pids: list[int]) -> int:
     return sum(s[2] for s in map(stat, pids) if s is not None)
 
 
-def tree_ns(pids: list[int]) -> int:
-    return sum(cpu_ns(p) for p in pids)
-
-
 def load_boot_code(checkout: Path) -> Callable[..., str]:
     """boot_code of another checkout's preamble (stdlib only; it reads files.py beside it)."""
     spec = importlib.util.spec_from_file_location("km_preamble_before",
@@ -243,7 +238,7 @@ def load_boot_code(checkout: Path) -> Callable[..., str]:
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.boot_code  # type: ignore[no-any-return]
+    return mod.boot_code
 
 
 def make_kernels(tmp: Path, paths: list[str], before: Path | None) -> dict[str, JcKernel]:
@@ -278,11 +273,12 @@ async def run(args: argparse.Namespace) -> int:
     paths = [p for p in ALL_PATHS if p in args.only] if args.only else list(ALL_PATHS)
     tmp, before_commit = prepare(args, paths)
     kernels = make_kernels(tmp, paths, tmp / "before" if before_commit else None)
-    servers = {p: KmServer(p, {"KERNELMODE_SESSIONS__POOL_SIZE": "1"}) for p in paths if p.startswith("rest")}
+    servers = {p: KmServer(p, {"KERNELMODE_SESSIONS__POOL_SIZE": "1"},
+                           checkout=tmp / "before" if p == "rest_before" else None)
+               for p in paths if p.startswith("rest")}
     stats = {p: Stats(p) for p in paths}
-    cpu: dict[str, dict[str, int]] = {p: {} for p in paths}
+    cpu = CpuMeter(stats)
     tick: dict[str, int] = dict.fromkeys(paths, 0)
-    trees: dict[str, dict[str, list[int]]] = {}
     syscalls: dict[str, dict[str, float]] = {}
     fns: dict[str, Callable[[], Awaitable[float]]] = {}
     async with contextlib.AsyncExitStack() as stack:
@@ -291,28 +287,25 @@ async def run(args: argparse.Namespace) -> int:
             stack.push_async_callback(k.stop)
             print(f"starting {p} ...", flush=True)
             await k.start()
-            trees[p] = {"kernel": k.pids()}
+            cpu.watch(p, kernel=k.pids())
             fns[p] = k.roundtrip
         for p, km in servers.items():
             stack.push_async_callback(km.stop)
-            with checkout(tmp / "before") if p == "rest_before" else contextlib.nullcontext():
-                km.start()
+            km.start()
             conn = km.http()
             status, info = await conn.json("POST", "/v1/sessions", {"session_id": "warm"})
             if status != 201:
                 raise RuntimeError(f"{p}: POST /v1/sessions: {status} {info}")
-            trees[p] = {"kernel": kernel_tree(km.gateway_pid, info["kernel_id"]),
-                        "manager": [km.manager_pid], "gateway": [km.gateway_pid]}
-            fns[p] = lambda c=conn: c.execute("warm")
+            cpu.watch(p, kernel=kernel_tree(km.gateway_pid, info["kernel_id"]), manager=km.manager_pid,
+                      gateway=km.gateway_pid)
+            fns[p] = functools.partial(conn.execute, "warm")
 
         @contextlib.contextmanager
         def account(name: str) -> Iterator[None]:
-            before = {r: tree_ns(pids) for r, pids in trees[name].items()}
-            t0 = ticks(trees[name]["kernel"])
-            yield
-            for r, pids in trees[name].items():
-                cpu[name][r] = cpu[name].get(r, 0) + tree_ns(pids) - before[r]
-            tick[name] += ticks(trees[name]["kernel"]) - t0
+            t0 = ticks(cpu.pids[name]["kernel"])  # the kernel's CPU in ticks too (utime + stime)
+            with cpu.around(name):
+                yield
+            tick[name] += ticks(cpu.pids[name]["kernel"]) - t0
 
         print(f"measuring {', '.join(paths)}: {args.samples} samples each ...", flush=True)
         await interleave(fns, stats, args.samples, args.batch, args.warmup, around=account,
@@ -320,19 +313,16 @@ async def run(args: argparse.Namespace) -> int:
         if args.strace and shutil.which("strace"):
             print(f"counting system calls: {args.strace} runs per path under strace ...", flush=True)
             for p in paths:
-                syscalls[p] = await count_syscalls(trees[p]["kernel"][-1], fns[p], args.strace, tmp / f"{p}.strace")
+                syscalls[p] = await count_syscalls(cpu.pids[p]["kernel"][-1], fns[p], args.strace,
+                                                   tmp / f"{p}.strace")
         for km in servers.values():
             await km.drop_connections()
     text = report(paths, stats, cpu, tick, syscalls, args, before_commit, time.monotonic() - started, load_start)
     print(text)
     if not args.no_write:
         write_section(REPO / "bench" / "RESULTS.md", "kernel-cpu", text)
-    print("SUMMARY " + " ".join(f"{p}={per_run(cpu, stats, p, 'kernel'):.3f}" for p in paths), flush=True)
+    print("SUMMARY " + " ".join(f"{p}={cpu.per_run(p, 'kernel'):.3f}" for p in paths), flush=True)
     return 0
-
-
-def per_run(cpu: dict[str, dict[str, int]], stats: dict[str, Stats], path: str, role: str) -> float:
-    return cpu[path].get(role, 0) / 1e6 / max(stats[path].n, 1)
 
 
 LABELS = {
@@ -386,15 +376,15 @@ CAUSES = (
 )
 
 
-def report(paths: list[str], stats: dict[str, Stats], cpu: dict[str, dict[str, int]], tick: dict[str, int],
+def report(paths: list[str], stats: dict[str, Stats], cpu: CpuMeter, tick: dict[str, int],
            syscalls: dict[str, dict[str, float]],
            args: argparse.Namespace, before_commit: str, wall: float, load_start: str) -> str:
-    base = per_run(cpu, stats, paths[0], "kernel")
+    base = cpu.per_run(paths[0], "kernel")
     rows = []
     for p in paths:
         s = stats[p]
-        k = per_run(cpu, stats, p, "kernel")
-        mg = [f"{per_run(cpu, stats, p, r):.3f}" if r in cpu[p] else "" for r in ("manager", "gateway")]
+        k = cpu.per_run(p, "kernel")
+        mg = [f"{cpu.per_run(p, r):.3f}" if r in cpu.ns[p] else "" for r in ("manager", "gateway")]
         label = LABELS[p] + (f" `{before_commit}`" if p.endswith("_before") else "")
         sc = syscalls.get(p, {})
         calls = f"{sc['total']:.0f} ({sc.get('futex', 0):.0f})" if sc else ""
@@ -402,10 +392,10 @@ def report(paths: list[str], stats: dict[str, Stats], cpu: dict[str, dict[str, i
                     f"{tick[p] * 1000 / 100 / max(s.n, 1):.2f} | {calls} | {mg[0]} | {mg[1]} |")
     m = machine_info("every kernel here")
     filter_len = len(seccomp.compile_bpf()) // 8
-    found = [f"- {what}: {per_run(cpu, stats, a, 'kernel') - per_run(cpu, stats, b, 'kernel'):+.3f} ms of kernel "
+    found = [f"- {what}: {cpu.per_run(a, 'kernel') - cpu.per_run(b, 'kernel'):+.3f} ms of kernel "
              f"CPU per run ({a} - {b})" for what, a, b in CAUSES if a in paths and b in paths]
     if "rest" in paths and "rest_before" in paths:
-        d = {r: per_run(cpu, stats, "rest", r) - per_run(cpu, stats, "rest_before", r)
+        d = {r: cpu.per_run("rest", r) - cpu.per_run("rest_before", r)
              for r in ("kernel", "manager", "gateway")}
         found.append(f"- REST `1+1`, this checkout against {before_commit}: median "
                      f"{stats['rest'].median - stats['rest_before'].median:+.2f} ms, CPU per run kernel "

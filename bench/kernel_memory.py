@@ -22,17 +22,10 @@ import argparse
 import asyncio
 import sys
 
-from harness import (
-    BENCH,
-    KmServer,
-    Stats,
-    machine_info,
-    require_kernel_venv,
-    run_stoppable,
-    write_section,
-)
+from harness import BENCH, Stats, machine_info, require_kernel_venv, run_stoppable, write_section
 from procfs import mem_kb, tree_mem
 from scale import session_trees
+from servers import KmServer
 
 SECTION = "kernel_memory"
 PHASES = (("idle", "1+1"), ("pandas", "import pandas, numpy"))

@@ -22,17 +22,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
 from harness import REPO, Stats, interleave, loadavg, run_stoppable, write_section
-from manager_ab import Serve
-from procfs import cpu_ns
+from servers import AS_DEPLOYED, CpuMeter, KmServer, is_checkout
 
 from kernelmode.models import Limits, SessionInfo
 from kernelmode.sessions.store import SessionStore
@@ -80,33 +78,30 @@ async def probes(c: httpx.AsyncClient, n: int) -> dict[str, Callable[[], Awaitab
 
 
 async def main(args: argparse.Namespace) -> int:
-    os.environ["KERNELMODE_SESSIONS__POOL_SIZE"] = "0"  # Serve passes its environment on
     load_start = loadavg()
-    stats: dict[str, Stats] = {}
-    cpu: dict[str, list[int]] = {}  # manager ns, requests
+    env = {**AS_DEPLOYED, "KERNELMODE_SESSIONS__POOL_SIZE": "0"}
+    servers = {name: KmServer(name, env, checkout=checkout)
+               for name, checkout in (("before", args.before), ("after", None))}
     async with contextlib.AsyncExitStack() as stack:
         fns: dict[str, Callable[[], Awaitable[float]]] = {}
         pids: dict[str, int] = {}
-        for name, checkout in (("before", args.before), ("after", REPO)):
-            print(f"starting {name} ({checkout}), filling its store with {args.sessions:,} sessions ...", flush=True)
-            srv = Serve.start(name, checkout)
-            stack.callback(srv.stop)
-            fill(srv.data_dir, args.sessions)  # read by each listing (the store is the truth)
-            c = httpx.AsyncClient(base_url=srv.url, timeout=300, headers={"Authorization": f"Bearer {srv.token}"})
+        for name, km in servers.items():
+            print(f"starting {name} ({km.checkout or REPO}), filling its store with {args.sessions:,} sessions ...",
+                  flush=True)
+            stack.push_async_callback(km.stop)
+            km.start()
+            assert km.srv is not None and km.data_dir is not None
+            fill(km.data_dir, args.sessions)  # read by each listing (the store is the truth)
+            c = httpx.AsyncClient(base_url=km.srv.url, timeout=300,
+                                  headers={"Authorization": f"Bearer {km.srv.token}"})
             stack.push_async_callback(c.aclose)
             for probe, fn in (await probes(c, args.sessions)).items():
-                fns[f"{probe} {name}"], pids[f"{probe} {name}"] = fn, srv.proc.pid
-        for path in fns:
-            stats[path], cpu[path] = Stats(path), [0, 0]
-
-        @contextlib.contextmanager
-        def account(path: str) -> Iterator[None]:
-            before, n0 = cpu_ns(pids[path]), stats[path].n
-            yield
-            cpu[path][0] += cpu_ns(pids[path]) - before
-            cpu[path][1] += stats[path].n - n0
-
-        await interleave(fns, stats, args.samples, batch=args.batch, warmup=1, around=account)
+                fns[f"{probe} {name}"], pids[f"{probe} {name}"] = fn, km.manager_pid
+        stats = {path: Stats(path) for path in fns}
+        cpu = CpuMeter(stats)
+        for path, manager in pids.items():
+            cpu.watch(path, manager=manager)
+        await interleave(fns, stats, args.samples, batch=args.batch, warmup=1, around=cpu.around)
     text = report(stats, cpu, args, load_start, loadavg())
     print(text)
     if not args.no_write:
@@ -115,10 +110,10 @@ async def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def report(stats: dict[str, Stats], cpu: dict[str, list[int]], args: argparse.Namespace,
+def report(stats: dict[str, Stats], cpu: CpuMeter, args: argparse.Namespace,
            load_start: str, load_end: str) -> str:
     def per_req(path: str) -> float:
-        return cpu[path][0] / 1e6 / max(cpu[path][1], 1)
+        return cpu.per_run(path, "manager")
 
     rows = [f"| {p} | {s.n} | {s.median:.2f} | {s.pct(90):.2f} | {per_req(p):.2f} |" for p, s in stats.items()]
     ratios = [f"{p}: median {stats[p + ' before'].median / stats[p + ' after'].median:.1f}x faster, manager CPU "
@@ -152,6 +147,6 @@ if __name__ == "__main__":
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--no-write", action="store_true")
     a = p.parse_args()
-    if not (a.before / "kernelmode" / "__init__.py").is_file():
+    if not is_checkout(a.before):
         p.error(f"{a.before} is not a kernelmode checkout")
     sys.exit(run_stoppable(main, a))

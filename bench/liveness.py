@@ -22,25 +22,23 @@ Results go to bench/RESULTS.md, section "liveness" (unless --no-write).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
-from harness import BENCH, REPO, loadavg, write_section
+from harness import BENCH, loadavg, write_section
+from servers import KmServer
 
-sys.path.insert(0, str(REPO))
-from tests.conftest import Server, start_server  # noqa: E402
-from tests.integration.test_lifecycle import _processes_mentioning, _unmount_under  # noqa: E402
+from tests.conftest import Server
+from tests.integration.test_lifecycle import _processes_mentioning
 
 DEFAULTS = {"KERNELMODE_GATEWAY__PROBE_INTERVAL_SECONDS": "5", "KERNELMODE_GATEWAY__PROBE_TIMEOUT_SECONDS": "10",
             "KERNELMODE_GATEWAY__PROBE_MISSES": "3"}
@@ -65,10 +63,12 @@ def _wait_done(c: httpx.Client, run_id: str, bound: float = 600) -> dict[str, An
 
 
 def frozen_kernel(label: str, env: dict[str, str], reps: int) -> dict[str, Any]:
-    srv = start_server({"KERNELMODE_SESSIONS__POOL_SIZE": "1", **env})
+    km = KmServer("frozen", {"KERNELMODE_SESSIONS__POOL_SIZE": "1", **env})
     detect, nxt, causes = [], [], []
     try:
-        with srv.client(timeout=600) as c:
+        km.start()
+        assert km.srv is not None
+        with km.srv.client(timeout=600) as c:
             for i in range(reps):
                 sid = f"f{i}"
                 assert c.post("/v1/sessions", json={"session_id": sid}).status_code == 201
@@ -88,9 +88,7 @@ def frozen_kernel(label: str, env: dict[str, str], reps: int) -> dict[str, Any]:
                 _signal(f"run/{kernel}", signal.SIGCONT)
                 c.delete(f"/v1/sessions/{sid}")
     finally:
-        srv.stop()
-        _unmount_under(srv.data_dir)
-        srv.discard()
+        asyncio.run(km.stop())  # kills what is left (a kernel still stopped, say)
     return {"label": label, "detect": detect, "next": nxt, "causes": causes}
 
 
@@ -122,11 +120,13 @@ def node_failure(how: str) -> dict[str, Any]:
     from tests.cluster.test_node_failures import FAST as CLUSTER_FAST
 
     rig = rig_mod.claim()
-    eg = srv = None
-    data_dir = Path(tempfile.mkdtemp(prefix="kmbenchnode-", dir="/tmp"))
+    eg = km = None
     try:
         eg = eg_mod.start(rig)
-        srv = start_server({**eg.env(), **CLUSTER_FAST}, data_dir=data_dir)
+        km = KmServer("node", {**eg.env(), **CLUSTER_FAST})
+        km.start()
+        srv = km.srv
+        assert srv is not None
         with srv.client(timeout=600) as c:
             on: dict[str, list[str]] = {"a": [], "b": []}
             for i in range(8):
@@ -158,13 +158,11 @@ def node_failure(how: str) -> dict[str, Any]:
         return {"how": how, "run_end": run_end, "all_dead": all_dead, "cause": result["cause"],
                 "eg_slowest": watch.slowest["eg"], "manager_slowest": watch.slowest["manager"]}
     finally:
-        if srv is not None:
-            srv.stop()
+        if km is not None:
+            asyncio.run(km.stop())
         if eg is not None:
             eg.stop()
         rig.down()
-        shutil.rmtree(data_dir, ignore_errors=True)
-        data_dir.with_suffix(".log").unlink(missing_ok=True)
 
 
 def _fmt(xs: list[float]) -> str:

@@ -3,7 +3,7 @@
 Run:  .venv/bin/python bench/load.py [--quick] [--no-write] [--sessions N] [--runs N]
 
 One `kernelmode serve` (Kernel Gateway + bubblewrap-sandboxed ipykernels; started with
-tests.conftest.start_server through bench/harness.py's KmServer), driven with kernelmode's own
+tests.conftest.start_server through bench/servers.py's KmServer), driven with kernelmode's own
 ``AsyncClient`` (httpx, one keep-alive connection per concurrent caller):
 
   0. floor  the warm round trip of the same small cell without load: an unsandboxed ipykernel
@@ -55,7 +55,6 @@ from harness import (
     BENCH,
     CONCURRENCY,
     DirectKernel,
-    KmServer,
     Stats,
     loadavg,
     ms_since,
@@ -66,6 +65,7 @@ from harness import (
     write_section,
 )
 from procfs import CLK_TCK, cpu_ticks, descendants, hwm_kb, reset_hwm, rss_kb
+from servers import KmServer
 
 from kernelmode.client import AsyncClient, AsyncSession
 

@@ -18,16 +18,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import re
-import secrets
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -35,131 +28,57 @@ import httpx
 from harness import (
     REPO,
     Stats,
-    add_sampling_args,
     interleave,
     loadavg,
-    run_stoppable,
-    sampling_args,
+    sampling_main,
     write_section,
 )
-from procfs import cpu_ns, ptable
 from roundtrip import McpSession
+from serve_pair import execute
+from servers import AS_DEPLOYED, CpuMeter, KmServer, is_checkout
 
 BATCH = 10
 
 
-@dataclass
-class Serve:
-    """One `kernelmode serve` run from ``checkout``."""
-
-    name: str
-    checkout: Path
-    proc: subprocess.Popen[str]
-    url: str
-    token: str
-    data_dir: Path
-
-    @classmethod
-    def start(cls, name: str, checkout: Path) -> Serve:
-        data_dir = Path(tempfile.mkdtemp(prefix=f"kmab-{name}-", dir="/tmp"))
-        data_dir.chmod(0o711)
-        token = "t" + secrets.token_urlsafe(16)
-        env = {**os.environ, "KERNELMODE_TOKEN": token, "KERNELMODE_SESSIONS__TTL_SECONDS": "86400"}
-        env.pop("PYTHONPATH", None)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kernelmode.cli", "serve", "--port", "0", "--data-dir", str(data_dir),
-             "--sandbox", "bwrap"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=str(checkout))
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            m = re.search(r"serving on (http://\S+)", line)
-            if m:
-                return cls(name, checkout, proc, m.group(1), token, data_dir)
-        proc.kill()
-        raise RuntimeError(f"{name}: kernelmode serve did not start")
-
-    def gateway_pid(self) -> int:
-        kids = [pid for pid, ppid in ptable().items() if ppid == self.proc.pid]
-        for pid in kids:
-            with contextlib.suppress(OSError):
-                if b"kernel_gateway" in Path(f"/proc/{pid}/cmdline").read_bytes() or \
-                        b"kg_" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    return pid
-        if len(kids) == 1:
-            return kids[0]
-        raise RuntimeError(f"{self.name}: no gateway among {kids}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(60)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-
-
 def probes(c: httpx.AsyncClient) -> dict[str, Callable[[], Awaitable[float]]]:
-    async def execute() -> float:
-        t0 = time.perf_counter_ns()
-        r = await c.post("/v1/sessions/warm/execute", json={"code": "1+1"})
-        ms = (time.perf_counter_ns() - t0) / 1e6
-        assert r.json()["result"] == "2", r.text
-        return ms
-
     async def get() -> float:
         t0 = time.perf_counter_ns()
         r = await c.get("/v1/sessions/warm")
         ms = (time.perf_counter_ns() - t0) / 1e6
         assert r.status_code == 200, r.text
         return ms
-    return {"execute": execute, "get": get}
+    return {"execute": execute(c), "get": get}
 
 
 async def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     load_start = loadavg()
-    servers: dict[str, Serve] = {}
-    stats: dict[str, Stats] = {}
-    cpu: dict[str, list[int]] = {}  # manager ns, gateway ns, requests
+    servers = {name: KmServer(name, AS_DEPLOYED, checkout=checkout)
+               for name, checkout in (("before", args.before), ("after", None))}
     async with contextlib.AsyncExitStack() as stack:
-        for name, checkout in (("before", args.before), ("after", REPO)):
-            print(f"starting {name} ({checkout}) ...", flush=True)
-            srv = Serve.start(name, checkout)
-            stack.callback(srv.stop)
-            servers[name] = srv
         fns: dict[str, Callable[[], Awaitable[float]]] = {}
         pids: dict[str, tuple[int, int]] = {}
-        for name, srv in servers.items():
-            c = httpx.AsyncClient(base_url=srv.url, timeout=120, headers={"Authorization": f"Bearer {srv.token}"})
+        for name, km in servers.items():
+            print(f"starting {name} ({km.checkout or REPO}) ...", flush=True)
+            stack.push_async_callback(km.stop)
+            km.start()
+        for name, km in servers.items():
+            assert km.srv is not None
+            c = httpx.AsyncClient(base_url=km.srv.url, timeout=120,
+                                  headers={"Authorization": f"Bearer {km.srv.token}"})
             stack.push_async_callback(c.aclose)
             assert (await c.post("/v1/sessions", json={"session_id": "warm"})).status_code == 201
-            mcp = McpSession(SimpleNamespace(server=srv))
+            mcp = McpSession(SimpleNamespace(server=km.srv))
             await stack.enter_async_context(mcp.connect())
             for probe, fn in {**probes(c), "mcp": mcp.roundtrip}.items():
                 fns[f"{probe}_{name}"] = fn
-                pids[f"{probe}_{name}"] = (srv.proc.pid, srv.gateway_pid())
-        for path in fns:
-            stats[path], cpu[path] = Stats(path), [0, 0, 0, 0]
-
-        @contextlib.contextmanager
-        def account(path: str) -> Iterator[None]:
-            before = [cpu_ns(p) for p in pids[path]]
-            client0 = time.process_time_ns()
-            n0 = stats[path].n
-            yield
-            after = [cpu_ns(p) for p in pids[path]]
-            cpu[path][0] += after[0] - before[0]
-            cpu[path][1] += after[1] - before[1]
-            cpu[path][2] += stats[path].n - n0
-            cpu[path][3] += time.process_time_ns() - client0
-
+                pids[f"{probe}_{name}"] = (km.manager_pid, km.gateway_pid)
+        stats = {path: Stats(path) for path in fns}
+        cpu = CpuMeter(stats, client=True)
+        for path, (manager, gateway) in pids.items():
+            cpu.watch(path, manager=manager, gateway=gateway)
         print(f"measuring: {args.samples} samples per path ...", flush=True)
-        await interleave(fns, stats, args.samples, BATCH, args.warmup, around=account)
+        await interleave(fns, stats, args.samples, BATCH, args.warmup, around=cpu.around)
     text = report(stats, cpu, args, time.monotonic() - started, load_start, loadavg())
     print(text)
     if not args.no_write:
@@ -167,14 +86,13 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def per_req(cpu: dict[str, list[int]], path: str, i: int) -> float:
-    return cpu[path][i] / 1e6 / max(cpu[path][2], 1)
-
-
-def report(stats: dict[str, Stats], cpu: dict[str, list[int]], args: argparse.Namespace, wall: float,
+def report(stats: dict[str, Stats], cpu: CpuMeter, args: argparse.Namespace, wall: float,
            load_start: str, load_end: str) -> str:
-    rows = [f"| {p} | {s.n} | {s.median:.2f} | {s.pct(95):.2f} | {per_req(cpu, p, 3):.3f} | "
-            f"{per_req(cpu, p, 0):.3f} | {per_req(cpu, p, 1):.3f} |" for p, s in stats.items()]
+    def per_req(path: str, role: str) -> float:
+        return cpu.per_run(path, role)
+
+    rows = [f"| {p} | {s.n} | {s.median:.2f} | {s.pct(95):.2f} | {per_req(p, 'client'):.3f} | "
+            f"{per_req(p, 'manager'):.3f} | {per_req(p, 'gateway'):.3f} |" for p, s in stats.items()]
     ex_b, ex_a = stats["execute_before"].median, stats["execute_after"].median
     mcp_b, mcp_a = stats["mcp_before"].median, stats["mcp_after"].median
     return f"""### REST and MCP A/B, before ({args.before}) vs after (this checkout) (bench/manager_ab.py)
@@ -190,25 +108,20 @@ SDK's client (httpx2).
 |---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-- execute: after/before median {ex_a / ex_b:.3f}; manager CPU per run {per_req(cpu, 'execute_before', 0):.3f} ->
-  {per_req(cpu, 'execute_after', 0):.3f} ms; GET: {per_req(cpu, 'get_before', 0):.3f} ->
-  {per_req(cpu, 'get_after', 0):.3f} ms.
+- execute: after/before median {ex_a / ex_b:.3f}; manager CPU per run {per_req('execute_before', 'manager'):.3f} ->
+  {per_req('execute_after', 'manager'):.3f} ms; GET: {per_req('get_before', 'manager'):.3f} ->
+  {per_req('get_after', 'manager'):.3f} ms.
 - MCP run_python: after/before median {mcp_a / mcp_b:.3f} ({mcp_b:.2f} -> {mcp_a:.2f} ms); client CPU per
-  call {per_req(cpu, 'mcp_before', 3):.3f} -> {per_req(cpu, 'mcp_after', 3):.3f} ms; manager CPU per call
-  {per_req(cpu, 'mcp_before', 0):.3f} -> {per_req(cpu, 'mcp_after', 0):.3f} ms.
+  call {per_req('mcp_before', 'client'):.3f} -> {per_req('mcp_after', 'client'):.3f} ms; manager CPU per call
+  {per_req('mcp_before', 'manager'):.3f} -> {per_req('mcp_after', 'manager'):.3f} ms.
 """
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_sampling_args(p)
     p.add_argument("--before", type=Path, default=Path("/work/main"), help="the checkout to compare with")
-    p.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
-    args = p.parse_args()
-    sampling_args(p, args)
-    if not (args.before / "kernelmode" / "__init__.py").is_file():
-        p.error(f"{args.before} is not a kernelmode checkout")
-    return run_stoppable(run, args)
+    return sampling_main(run, p, check=lambda a: None if is_checkout(a.before) else
+                         f"{a.before} is not a kernelmode checkout")
 
 
 if __name__ == "__main__":

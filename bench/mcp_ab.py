@@ -14,26 +14,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from harness import (
-    REPO,
-    DirectKernel,
-    RestSession,
-    Stats,
-    interleave,
-    loadavg,
-    small_bench_main,
-    write_section,
-)
-from procfs import cpu_ns
+from harness import REPO, DirectKernel, Stats, interleave, loadavg, small_bench_main, write_section
 from roundtrip import McpSession
+from servers import CpuMeter, RestSession
 
 BATCH = 10
 PATHS = ("direct", "rest", "mcp_fast", "mcp_sdk")
@@ -45,18 +35,6 @@ LABELS = {
 }
 
 
-async def start_rest(fast: bool) -> RestSession:
-    """A RestSession whose server runs with ``mcp.fast_calls`` as given (the server inherits
-    this process's environment when it starts)."""
-    os.environ["KERNELMODE_MCP__FAST_CALLS"] = "true" if fast else "false"
-    try:
-        rest = RestSession()
-        await rest.start()
-        return rest
-    finally:
-        os.environ.pop("KERNELMODE_MCP__FAST_CALLS", None)
-
-
 async def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     load_start = loadavg()
@@ -64,39 +42,30 @@ async def run(args: argparse.Namespace) -> int:
     (tmp / "direct").mkdir()
     direct = DirectKernel(tmp / "direct")
     stats = {p: Stats(p) for p in PATHS}
-    cpu: dict[str, list[int]] = {p: [0, 0, 0, 0] for p in PATHS}  # manager ns, gateway ns, calls, client ns
+    cpu = CpuMeter(stats, client=True)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, True)
         stack.push_async_callback(direct.stop)
         print("starting: direct kernel, two kernelmode serve (fast_calls true / false) ...", flush=True)
         await direct.start()
-        fast = await start_rest(True)
+        fast = RestSession({"KERNELMODE_MCP__FAST_CALLS": "true"})
         stack.push_async_callback(fast.stop)
-        sdk = await start_rest(False)
+        await fast.start()
+        sdk = RestSession({"KERNELMODE_MCP__FAST_CALLS": "false"})
         stack.push_async_callback(sdk.stop)
+        await sdk.start()
         mcp_fast, mcp_sdk = McpSession(fast), McpSession(sdk)
         await stack.enter_async_context(mcp_fast.connect())
         await stack.enter_async_context(mcp_sdk.connect())
-        server_of = {"rest": fast, "mcp_fast": fast, "mcp_sdk": sdk}
+        for name, rest in {"rest": fast, "mcp_fast": fast, "mcp_sdk": sdk}.items():
+            assert rest.km is not None
+            cpu.watch(name, manager=rest.km.manager_pid, gateway=rest.km.gateway_pid)
         fns: dict[str, Callable[[], Awaitable[float]]] = {
             "direct": direct.roundtrip, "rest": fast.roundtrip,
             "mcp_fast": mcp_fast.roundtrip, "mcp_sdk": mcp_sdk.roundtrip}
 
-        @contextlib.contextmanager
-        def account(name: str) -> Iterator[None]:
-            rest = server_of.get(name)
-            pids = () if rest is None or rest.km is None else (rest.km.manager_pid, rest.km.gateway_pid)
-            before = [cpu_ns(p) for p in pids]
-            n0, c0 = stats[name].n, time.process_time_ns()
-            yield
-            cpu[name][3] += time.process_time_ns() - c0  # this process: the client's side
-            after = [cpu_ns(p) for p in pids]
-            for i, (a, b) in enumerate(zip(after, before, strict=True)):
-                cpu[name][i] += a - b
-            cpu[name][2] += stats[name].n - n0
-
         print(f"measuring: {args.samples} samples per path ...", flush=True)
-        await interleave(fns, stats, args.samples, BATCH, args.warmup, around=account)
+        await interleave(fns, stats, args.samples, BATCH, args.warmup, around=cpu.around)
     wall = time.monotonic() - started
     text = report(stats, cpu, args, wall, load_start, loadavg())
     print(text)
@@ -105,25 +74,21 @@ async def run(args: argparse.Namespace) -> int:
     d = stats["direct"].median
     print(f"SUMMARY mcp_fast/direct={stats['mcp_fast'].median / d:.2f}x mcp_sdk/direct="
           f"{stats['mcp_sdk'].median / d:.2f}x rest/direct={stats['rest'].median / d:.2f}x "
-          f"manager_ms_per_call fast={per_call(cpu, 'mcp_fast', 0):.2f} sdk={per_call(cpu, 'mcp_sdk', 0):.2f} "
-          f"rest={per_call(cpu, 'rest', 0):.2f}", flush=True)
+          f"manager_ms_per_call fast={cpu.per_run('mcp_fast', 'manager'):.2f} "
+          f"sdk={cpu.per_run('mcp_sdk', 'manager'):.2f} rest={cpu.per_run('rest', 'manager'):.2f}", flush=True)
     return 0
 
 
-def per_call(cpu: dict[str, list[int]], name: str, i: int) -> float:
-    return cpu[name][i] / 1e6 / max(cpu[name][2], 1)
-
-
-def report(stats: dict[str, Stats], cpu: dict[str, list[int]], args: argparse.Namespace, wall: float,
+def report(stats: dict[str, Stats], cpu: CpuMeter, args: argparse.Namespace, wall: float,
            load_start: str, load_end: str) -> str:
     d = stats["direct"].median
     rows = []
     for p in PATHS:
         s = stats[p]
-        mgr = f"{per_call(cpu, p, 0):.2f}" if cpu[p][0] else ""
-        gw = f"{per_call(cpu, p, 1):.2f}" if cpu[p][1] else ""
+        mgr = f"{cpu.per_run(p, 'manager'):.2f}" if cpu.measured(p, "manager") else ""
+        gw = f"{cpu.per_run(p, 'gateway'):.2f}" if cpu.measured(p, "gateway") else ""
         rows.append(f"| {LABELS[p]} | {s.n} | {s.median:.2f} | {s.pct(95):.2f} | {s.median / d:.2f}x | "
-                    f"{per_call(cpu, p, 3):.2f} | {mgr} | {gw} |")
+                    f"{cpu.per_run(p, 'client'):.2f} | {mgr} | {gw} |")
     return f"""## MCP fast calls: run_python on the direct route vs through the SDK (bench/mcp_ab.py)
 
 Generated by `bench/mcp_ab.py{' --quick' if args.quick else ''}` on
@@ -137,8 +102,8 @@ this one run, are what count). Warm `1+1`; MCP from the official SDK client over
 {chr(10).join(rows)}
 
 - the direct route: {stats['mcp_fast'].median / d:.2f}x direct against {stats['mcp_sdk'].median / d:.2f}x
-  through the SDK; the manager's CPU per call {per_call(cpu, 'mcp_fast', 0):.2f} ms against
-  {per_call(cpu, 'mcp_sdk', 0):.2f} ms (REST: {per_call(cpu, 'rest', 0):.2f} ms).
+  through the SDK; the manager's CPU per call {cpu.per_run('mcp_fast', 'manager'):.2f} ms against
+  {cpu.per_run('mcp_sdk', 'manager'):.2f} ms (REST: {cpu.per_run('rest', 'manager'):.2f} ms).
 - client CPU: the benchmark process (the MCP SDK client with httpx2, http.client for REST,
   jupyter_client for direct) shares the 2 CPUs with the server, so its work per call is part of
   every latency above.

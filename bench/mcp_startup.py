@@ -33,9 +33,9 @@ from pathlib import Path
 import httpx
 from harness import (
     BENCH,
+    REAL_KERNEL_PYTHON,
     REPO,
     BareKernels,
-    KmServer,
     Stats,
     ms_since,
     require_kernel_venv,
@@ -44,6 +44,7 @@ from harness import (
 )
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from servers import KmServer
 
 SECTION = "mcp_startup"
 
@@ -51,6 +52,7 @@ SECTION = "mcp_startup"
 async def embedded_sample(sandbox: str) -> tuple[float, float]:
     """(ms to initialize, ms from then to the first run_python result)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELMODE_")}
+    env["KERNELMODE_SANDBOX__KERNEL_PYTHON"] = str(REAL_KERNEL_PYTHON)  # a worktree's is a symlink
     params = StdioServerParameters(command=sys.executable, args=["-m", "kernelmode.cli", "mcp", "--sandbox", sandbox],
                                    env=env, cwd=str(REPO))
     t0 = time.perf_counter_ns()

@@ -30,16 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import (
-    BENCH,
-    KmServer,
-    Stats,
-    machine_info,
-    ms_since,
-    small_bench_main,
-    verdict,
-    write_section,
-)
+from harness import BENCH, Stats, machine_info, ms_since, small_bench_main, verdict, write_section
+from servers import KmServer
 
 from kernelmode.packages.layer import PackageLayer
 from tests.package_index import build_all, build_wheel, serve_index, write_simple_index

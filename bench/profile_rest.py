@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,36 +54,19 @@ from harness import (
     EXPECTED,
     REPO,
     DirectKernel,
-    RestSession,
     Stats,
     WsKernel,
-    add_sampling_args,
     interleave,
     ms_since,
-    require_kernel_venv,
-    run_stoppable,
-    sampling_args,
+    sampling_main,
 )
-from procfs import cmdline, cpu_ns, descendants
+from servers import CpuMeter, RestSession, kernel_pid
 
 from kernelmode.config import GATEWAY_CONFIG_DIR, Settings, load_settings
 from kernelmode.logs import JsonFormatter
 from kernelmode.models import SessionCreate
 from kernelmode.sandbox.spec import KernelParams
 from kernelmode.server import KernelmodeApp
-
-# -- CPU accounting --------------------------------------------------------------------------------
-
-
-def kernel_pid(gateway_pid: int, kernel_id: str) -> int:
-    """The ipykernel process (not its bwrap wrappers) of ``kernel_id`` under a gateway."""
-    for p in descendants(gateway_pid):
-        argv = cmdline(p)
-        if argv and "bwrap" not in Path(argv[0]).name and "ipykernel_launcher" in argv \
-                and any(kernel_id in a for a in argv):
-            return p
-    raise RuntimeError(f"no kernel process for {kernel_id} under pid {gateway_pid}")
-
 
 # -- the v1 kernel websocket protocol (binary frames, no JSON re-serialization in the gateway) ----
 
@@ -120,7 +103,7 @@ class WsKernelV1(WsKernel):
         return json.loads(parts[0])["msg_type"], json.loads(parts[1]).get("msg_id"), parts[3]
 
     def _content(self, raw: Any) -> dict[str, Any]:
-        return json.loads(raw)  # type: ignore[no-any-return]
+        return json.loads(raw)
 
 
 # -- the in-process kernelmode app -------------------------------------------------------------------
@@ -396,19 +379,13 @@ async def run(args: argparse.Namespace) -> int:
             "rest_stdlib": raw_http.roundtrip, "rest_get": rest_get(rest),
         }
         stats = {name: Stats(name) for name in PATHS}
-        cpu = {name: dict.fromkeys(roles[name], 0) for name in PATHS}
-
-        @contextlib.contextmanager
-        def cpu_of(name: str) -> Iterator[None]:
-            """The CPU time each process of the path spends during one batch."""
-            before = {r: cpu_ns(pid) for r, pid in roles[name].items()}
-            yield
-            for r, pid in roles[name].items():
-                cpu[name][r] += cpu_ns(pid) - before[r]
+        cpu = CpuMeter(stats)
+        for name in PATHS:
+            cpu.watch(name, **roles[name])
 
         print(f"warming up ({args.warmup} each), then measuring: {args.samples} samples each ...", flush=True)
         await interleave({p: paths[p] for p in PATHS}, stats, args.samples, args.batch, args.warmup,
-                         around=cpu_of)
+                         around=cpu.around)
 
         head = ["path", "N", "median", "p95", "min", "+median", *(f"CPU {r}" for r in ROLES),
                 "CPU total"]
@@ -420,7 +397,7 @@ async def run(args: argparse.Namespace) -> int:
             if name in CHAIN:
                 delta = "" if prev is None else f"{st.median - prev:+.3f}"
                 prev = st.median
-            per = {r: v / 1e6 / st.n for r, v in cpu[name].items()}
+            per = {r: cpu.per_run(name, r) for r in cpu.ns[name]}
             rows.append([name, str(st.n), f"{st.median:.3f}", f"{st.pct(95):.3f}",
                          f"{min(st.samples):.3f}", delta,
                          *(f"{per[r]:.3f}" if r in per else "-" for r in ROLES),
@@ -517,14 +494,9 @@ async def run(args: argparse.Namespace) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_sampling_args(p)
     p.add_argument("--cprofile", action="store_true",
                    help="then profile the manager (in-process) and a gateway (under cProfile)")
-    p.add_argument("--no-write", action="store_true", help="do not write bench/PROFILE.md")
-    args = p.parse_args()
-    sampling_args(p, args)
-    require_kernel_venv(p)
-    return run_stoppable(run, args)
+    return sampling_main(run, p, writes="bench/PROFILE.md")
 
 
 if __name__ == "__main__":

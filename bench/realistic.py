@@ -36,16 +36,13 @@ from urllib.parse import urlsplit
 from harness import (
     REPO,
     DirectKernel,
-    RestSession,
     Stats,
-    add_sampling_args,
     interleave,
     ms_since,
-    require_kernel_venv,
-    run_stoppable,
-    sampling_args,
+    sampling_main,
     write_section,
 )
+from servers import RestSession
 
 SETUP = ("import numpy as np, pandas as pd, matplotlib\nmatplotlib.use('Agg')\n"
          "import matplotlib.pyplot as plt\nrng = np.random.default_rng(0)\n"
@@ -177,13 +174,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_sampling_args(p)
-    p.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
-    args = p.parse_args()
-    sampling_args(p, args)
-    require_kernel_venv(p)
-    return run_stoppable(run, args)
+    return sampling_main(run, argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
 
 
 if __name__ == "__main__":

@@ -59,7 +59,6 @@ from harness import (
     BENCH,
     REPO,
     Http,
-    KmServer,
     Stats,
     loadavg,
     ms_since,
@@ -69,6 +68,7 @@ from harness import (
     verdict,
 )
 from procfs import machine_busy
+from servers import KmServer
 
 from kernelmode.config import GatewaySettings, SessionSettings
 

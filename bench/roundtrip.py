@@ -55,23 +55,20 @@ from harness import (
     MSG_TIMEOUT,
     REPO,
     DirectKernel,
-    RestSession,
     Stats,
     WsKernel,
-    add_sampling_args,
     interleave,
     loadavg,
     machine_info,
     ms_since,
-    require_kernel_venv,
-    run_stoppable,
-    sampling_args,
+    sampling_main,
     verdict,
     version,
     write_page,
 )
 from mcp.client.client import Client as McpClient
 from mcp.client.streamable_http import streamable_http_client
+from servers import RestSession
 
 GOAL = 1.2  # the project's goal (issue 18): REST median <= 1.2x the direct round trip
 MCP_GOAL = 1.6  # and MCP run_python over streamable HTTP <= 1.6x direct
@@ -509,15 +506,9 @@ async def run(args: argparse.Namespace) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_sampling_args(p)
     p.add_argument("--direct-transport", choices=["ipc", "tcp"], default="ipc",
                    help="ZMQ transport of the direct kernel (default ipc, as kernelmode's gateway uses)")
-    p.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
-    args = p.parse_args()
-    sampling_args(p, args)
-    require_kernel_venv(p)
-
-    return run_stoppable(run, args)
+    return sampling_main(run, p)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,6 @@ from harness import (
     CONCURRENCY,
     KERNEL_PYTHON,
     BareKernels,
-    KmServer,
     Stats,
     loadavg,
     ms_since,
@@ -72,6 +71,7 @@ from procfs import (
     tree_mem,
     uid_of,
 )
+from servers import KmServer
 
 GOAL_POOL = 3.0  # pool create + first execute <= 3x the warm execute round trip
 GOAL_MEM = 1.15  # memory per idle session <= 1.15x a bare ipykernel

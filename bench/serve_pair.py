@@ -1,6 +1,7 @@
-"""Two `kernelmode serve` measured side by side (bench/external_gateway.py, bench/cluster.py):
-``embedded`` with its own gateway, and one driving another gateway. Both with a warm pool of one
-and a live session ``warm``; the same probes time each, interleaved by the harness."""
+"""The probes of two `kernelmode serve` measured side by side (bench/external_gateway.py,
+bench/cluster.py; started by servers.KmServer): ``embedded`` with its own gateway, and one
+driving another gateway. Both with a warm pool of one and a live session ``warm``; the same
+probes time each, interleaved by the harness (``execute`` serves bench/manager_ab.py too)."""
 
 from __future__ import annotations
 

@@ -27,16 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import (
-    BENCH,
-    KmServer,
-    Stats,
-    machine_info,
-    ms_since,
-    small_bench_main,
-    write_section,
-)
+from harness import BENCH, Stats, machine_info, ms_since, small_bench_main, write_section
 from packages import build_index
+from servers import KmServer
 
 from tests.package_index import serve_index
 

@@ -24,8 +24,8 @@ import subprocess
 import sys
 import time
 
-from fewer_messages import checkout, prepare
-from harness import KmServer, loadavg, run_stoppable
+from harness import loadavg, run_stoppable
+from servers import KmServer, before_checkout
 
 SIDES = ("before", "after")
 WATCHED = ("sendto", "write", "writev", "sendmsg", "recvfrom", "read", "recvmsg", "epoll_wait",
@@ -78,16 +78,16 @@ async def run(args: argparse.Namespace) -> int:
         print("needs strace and ss", file=sys.stderr)
         return 2
     load_start = loadavg()
-    tmp, before_commit, after_commit = prepare(args.before)
-    servers = {side: KmServer(side, {"KERNELMODE_SESSIONS__POOL_SIZE": "1"}) for side in SIDES}
+    tmp, before_commit, after_commit = before_checkout(args.before, "kmbench-wire-")
+    servers = {side: KmServer(side, {"KERNELMODE_SESSIONS__POOL_SIZE": "1"},
+                              checkout=tmp / "before" if side == "before" else None) for side in SIDES}
     rows: list[str] = []
     tops: list[str] = []
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, True)
-        for side, km in servers.items():
+        for km in servers.values():
             stack.push_async_callback(km.stop)
-            with checkout(tmp / "before") if side == "before" else contextlib.nullcontext():
-                km.start()
+            km.start()
             status, info = await km.http().json("POST", "/v1/sessions", {"session_id": "warm"})
             assert status == 201, info
         for side, km in servers.items():

@@ -97,8 +97,9 @@ def wait_for(predicate: Callable[[], object], what: str, timeout: float = 120, e
 
 
 def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None = None,
-                 args: list[str] | None = None) -> Server:
-    """Start `kernelmode serve` on a free port; its data dir must be reachable by sandbox uids."""
+                 args: list[str] | None = None, cwd: Path | None = None) -> Server:
+    """Start `kernelmode serve` on a free port; its data dir must be reachable by sandbox uids.
+    ``cwd``: the checkout whose code it runs (the benchmarks' A/B; default this one)."""
     made = data_dir is None
     if data_dir is None:
         data_dir = Path(tempfile.mkdtemp(prefix="kmtest-", dir="/tmp"))
@@ -122,7 +123,7 @@ def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None 
     proc = subprocess.Popen(
         [sys.executable, "-m", "kernelmode.cli", "serve", "--port", "0", "--data-dir", str(data_dir),
          *(args or [])],
-        stdout=subprocess.PIPE, stderr=logf, text=True, env=env, cwd=str(REPO),
+        stdout=subprocess.PIPE, stderr=logf, text=True, env=env, cwd=str(cwd or REPO),
     )
     logf.close()  # the child holds its own copy
     deadline = time.monotonic() + 120

@@ -20,8 +20,9 @@ RUN set -eux; \
 # build-ca.crt (optional, git-ignored): a CA bundle for pip, behind a TLS-intercepting proxy.
 COPY pyproject.toml README.md build-ca.cr[t] /src/
 COPY kernelmode /src/kernelmode
-# kernelmode/sandbox/kernel-requirements.txt (package data) links to it.
-COPY kernel-image/requirements.txt /src/kernel-image/requirements.txt
+# kernelmode/sandbox/kernel-requirements.txt and ipython_kernel_config.json (package data) link
+# to them.
+COPY kernel-image/requirements.txt kernel-image/ipython_kernel_config.json /src/kernel-image/
 RUN set -eux; \
     if [ -f /src/build-ca.crt ]; then export PIP_CERT=/src/build-ca.crt; fi; \
     /opt/kernelmode-venv/bin/pip install --no-cache-dir --disable-pip-version-check --no-input /src; \

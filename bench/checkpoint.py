@@ -160,7 +160,10 @@ def _clone(data_dir: Path, source: str, n: int) -> None:
         shutil.copytree(ws, new_ws, symlinks=True)
         shutil.copytree(store / ck_id, store / new_ck)
         info = json.loads(info_json) | {"session_id": sid, "kernel_id": new_kernel}
-        db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?)", (sid, new_kernel, str(new_ws), json.dumps(info)))
+        # The record alone, as an older kernelmode writes it: the store's triggers and its open
+        # fill the indexed columns (tenant, status, created_us).
+        db.execute("INSERT INTO sessions (session_id, kernel_id, workspace, info) VALUES (?, ?, ?, ?)",
+                   (sid, new_kernel, str(new_ws), json.dumps(info)))
         db.execute("INSERT INTO owners VALUES (?, ?)", (sid, info.get("tenant") or "admin"))
         db.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?)",
                    (new_ck, sid, info.get("tenant") or "admin", time.time(),

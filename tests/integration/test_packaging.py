@@ -60,7 +60,8 @@ def test_wheel_install_setup_doctor_serve(workdir: Path) -> None:
     shutil.copytree(REPO / "kernelmode", src / "kernelmode", symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
     (src / "kernel-image").mkdir()
-    for name in ("pyproject.toml", "README.md", "kernel-image/requirements.txt"):
+    for name in ("pyproject.toml", "README.md", "kernel-image/requirements.txt",
+                 "kernel-image/ipython_kernel_config.json"):
         shutil.copy(REPO / name, src / name)
     dist = workdir / "dist"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
@@ -72,7 +73,9 @@ def test_wheel_install_setup_doctor_serve(workdir: Path) -> None:
         assert "kernelmode/gateway/config/kernelspec.json" in names
         # The kernel environment's list, the same as the Docker image's (a file, not a link).
         shipped = z.read("kernelmode/sandbox/kernel-requirements.txt")
+        ipython_config = z.read("kernelmode/sandbox/ipython_kernel_config.json")
     assert shipped == (REPO / "kernel-image" / "requirements.txt").read_bytes()
+    assert ipython_config == (REPO / "kernel-image" / "ipython_kernel_config.json").read_bytes()
 
     # -- a fresh venv, outside the checkout --------------------------------------------------
     venv = workdir / "venv"
@@ -98,7 +101,7 @@ def test_wheel_install_setup_doctor_serve(workdir: Path) -> None:
                cwd=workdir, env=env).stdout
     assert "[1/4]" in out and "[4/4]" in out and "kernel environment ready" in out, out
     kpython = kenv / "bin" / "python"
-    for path in (kenv / "lib", kenv / ".stamp"):
+    for path in (kenv / "lib", kenv / ".stamp", kenv / "etc" / "ipython" / "ipython_kernel_config.json"):
         assert path.stat().st_mode & stat.S_IROTH, path
     again = _run([km, "setup", "--kernel-env", str(kenv), "--requirements", str(reqs)], 300,
                  cwd=workdir, env=env).stdout

@@ -11,7 +11,7 @@ KVENV := .kernel-venv
 PIP_FLAGS ?= -q --disable-pip-version-check
 ARGS ?=
 
-.PHONY: setup setup-run run test lint bench bench-quick bench-goals clean docker-setup docker-test setup-cluster bench-cluster k8s-check
+.PHONY: setup setup-run run test lint docs docs-gen bench bench-quick bench-goals clean docker-setup docker-test setup-cluster bench-cluster k8s-check
 
 # Everything: the service, test tools, agent-framework adapters, the kernel environment.
 setup: .stamp-system .stamp-system-test $(VENV)/.stamp $(KVENV)/.stamp .stamp-cluster
@@ -38,7 +38,7 @@ $(VENV)/.stamp-run: pyproject.toml
 	@touch $@
 
 $(VENV)/.stamp: pyproject.toml $(VENV)/.stamp-run
-	$(VENV)/bin/pip install $(PIP_FLAGS) -e '.[test,langchain,crewai]'
+	$(VENV)/bin/pip install $(PIP_FLAGS) -e '.[test,docs,langchain,crewai]'
 	@touch $@
 
 # The same code as `kernelmode setup` (kernelmode/setup_env.py): a venv of KERNEL_PYTHON with
@@ -53,6 +53,14 @@ $(KVENV)/.stamp: kernel-image/requirements.txt kernel-image/ipython_kernel_confi
 
 run: setup-run
 	$(VENV)/bin/kernelmode serve $(ARGS)
+
+# The documentation site on http://127.0.0.1:8000 (mkdocs.yml; the pages generated from the settings
+# models and bench/RESULTS.md are rewritten first).
+docs: setup docs-gen
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
+docs-gen: $(VENV)/.stamp
+	$(VENV)/bin/python scripts/gen_docs.py
 
 lint: setup
 	$(VENV)/bin/ruff check kernelmode tests bench examples notebooks

@@ -35,22 +35,22 @@ class LimitsPatch(_Strict):
     """Some limits, each optional: a session's overrides of the defaults (absent keys keep the
     default), or a tenant's ceilings (absent keys: the server's)."""
 
-    memory_mb: int | None = Field(None, ge=128, le=1_048_576)
-    cpu_seconds: int | None = Field(None, ge=1, le=31_536_000)
-    pids: int | None = Field(None, ge=32, le=65_536)
-    disk_mb: int | None = Field(None, ge=1, le=1_048_576)
-    open_files: int | None = Field(None, ge=128, le=65_536)
+    memory_mb: int | None = Field(None, ge=128, le=1_048_576, description="Memory (MiB); null: unchanged.")
+    cpu_seconds: int | None = Field(None, ge=1, le=31_536_000, description="CPU seconds; null: unchanged.")
+    pids: int | None = Field(None, ge=32, le=65_536, description="Processes/threads; null: unchanged.")
+    disk_mb: int | None = Field(None, ge=1, le=1_048_576, description="Workspace disk (MiB); null: unchanged.")
+    open_files: int | None = Field(None, ge=128, le=65_536, description="Open files; null: unchanged.")
 
 
 class LimitCeilings(_Strict):
     """The most a session may ask for (``sandbox.max_limits``), set by the operator within the
     API's ranges; `serve` has the Docker engine grant them once at start."""
 
-    memory_mb: int = Field(4096, ge=128, le=1_048_576)
-    cpu_seconds: int = Field(86_400, ge=1, le=31_536_000)
-    pids: int = Field(1024, ge=32, le=65_536)
-    disk_mb: int = Field(4096, ge=1, le=1_048_576)
-    open_files: int = Field(4096, ge=128, le=65_536)
+    memory_mb: int = Field(4096, ge=128, le=1_048_576, description="Most memory (MiB) a session may ask for.")
+    cpu_seconds: int = Field(86_400, ge=1, le=31_536_000, description="Most CPU seconds a session may ask for.")
+    pids: int = Field(1024, ge=32, le=65_536, description="Most processes/threads a session may ask for.")
+    disk_mb: int = Field(4096, ge=1, le=1_048_576, description="Most workspace disk (MiB) a session may ask for.")
+    open_files: int = Field(4096, ge=128, le=65_536, description="Most open files a session may ask for.")
 
 
 class SessionCreate(_Strict):

@@ -26,3 +26,16 @@ def test_a_gateway_config_dir_with_both_files_loads(tmp_path: Path) -> None:
     for name in ("kernel_gateway_config.py", "kernelspec.json"):
         shutil.copy(GATEWAY_CONFIG_DIR / name, own / name)
     assert load_settings(None, environ={"KERNELMODE_GATEWAY__CONFIG_DIR": str(own)}).gateway.config_dir == own
+
+
+def test_an_unknown_key_names_the_nearest_key_or_its_section(tmp_path: Path) -> None:
+    """A typo gets the key that was meant; a key in the wrong section gets the section where it
+    belongs (a top-level `limits:` is the natural guess from the REST body)."""
+    cfg = tmp_path / "kernelmode.yaml"
+    cfg.write_text("limits: {memory_mb: 512}\nsessions:\n  max_sesions: 3\nsandbox:\n  backnd: bwrap\n")
+    with pytest.raises(ConfigError) as e:
+        load_settings(cfg, environ={})
+    text = str(e.value)
+    assert "sessions.max_sesions (line 3): unknown key (did you mean 'sessions.max_sessions'?)" in text
+    assert "sandbox.backnd (line 5): unknown key (did you mean 'sandbox.backend'?)" in text
+    assert "limits (line 1): unknown key ('limits' belongs under 'sandbox': move it to 'sandbox.limits')" in text

@@ -1,4 +1,4 @@
-"""docs/configuration.md and kernelmode.example.yaml stay true to kernelmode/config.py.
+"""docs/configuration.md and kernelmode.example.yaml stay true to kernelmode/config/sections.py.
 
 Every field of every settings model (found by walking the pydantic models, so a new setting is
 caught) must be documented in its section of the reference and set in the example; the example

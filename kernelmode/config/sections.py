@@ -1,28 +1,22 @@
-"""Settings: embedded defaults < kernelmode.yaml < KERNELMODE_* environment < CLI flags.
+"""The settings models: every key of kernelmode.yaml, its type, default, range and description.
 
-Every key is declared here; an unknown or mistyped key is an error that names it (and its line
-in the YAML file). ``${VAR}`` in a YAML string is read from the manager's environment.
-Environment overrides use ``KERNELMODE_<SECTION>__<KEY>`` (for example
-``KERNELMODE_SESSIONS__MAX_SESSIONS=10``); ``KERNELMODE_TOKEN`` sets the API token.
+The descriptions here are the configuration reference's (docs/reference/settings.md is generated
+from these models by scripts/gen_docs.py): say what a key does in a sentence or two.
 """
 
 from __future__ import annotations
 
 import importlib.resources
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic import ValidationError as PydanticValidationError
 
-from .errors import ConfigError
-from .models import LimitCeilings, Limits, LimitsPatch
+from ..models import LimitCeilings, Limits, LimitsPatch
 
 ENV_PREFIX = "KERNELMODE_"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # Shipped inside the package (package data), so that `pip install .` works without a checkout.
 GATEWAY_CONFIG_DIR = Path(str(importlib.resources.files("kernelmode.gateway") / "config"))
 
@@ -41,7 +35,7 @@ def default_kernel_env() -> Path:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
 TENANT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -70,13 +64,23 @@ class TenantSettings(_Section):
 
 class ServerSettings(_Section):
     host: str = "127.0.0.1"
+    """Address the REST API and `/mcp` listen on. `0.0.0.0` (or `::`) for every interface. Also
+    the host of download links of the local artifact store unless `artifacts.public_url` is set.
+    Flag: `--host`."""
     port: int = Field(8888, ge=0, le=65535)
+    """TCP port; `0` picks a free one (printed in `kernelmode serving on http://...`). Flag:
+    `--port`. `kernelmode mcp` (embedded) uses 0 unless given `--port`."""
     data_dir: Path = Path("./.kernelmode")
+    """Where the service keeps everything it writes: the session store, workspaces, the local
+    artifact store and its link key, kernels' run directories and logs, the gateway's log."""
     token: str | None = Field(None, description="Admin bearer token (sees every session); generated "
                               "and printed when unset.")
     tenants: list[TenantSettings] = Field(
         default_factory=list, description="Tenant tokens; each tenant sees only its own sessions.")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    """Largest request body the HTTP server accepts, for every route except file uploads (`PUT
+    /v1/sessions/{id}/files/...`, capped by `artifacts.max_upload_bytes`) and `/mcp` (capped by
+    `mcp.max_request_bytes`), which raise their own limit."""
     log_format: Literal["auto", "text", "json"] = Field(
         "auto", description="Log lines on stderr: text, json, or auto (text on a terminal, else json).")
     event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
@@ -112,17 +116,25 @@ class SandboxSettings(_Section):
     docker_image: str = Field("kernelmode/kernel:latest", description="Kernel image (docker backend).")
     docker_cpus: float = Field(1.0, gt=0, le=1024, description="CPUs per kernel container (--cpus).")
     limits: Limits = Field(default_factory=Limits)
+    """Default resource limits of every kernel."""
     max_limits: LimitCeilings = Field(default_factory=LimitCeilings)
+    """Ceilings: the most a session may ask for."""
     kernel_python: Path = Field(
         default_factory=lambda: default_kernel_env() / "bin" / "python",
         description="Python of the kernel environment (has ipykernel).",
     )
     bwrap_path: str = "bwrap"
+    """The bubblewrap executable: a name looked up on `PATH`, or a path."""
     uid_base: int = Field(
         200_000, ge=1000, description="When run as root, kernel N runs as host uid uid_base+N."
     )
     uid_count: int = Field(65_536, ge=1)
+    """As root: how many uids from `uid_base` kernels may use, i.e. how many kernels can exist at
+    once (sessions **and** warm-pool kernels; a uid is freed when its kernel is shut down)."""
     cgroups: Literal["auto", "off"] = "auto"
+    """`auto`: with `backend: bwrap`, cap memory and processes with a cgroup per kernel when the
+    machine lets the service write cgroups (cgroup v2 with the memory and pids controllers, or
+    v1 memory+pids hierarchies; in practice root), else fall back to rlimits."""
     workspace_quota: Literal["auto", "off"] = Field(
         "auto", description="'auto': each workspace a loop-mounted ext4 volume of disk_mb, when "
         "the machine allows (root, loop devices); 'off': plain directories.")
@@ -163,7 +175,13 @@ class CheckpointSettings(_Section):
 
 class SessionSettings(_Section):
     ttl_seconds: int = Field(1800, ge=10)
+    """Idle time after which a session is deleted (kernel and workspace). Each run resets it (from
+    its end); a running session is never reaped. A session may ask for its own (`ttl_seconds` in
+    `POST /v1/sessions`, 10 s to 30 days)."""
     max_sessions: int = Field(50, ge=1)
+    """Live sessions at once (those being created included; `lost` sessions of a previous run of
+    the server are not). At the limit, creating one is `429 too_many_sessions` (REST) or an
+    error (MCP, whose sessions count too)."""
     pool_size: int = Field(2, ge=0, description="Warm kernels kept ready (not counted in max_sessions).")
     pool_refill_delay_seconds: float = Field(0.5, ge=0, description="Wait after a take before refilling.")
     max_workspace_files: int = Field(10_000, ge=1, description="Files a workspace may hold (uploads).")
@@ -172,17 +190,30 @@ class SessionSettings(_Section):
         "message of a file operation (upload, download, listing, delete, harvest) before it fails "
         "with 503 files_timeout: the kernel is dead or stuck.")
     reap_interval_seconds: float = Field(15.0, gt=0)
+    """How often expired sessions are looked for: a session lives up to `ttl_seconds` + this."""
     default_timeout_seconds: float = Field(60.0, gt=0)
+    """Wall-clock limit of a run that does not give `timeout_seconds` (REST `execute`, MCP
+    `run_python`). Must be ≤ `max_timeout_seconds`: a larger value is refused when the settings
+    load."""
     max_timeout_seconds: float = Field(3600.0, gt=0)
+    """Largest `timeout_seconds` a run may ask for; above is `422 invalid_request`. (The REST body
+    itself accepts at most 86400.)"""
     interrupt_grace_seconds: float = Field(3.0, gt=0)
+    """When a run times out it is interrupted (`KeyboardInterrupt`); if it has not ended this long
+    after, the kernel is restarted and the session's variables are lost (`state_lost: true`)."""
     max_output_bytes: int = Field(1024 * 1024, ge=1024, description="Cap per stream (stdout, stderr).")
     max_display_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Cap on a run's rich outputs (images, HTML...) together.")
     max_code_bytes: int = Field(1024 * 1024, ge=16)
+    """Largest code of one run, in UTF-8 bytes; beyond is `413 payload_too_large` (upload data as a
+    file instead)."""
     kernel_start_timeout_seconds: float = Field(60.0, gt=0)
+    """Bound on starting a kernel, connecting to it and installing its preamble (also on restarts);
+    the manager's HTTP requests to the gateway time out after this + 10 s."""
     run_retention_seconds: float = Field(
         3600.0, gt=0, description="How long a finished run's output stays pollable (GET /v1/runs/{id}).")
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    """Checkpoints of variables and files: see `sessions.checkpoint` below."""
     hibernate_after_seconds: float | None = Field(
         None, gt=0, description="Idle sessions are checkpointed and their kernel stopped after this long "
         "(status hibernated; the next run resumes them). null: off (idle sessions are reaped at their TTL).")
@@ -199,9 +230,15 @@ class SessionSettings(_Section):
 
 class GatewaySettings(_Section):
     config_dir: Path = GATEWAY_CONFIG_DIR
+    """Directory holding `kernel_gateway_config.py` (the gateway's traitlets config) and
+    `kernelspec.json` (the kernelspec template); the default ships inside the installed package
+    (`kernelmode/gateway/config/`)."""
     startup_timeout_seconds: float = Field(60.0, gt=0)
+    """How long `serve` waits for the gateway to answer before giving up (exit 1)."""
     # How often the gateway checks that a kernel is alive; bounds how fast a death is seen.
     poll_interval_seconds: float = Field(0.5, gt=0)
+    """How often the gateway checks that each kernel is alive (`KernelRestarter.time_to_dead`): a
+    kernel's death is noticed, and reported as `kernel_died`, up to this long after it happens."""
     orphan_timeout_seconds: float = Field(
         120.0, ge=2, description="A gateway whose manager died shuts down (with its kernels) after "
         "this long unless a restarted manager adopts it.")
@@ -242,8 +279,12 @@ class ToolSettings(_Section):
     """A Python callable of the manager's environment, callable from kernels as tools.NAME."""
 
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    """The name in kernels (`tools.word_count`). Must be unique among `tools` and `mcp_servers`
+    names (checked by `serve` at start)."""
     function: str = Field(description="'package.module:callable'", pattern=r"^[\w.]+:[\w.]+$")
     description: str | None = None
+    """Shown in `tools.help()`, `GET /v1/tools` and MCP `list_tools`; `null`: the function's
+    docstring."""
     requires_approval: bool = Field(False, description="Each call waits for a person's yes/no "
                                     "(REST approvals route or MCP elicitation); no answer: denied.")
 
@@ -252,13 +293,28 @@ class McpServerSettings(_Section):
     """An upstream MCP server whose tools kernels call as tools.NAME.TOOL: stdio or HTTP."""
 
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    """Namespace of the server's tools in kernels (`tools.github.list_commits`) and in session
+    allow-lists. Unique among `tools` and `mcp_servers`."""
     command: str | None = None
+    """Stdio: the program to start (looked up on the `PATH` below). A server that exits is
+    restarted."""
     args: list[str] = Field(default_factory=list)
+    """Stdio: its arguments."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Stdio: its environment, added to `PATH`, `HOME` and `LANG` of the manager (the MCP SDK
+    also passes `LOGNAME`, `SHELL`, `TERM`, `USER`). Nothing else of the manager's environment
+    is passed: put the server's secrets here as `${VAR}`."""
     cwd: str | None = None
+    """Stdio: its working directory; `null`: the manager's."""
     url: str | None = None
+    """Streamable HTTP: the endpoint, e.g. `http://127.0.0.1:9000/mcp`."""
     headers: dict[str, str] = Field(default_factory=dict)
+    """HTTP: headers sent with every request, e.g. `Authorization: "Bearer ${SEARCH_TOKEN}"`.
+    Ignored for `command`."""
     connect_timeout_seconds: float = Field(30.0, gt=0)
+    """Bound on connecting, initializing and listing the server's tools (`serve` waits at most
+    about this long per server at start); for HTTP also the connect timeout of each request
+    (reads may take up to 300 s, each call being bounded by `tool_calls.call_timeout_seconds`)."""
     requires_approval: bool | list[str] = Field(
         False, description="true: every tool of this server waits for approval; a list: only the "
         "named tools (the server's own names, without the 'NAME.' prefix).")
@@ -272,10 +328,16 @@ class McpServerSettings(_Section):
 
 class ToolBrokerSettings(_Section):
     call_timeout_seconds: float = Field(30.0, gt=0)
+    """Per call: a tool that has not returned by then gives `ToolError` in the kernel (a sync
+    Python tool keeps running in its thread; its result is dropped)."""
     rate_per_second: float = Field(200.0, gt=0, description="Per-session tool calls per second.")
     rate_burst: int = Field(1000, ge=1)
+    """Bucket size: calls a session may make at once before the rate applies."""
     max_argument_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    """Largest JSON request (arguments) of one call."""
     max_result_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    """Largest JSON reply of one call. Values above ~10 MiB do not help: the reply travels to the
+    kernel over the Kernel Gateway's websocket, whose message limit is 10 MiB."""
     max_recorded_calls: int = Field(1000, ge=1, description="Calls listed in one RunResult.")
     approval_timeout_seconds: float = Field(
         300.0, gt=0, le=86_400, description="A call that requires approval and gets no answer within "
@@ -297,19 +359,32 @@ class ArtifactSettings(_Section):
     """Where harvested files and outputs go: ``local`` (under the data dir) or ``s3``."""
 
     store: Literal["local", "s3"] = "local"
+    """`local`: files under `DATA_DIR/artifacts`, links served by this server at
+    `/v1/artifacts/...`, signed (HMAC) and expiring. `s3`: any S3-compatible service (AWS S3,
+    MinIO, ...), links presigned by it."""
     link_ttl_seconds: int = Field(7 * 24 * 3600, ge=60, le=7 * 24 * 3600)
+    """Lifetime of download links (both stores; 7 days is S3's presigning maximum). `GET
+    /v1/sessions/{id}/artifacts` gives fresh links."""
     public_url: str | None = Field(None, description="Base URL of this server as clients reach it "
                                    "(for local-store links); default http://HOST:PORT.")
     max_artifact_bytes: int = Field(100 * 1024 * 1024, ge=1024)
+    """A larger file is not kept (`artifacts_truncated: true`)."""
     max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1024, description="Largest file upload.")
     max_artifacts_per_run: int = Field(50, ge=1)
+    """Artifacts kept per run (files first, then outputs); beyond, `artifacts_truncated: true`."""
     # s3
     endpoint: str | None = Field(None, description="host:port of the S3 API, e.g. minio:9000")
     secure: bool = False
+    """S3 only: HTTPS to the endpoint (and `https://` links)."""
     access_key: str | None = None
+    """S3 only (required there): access key; use `${VAR}`."""
     secret_key: str | None = None
+    """S3 only (required there): secret key; use `${VAR}`."""
     bucket: str = "kernelmode"
+    """S3 only: bucket for artifacts (keys `{session_id}/{run_id}/...`); created at start if
+    missing."""
     region: str | None = None
+    """S3 only: region for the client and for creating the bucket; `null`: the client's default."""
 
     @model_validator(mode="after")
     def _s3_complete(self) -> ArtifactSettings:
@@ -384,17 +459,29 @@ class KernelSettings(_Section):
 
 class Settings(_Section):
     server: ServerSettings = Field(default_factory=ServerSettings)
+    """The HTTP server: address, port, data directory, tokens and tenants."""
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    """How kernels are isolated (docker, bwrap or none) and their resource limits."""
     sessions: SessionSettings = Field(default_factory=SessionSettings)
+    """Sessions' lifetimes, timeouts, output caps, the warm pool, checkpoints and hibernation."""
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    """The Kernel Gateway: the one serve starts, or an external one (url)."""
     tools: list[ToolSettings] = Field(default_factory=list)
+    """Python callables of the manager's environment that kernel code calls as tools.NAME(...)."""
     mcp_servers: list[McpServerSettings] = Field(default_factory=list)
+    """Upstream MCP servers whose tools kernel code calls as tools.SERVER.TOOL(...)."""
     tool_calls: ToolBrokerSettings = Field(default_factory=ToolBrokerSettings)
+    """The tool broker: timeouts, rates, size caps and approvals of tool calls from kernels."""
     artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
+    """Where harvested files and rich outputs go (local folder or S3) and their links."""
     mcp: McpFrontSettings = Field(default_factory=McpFrontSettings)
+    """The MCP front door (/mcp and kernelmode mcp): caps and answers."""
     policy: PolicySettings = Field(default_factory=PolicySettings)
+    """A code policy hook that allows, denies or asks about each run's code."""
     packages: PackageSettings = Field(default_factory=PackageSettings)
+    """Packages on demand: the index, allow/deny lists and download caps."""
     kernel: KernelSettings = Field(default_factory=KernelSettings)
+    """The kernel environment: extra requirements installed into every kernel."""
 
     @model_validator(mode="after")
     def _tenant_ceilings(self) -> Settings:
@@ -407,107 +494,3 @@ class Settings(_Section):
                                      f"sandbox.max_limits.{name} ({server}): a tenant's ceiling can "
                                      "only lower the server's")
         return self
-
-
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def _interpolate(value: Any, environ: dict[str, str]) -> Any:
-    if isinstance(value, str):
-
-        def sub(m: re.Match[str]) -> str:
-            name = m.group(1)
-            if name not in environ:
-                raise ConfigError(f"${{{name}}} is used in the config but not set in the environment")
-            return environ[name]
-
-        return _VAR.sub(sub, value)
-    if isinstance(value, dict):
-        return {k: _interpolate(v, environ) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_interpolate(v, environ) for v in value]
-    return value
-
-
-def _key_lines(text: str) -> dict[tuple[str, ...], int]:
-    """Map each key path of a YAML mapping to its 1-based line, to point at bad keys."""
-    lines: dict[tuple[str, ...], int] = {}
-
-    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                key = (*path, str(k.value))
-                lines[key] = k.start_mark.line + 1
-                walk(v, key)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                walk(item, (*path, str(i)))
-
-    root = yaml.compose(text)
-    if root is not None:
-        walk(root, ())
-    return lines
-
-
-def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
-            continue
-        path = name[len(ENV_PREFIX) :].lower().split("__")
-        node = out
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        # YAML parsing gives ints, floats and booleans their types ("10" -> 10).
-        node[path[-1]] = yaml.safe_load(value) if value else value
-    return out
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for k, v in extra.items():
-        if isinstance(v, dict) and isinstance(merged.get(k), dict):
-            merged[k] = _merge(merged[k], v)
-        else:
-            merged[k] = v
-    return merged
-
-
-def load_settings(
-    path: str | Path | None = None, environ: dict[str, str] | None = None
-) -> Settings:
-    """Read settings from an optional YAML file and the environment; raise ConfigError."""
-    environ = dict(os.environ if environ is None else environ)
-    raw: dict[str, Any] = {}
-    lines: dict[tuple[str, ...], int] = {}
-    source = "environment"
-    if path is not None:
-        source = str(path)
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from e
-        try:
-            loaded = yaml.safe_load(text)
-            lines = _key_lines(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from e
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
-        raw = _interpolate(loaded, environ)
-    raw = _merge(raw, _env_overrides(environ))
-    if environ.get("KERNELMODE_TOKEN"):
-        raw = _merge(raw, {"server": {"token": environ["KERNELMODE_TOKEN"]}})
-    try:
-        return Settings.model_validate(raw)
-    except PydanticValidationError as e:
-        problems = []
-        for err in e.errors():
-            key = tuple(str(p) for p in err["loc"])
-            where = f" (line {lines[key]})" if key in lines else ""
-            problem = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            # A check across sections (loc ()) names its keys itself.
-            problems.append(f"{'.'.join(key)}{where}: {problem}" if key else problem)
-        raise ConfigError(f"{source}: " + "; ".join(problems)) from e

@@ -157,7 +157,7 @@ class DeathCause(BaseModel):
         "kernel (node, network or gateway gone); 'unknown': it died and nothing said how.")
     exit_code: int | None = None
     signal: int | None = None
-    detail: str | None = Field(None, description="What is known, in words (set for 'lost').")
+    detail: str | None = Field(None, description="What is known, in words (set for 'lost'; for 'oom' the limit and how to raise it).")
 
     @model_serializer(mode="wrap")
     def _without_empty_detail(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -459,19 +459,24 @@ def _ask_exit_keeping_kernel(shell: Any) -> None:
     type(shell).ask_exit(shell)
 
 
-def boot_code(specs: list[dict[str, Any]], files_config: dict[str, Any] | None = None) -> str:
+def boot_code(specs: list[dict[str, Any]], files_config: dict[str, Any] | None = None,
+              hints_config: dict[str, Any] | None = None) -> str:
     """The code the manager runs in a kernel: this module, loaded as its own module (so that
     its helpers do not litter the user's namespace), then install(). Data goes in as string
-    literals made by repr(), never pasted into code. ``files_config``: the file agent's bounds."""
+    literals made by repr(), never pasted into code. ``files_config``: the file agent's bounds;
+    ``hints_config``: what the error hints (kernel/hints.py) say."""
     files_config = files_config or {}
     with open(__file__, encoding="utf-8") as f:
         source = f.read()
-    # The file agent (kernel/files.py) once per kernel process: its baseline must survive a
-    # new set of tools.
-    with open(os.path.join(os.path.dirname(__file__), "files.py"), encoding="utf-8") as f:
+    # The file agent (kernel/files.py) and the error hints (kernel/hints.py) once per kernel
+    # process: the agent's baseline must survive a new set of tools.
+    here = os.path.dirname(__file__)
+    with open(os.path.join(here, "files.py"), encoding="utf-8") as f:
         files_source = f.read()
+    with open(os.path.join(here, "hints.py"), encoding="utf-8") as f:
+        hints_source = f.read()
     return (
-        "def __kernelmode_boot(source, specs, files_source, files_config):\n"
+        "def __kernelmode_boot(source, specs, files_source, files_config, hints_source, hints_config):\n"
         "    import json, sys, types\n"
         "    mod = types.ModuleType('kernelmode_preamble')\n"
         "    exec(compile(source, '<kernelmode preamble>', 'exec'), mod.__dict__)\n"
@@ -482,7 +487,13 @@ def boot_code(specs: list[dict[str, Any]], files_config: dict[str, Any] | None =
         "        exec(compile(files_source, '<kernelmode files>', 'exec'), files.__dict__)\n"
         "        sys.modules['kernelmode_files'] = files\n"
         "        files.install(get_ipython(), json.loads(files_config))\n"
+        "    if 'kernelmode_hints' not in sys.modules:\n"
+        "        hints = types.ModuleType('kernelmode_hints')\n"
+        "        exec(compile(hints_source, '<kernelmode hints>', 'exec'), hints.__dict__)\n"
+        "        sys.modules['kernelmode_hints'] = hints\n"
+        "        hints.install(get_ipython(), json.loads(hints_config))\n"
         "    mod.ping()\n"
-        f"__kernelmode_boot({source!r}, {json.dumps(specs)!r}, {files_source!r}, {json.dumps(files_config)!r})\n"
+        f"__kernelmode_boot({source!r}, {json.dumps(specs)!r}, {files_source!r}, {json.dumps(files_config)!r}, "
+        f"{hints_source!r}, {json.dumps(hints_config or {})!r})\n"
         "del __kernelmode_boot\n"
     )

@@ -145,7 +145,7 @@ def run_text(r: RunResult, page: Page, budget: int, page_chars: int) -> str:
     if r.cause is not None:
         detail = {"oom": "it ran out of memory", "signal": f"it was killed by signal {r.cause.signal}",
                   "exit": f"it exited with code {r.cause.exit_code}"}.get(r.cause.kind, "cause unknown")
-        fixed.append(f"cause: {detail}")
+        fixed.append(f"cause: {detail}" + (f" ({r.cause.detail})" if r.cause.detail else ""))
 
     parts: list[tuple[str, str, str]] = []  # (label, body, what): bodies may be clipped
     for name, text, offset in (("stdout", page.stdout, page.stdout_offset),

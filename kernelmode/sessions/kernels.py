@@ -336,7 +336,9 @@ class Kernel:
         exchange = ExecuteExchange(collector, on_input=lambda msg: self.answer_input("preamble", msg, []))
         files_config = {"root": WORKSPACE_MOUNT,  # the file agent (kernel/files.py)
                         "max_changes": self.env.settings.artifacts.max_artifacts_per_run}
-        await exchange.send(self.conn, boot_code(specs, files_config), silent=True)
+        hints = {"installs": self.env.settings.packages.allow != [],  # kernel/hints.py
+                 "memory_mb": self.info.limits.memory_mb}
+        await exchange.send(self.conn, boot_code(specs, files_config, hints), silent=True)
         try:
             outcome = await exchange.collect(deadline)
             if outcome == "timeout":

@@ -23,6 +23,7 @@ from ..config import ADMIN_TENANT, Settings
 from ..errors import InvalidRequest, KernelmodeError, PayloadTooLarge, SessionNotFound
 from ..gateway.exchange import ExecuteExchange, Outcome
 from ..gateway.execution import OutputCollector
+from ..kernel.hints import memory_hint
 from ..metrics import Metrics
 from ..models import DeathCause, RunError, RunResult, RunStatus, ToolCall
 from ..policy import CodePolicy
@@ -289,6 +290,8 @@ class Runner:
             else:  # the kernel died, or its websocket closed under us
                 status, state_lost = "kernel_died", True
                 cause = await k.death_cause()
+                if cause.kind == "oom" and not cause.detail:  # say which limit, and how to ask for more
+                    cause = cause.model_copy(update={"detail": memory_hint(k.info.limits.memory_mb)})
                 k.died_under_run()
         finally:
             exchange.close()

@@ -134,10 +134,13 @@ def test_out_of_memory_reports_oom(session_factory, run):
     r = run(sid, "blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 1024 * 1024))",
             timeout_seconds=60)
     # With a memory cgroup the kernel is OOM-killed; with the rlimit fallback it is a MemoryError.
+    # Either way the answer names the limit and how to ask for more (kernel/hints.py).
     if r["status"] == "kernel_died":
         assert r["cause"]["kind"] == "oom"
+        assert "200 MiB (limits.memory_mb)" in r["cause"]["detail"], r["cause"]
     else:
         assert r["status"] == "error" and r["error"]["ename"] == "MemoryError"
+        assert "200 MiB (limits.memory_mb)" in r["error"]["evalue"], r["error"]
     assert run(sid, "1 + 1", timeout_seconds=30)["result"] == "2"
 
 

@@ -13,6 +13,7 @@ import base64
 import binascii
 import contextlib
 import functools
+import inspect
 import io
 import logging
 from collections.abc import Awaitable, Callable
@@ -152,7 +153,9 @@ class McpTools:
         ]
         for fn, hints in tools:
             name = fn.__name__
-            srv.add_tool(tool_errors(name, fn), name=name, annotations=hints)
+            # Docstrings as descriptions, dedented (the SDK sends __doc__ as it is: indented on 3.11).
+            srv.add_tool(tool_errors(name, fn), name=name, description=inspect.cleandoc(fn.__doc__ or ""),
+                         annotations=hints)
 
     def _wait(self, wait_seconds: float | None) -> float:
         return self.cfg.wait_seconds if wait_seconds is None else wait_seconds

@@ -29,21 +29,24 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..errors import InvalidRequest, KernelmodeError, KernelUnavailable, PayloadTooLarge
+from ..errors import (
+    FileExists,
+    FileNotFound,
+    FilesTimeout,
+    FileTransferFailed,
+    InvalidRequest,
+    KernelmodeError,
+    KernelUnavailable,
+    PayloadTooLarge,
+    WorkspaceChanged,
+    WorkspaceFull,
+)
 from ..gateway.client import KernelConnection, next_message
 from ..gateway.exchange import DISCONNECTED_EVENT, KERNEL_STATUS_EVENT
 from ..gateway.frames import json_shape_error
 from ..kernel.files import TARGET
 from ..sandbox.spec import WORKSPACE_MOUNT
-from .workspace import (
-    SCAN_MAX_ENTRIES,
-    FileEntry,
-    FileExists,
-    FileNotFound,
-    Listing,
-    WorkspaceChanged,
-    WorkspaceFull,
-)
+from .workspace import SCAN_MAX_ENTRIES, FileEntry, Listing
 
 CHUNK = 2 << 20  # bytes per message; under the gateway's message cap (frames.message_limit)
 WINDOW = 4  # upload chunks in flight before the oldest's ack is awaited
@@ -51,20 +54,6 @@ MAX_LISTING_BYTES = 16 << 20  # a listing's JSON (the agent stops at 4 MB)
 MAX_PATH_BYTES = 64 * 1024
 TIMEOUT = 60.0  # seconds the kernel may take to answer one message of a transfer
 SUBSHELL_TIMEOUT = 10.0  # for the kernel to make the file subshell (a control request)
-
-
-class FileTransferFailed(KernelmodeError):
-    """The kernel's file agent answered something this manager refuses (bad shape, a path
-    outside the workspace, more bytes than asked or announced, a wrong checksum)."""
-
-    code = "file_transfer_failed"
-    http_status = 502
-
-
-class FilesTimeout(KernelUnavailable):
-    """The kernel did not answer a file request in time: busy with a cell, or dead."""
-
-    code = "files_timeout"
 
 
 _ERRORS: dict[str, type[KernelmodeError]] = {

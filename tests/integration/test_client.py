@@ -176,10 +176,6 @@ async def test_async_client(server: Server) -> None:
         assert [t.name for t in await km.tools()] == [t.name for t in Client(server.url, server.token).tools()]
         assert (await km.health()).status == "ok"
 
-
-async def test_run_is_the_deprecated_name_of_run_once(server: Server) -> None:
-    with Client(server.url, server.token) as km, pytest.warns(DeprecationWarning, match="run_once"):
-        assert km.run("6 * 7").result == "42"
     async with AsyncClient(server.url, server.token) as akm:
         with pytest.warns(DeprecationWarning, match="AsyncClient.run_once"):
             assert (await akm.run("6 * 7")).result == "42"

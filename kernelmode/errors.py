@@ -61,7 +61,7 @@ A failure of user code is never an exception: it is a RunResult with ``status="e
 Front doors map these to their own wire format at one point each: REST and the Jupyter API in
 ``api/handlers.py`` (``BaseHandler.write_error``: HTTP status + ``{"error": {"code",
 "message"}}``; the Jupyter API adds its keys in ``error_document``), their websockets in
-``api/channels.py`` (``refuse``), MCP in ``mcp/tools.py`` (``error_result``: an ``isError``
+``api/channels.py`` (``_refuse``), MCP in ``mcp/tools.py`` (``error_result``: an ``isError``
 result with the same ``{"error": ...}`` as structured content; ``protocol_error`` when the
 service could not start). The client turns the wire form back into these (``from_wire``).
 """

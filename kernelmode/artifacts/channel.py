@@ -56,6 +56,8 @@ TIMEOUT = 60.0  # seconds the kernel may take to answer one message of a transfe
 SUBSHELL_TIMEOUT = 10.0  # for the kernel to make the file subshell (a control request)
 
 
+# The refusals the kernel's file agent may name: kernel code is not trusted to pick any other
+# class of errors.ERRORS (an unknown code is a FileTransferFailed).
 _ERRORS: dict[str, type[KernelmodeError]] = {
     "file_not_found": FileNotFound, "file_exists": FileExists, "workspace_full": WorkspaceFull,
     "payload_too_large": PayloadTooLarge, "workspace_changed": WorkspaceChanged,

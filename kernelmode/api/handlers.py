@@ -165,16 +165,11 @@ class BaseHandler(web.RequestHandler):
             self.finish(json.dumps(payload))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        """Every error of REST and the Jupyter API, at this one point: a KernelmodeError as
-        itself, tornado's own refusals as the class of their status (``errors.from_wire``),
-        anything else as a bare 500."""
+        """REST's and the Jupyter API's one translation point (tornado's refusals: ``from_wire``)."""
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, KernelmodeError):
-            error = exc
-        elif isinstance(exc, web.HTTPError):
-            error = from_wire(exc.log_message or self._reason, status=exc.status_code)
-        else:
-            error = KernelmodeError("internal server error (see the server log)")
+        if isinstance(exc, web.HTTPError):
+            exc = from_wire(exc.log_message or self._reason, status=exc.status_code)
+        error = exc if isinstance(exc, KernelmodeError) else KernelmodeError("internal server error (see the server log)")
         status = error.http_status
         self.clear()
         self.set_default_headers()

@@ -41,7 +41,6 @@ from .server import KernelmodeMCP
 log = logging.getLogger("kernelmode.mcp")
 
 
-
 def tenant_user(tenant: str) -> AuthenticatedUser:
     """The SDK's authenticated user for a tenant: the SDK binds each MCP connection to the user
     that opened it (its ``client_id``). No token in it: tools never need the caller's secret."""

@@ -240,8 +240,8 @@ def _store(s: Settings) -> Check:
             return Check("artifact store", "fail", f"local: {base} is not writable",
                          "give serve a writable --data-dir")
         return Check("artifact store", "ok", f"local: {d}")
-    from .artifacts.base import StoreError
     from .artifacts.s3 import S3Store
+    from .errors import StoreError
 
     async def probe() -> None:
         store = S3Store(cfg)

@@ -7,62 +7,66 @@
     ├── SetupFailed                  (500 setup_failed)       `kernelmode setup` could not build
     ├── InvalidRequest               (422 invalid_request)    a request that fails validation
     │   ├── BadJSON                  (400 bad_json)
+    │   ├── WebsocketRequired        (400 websocket_required) a plain GET of a /channels route
     │   ├── LimitExceeded            (422 limit_exceeded)     a limit asked above its ceiling
-    │   └── NoWheel                  (422 no_wheel)           packages/errors.py: no wheel for the kernel
+    │   └── NoWheel                  (422 no_wheel)           no wheel for the kernel's interpreter
     ├── Unauthorized                 (401 unauthorized)
     ├── Forbidden                    (403 forbidden)          a bad or expired download link
-    │   └── PackageRefused           (403 package_refused)    packages/errors.py: the policy, or a kernel package
+    │   └── PackageRefused           (403 package_refused)    the package policy, or a kernel package
     ├── NotFound                     (404 not_found)
     │   ├── SessionNotFound          (404 session_not_found)
     │   ├── RunNotFound              (404 run_not_found)
-    │   ├── ApprovalNotFound         (404 approval_not_found) tools/approvals.py: no such pending call
-    │   ├── CheckpointNotFound       (404 checkpoint_not_found) sessions/checkpoints.py
-    │   ├── FileNotFound             (404 file_not_found)     artifacts/workspace.py
-    │   └── KernelSpecNotFound       (404 kernelspec_not_found) api/jupyter_api.py: the Jupyter API
+    │   ├── ApprovalNotFound         (404 approval_not_found) no such pending tool call
+    │   ├── CheckpointNotFound       (404 checkpoint_not_found)
+    │   ├── FileNotFound             (404 file_not_found)     in the session's workspace
+    │   └── KernelSpecNotFound       (404 kernelspec_not_found) the Jupyter API
+    ├── MethodNotAllowed             (405 method_not_allowed)
     ├── Conflict                     (409 conflict)
     │   ├── SessionExists            (409 session_exists)
-    │   ├── CheckpointFailed         (409 checkpoint_failed)  sessions/checkpoints.py: nothing was saved
-    │   ├── FileExists               (409 file_exists)        artifacts/workspace.py
-    │   ├── ApprovalDecided          (409 approval_decided)   tools/approvals.py: answered, timed out or withdrawn
-    │   ├── WorkspaceChanged         (409 workspace_changed)  artifacts/workspace.py: kernel code moved the folder
+    │   ├── CheckpointFailed         (409 checkpoint_failed)  nothing was saved
+    │   ├── FileExists               (409 file_exists)
+    │   ├── ApprovalDecided          (409 approval_decided)   answered, timed out or withdrawn
+    │   ├── WorkspaceChanged         (409 workspace_changed)  kernel code moved the folder
     │   └── HostOnly                 (409 host_only)          needs the manager's disk; kernels on gateway.url
     ├── PayloadTooLarge              (413 payload_too_large)
-    │   ├── WorkspaceFull            (413 workspace_full)     artifacts/workspace.py
-    │   └── ImageTooLarge            (413 image_too_large)    mcp/images.py: cannot be shown inline
-    ├── TooManySessions              (429 too_many_sessions)  REST adds a Retry-After header
-    ├── QuotaExceeded                (429 quota_exceeded)     a tenant's sessions or runs per minute (Retry-After too)
+    │   ├── WorkspaceFull            (413 workspace_full)
+    │   └── ImageTooLarge            (413 image_too_large)    MCP: cannot be shown inline
+    ├── TooManyRequests              (429 too_many_requests)  REST adds a Retry-After header
+    │   ├── TooManySessions          (429 too_many_sessions)
+    │   └── QuotaExceeded            (429 quota_exceeded)     a tenant's sessions or runs per minute
     ├── SandboxUnavailable           (503 sandbox_unavailable)
     ├── GatewayError                 (502 gateway_error)      the Kernel Gateway failed us
     │   ├── GatewayForbidden         (502 gateway_forbidden)  the gateway answered 403
     │   └── GatewayUnavailable       (503 gateway_unavailable)
     ├── KernelUnavailable            (503 kernel_unavailable) the session's kernel cannot run code
-    │   └── FilesTimeout             (503 files_timeout)      artifacts/channel.py: no answer to a file request in time
-    ├── StoreError                   (502 store_error)        artifacts/base.py: the artifact store failed
-    ├── FileTransferFailed           (502 file_transfer_failed) artifacts/channel.py: the kernel's file agent answered wrongly
-    ├── ToolFailed                   (502 tool_failed)        tools/base.py: a host tool gave no result
-    │   └── ToolDenied               (403 tool_denied)        tools/broker.py: a call needing approval was denied
-    ├── PackageFetchFailed           (502 package_fetch_failed) packages/errors.py: the index or pip failed
-    ├── MessageTooLarge              (500 message_too_large)  mcp/budget.py: an MCP answer over the cap
-    ├── FrameError                   (400 bad_frame)          gateway/frames.py: a refused websocket frame
-    ├── BridgeError                  (502 bridge_error)       console/bridge.py: the console's websocket
-    └── ServerUnreachable            (0 unreachable)          client.py: the client got no answer
+    │   └── FilesTimeout             (503 files_timeout)      no answer to a file request in time
+    ├── StoreError                   (502 store_error)        the artifact store failed
+    ├── FileTransferFailed           (502 file_transfer_failed) the kernel's file agent answered wrongly
+    ├── ToolFailed                   (502 tool_failed)        a host tool gave no result
+    ├── PackageFetchFailed           (502 package_fetch_failed) the package index or pip failed
+    ├── MessageTooLarge              (500 message_too_large)  an MCP answer over the cap
+    ├── FrameError                   (400 bad_frame)          a refused websocket frame
+    ├── BridgeError                  (502 bridge_error)       the console's websocket
+    └── ServerUnreachable            (0 unreachable)          the client got no answer
 
-Each class lives next to the code that raises it (the module named); this module holds the
-ones every room shares. Nothing else is raised on purpose, with one exception by design: the
-kernel side (``kernel/preamble.py``, stdlib only, runs where kernelmode is not installed) raises
-its own ``tools.ToolError`` (and its subclass ``ToolDenied``) inside kernels, the in-kernel face
-of ``ToolFailed``.
+Every class lives here, and ``ERRORS`` names each by its code, so that a process that imports
+only the client knows every code the server sends (after docker-py's ``errors.py``). A code
+this side does not know (a newer server) gets the class for its HTTP status (``from_wire``).
+Nothing else is raised on purpose, with one exception by design: the kernel side
+(``kernel/preamble.py``, stdlib only, runs where kernelmode is not installed) raises its own
+``tools.ToolError`` (and its subclass ``ToolDenied``, a call that needed approval and was
+denied) inside kernels, the in-kernel face of ``ToolFailed``.
 
 A failure of user code is never an exception: it is a RunResult with ``status="error"``.
-Front doors map these to their own wire format at one point each: REST in
+Front doors map these to their own wire format at one point each: REST and the Jupyter API in
 ``api/handlers.py`` (``BaseHandler.write_error``: HTTP status + ``{"error": {"code",
-"message"}}``), MCP in ``mcp/tools.py`` (``tool_errors``: an ``isError`` result with the same
-``{"error": ...}`` as structured content).
+"message"}}``; the Jupyter API adds its keys in ``error_document``), their websockets in
+``api/channels.py`` (``_refuse``), MCP in ``mcp/tools.py`` (``error_result``: an ``isError``
+result with the same ``{"error": ...}`` as structured content; ``protocol_error`` when the
+service could not start). The client turns the wire form back into these (``from_wire``).
 """
 
 from __future__ import annotations
-
-import warnings
 
 
 class KernelmodeError(Exception):
@@ -103,8 +107,21 @@ class BadJSON(InvalidRequest):
     http_status = 400
 
 
+class WebsocketRequired(InvalidRequest):
+    """A plain GET of a websocket route (it would open the kernel's channels for nothing)."""
+
+    code = "websocket_required"
+    http_status = 400
+
+
 class LimitExceeded(InvalidRequest):
     code = "limit_exceeded"
+
+
+class NoWheel(InvalidRequest):
+    """No wheel for the kernel's interpreter and platform: kernelmode never builds on the host."""
+
+    code = "no_wheel"
 
 
 class Unauthorized(KernelmodeError):
@@ -115,6 +132,13 @@ class Unauthorized(KernelmodeError):
 class Forbidden(KernelmodeError):
     code = "forbidden"
     http_status = 403
+
+
+class PackageRefused(Forbidden):
+    """A package the policy refuses (the message names the rule), or one that would replace a
+    package of the kernel's own environment."""
+
+    code = "package_refused"
 
 
 class NotFound(KernelmodeError):
@@ -130,6 +154,29 @@ class RunNotFound(NotFound):
     code = "run_not_found"
 
 
+class ApprovalNotFound(NotFound):
+    code = "approval_not_found"
+
+
+class CheckpointNotFound(NotFound):
+    code = "checkpoint_not_found"
+
+
+class FileNotFound(NotFound):
+    code = "file_not_found"
+
+
+class KernelSpecNotFound(NotFound):
+    """An unknown kernelspec name (an unknown kernel is SessionNotFound)."""
+
+    code = "kernelspec_not_found"
+
+
+class MethodNotAllowed(KernelmodeError):
+    code = "method_not_allowed"
+    http_status = 405
+
+
 class Conflict(KernelmodeError):
     code = "conflict"
     http_status = 409
@@ -137,6 +184,26 @@ class Conflict(KernelmodeError):
 
 class SessionExists(Conflict):
     code = "session_exists"
+
+
+class CheckpointFailed(Conflict):
+    """Nothing was saved (the kernel is busy or dead, the store failed, the file is too large)."""
+
+    code = "checkpoint_failed"
+
+
+class FileExists(Conflict):
+    code = "file_exists"
+
+
+class ApprovalDecided(Conflict):
+    code = "approval_decided"
+
+
+class WorkspaceChanged(Conflict):
+    """Kernel code removed or replaced the upload's folder while it was written."""
+
+    code = "workspace_changed"
 
 
 class HostOnly(Conflict):
@@ -151,18 +218,30 @@ class PayloadTooLarge(KernelmodeError):
     http_status = 413
 
 
-class TooManySessions(KernelmodeError):
-    code = "too_many_sessions"
+class WorkspaceFull(PayloadTooLarge):
+    code = "workspace_full"
+
+
+class ImageTooLarge(PayloadTooLarge):
+    """An image that cannot be shown inline within its budget (too many pixels, undecodable)."""
+
+    code = "image_too_large"
+
+
+class TooManyRequests(KernelmodeError):
+    code = "too_many_requests"
     http_status = 429
     # A hint for Retry-After when the error has no details.retry_after_seconds of its own: a
     # session is freed when a client deletes one or the reaper ends an idle one.
     retry_after_seconds = 15
 
 
-class QuotaExceeded(KernelmodeError):
-    code = "quota_exceeded"
-    http_status = 429
-    retry_after_seconds = 15  # as for TooManySessions; a run-rate refusal gives its own
+class TooManySessions(TooManyRequests):
+    code = "too_many_sessions"
+
+
+class QuotaExceeded(TooManyRequests):
+    code = "quota_exceeded"  # a run-rate refusal gives its own retry_after_seconds
 
 
 class SandboxUnavailable(KernelmodeError):
@@ -192,10 +271,104 @@ class KernelUnavailable(KernelmodeError):
     http_status = 503
 
 
-def __getattr__(name: str) -> type[InvalidRequest]:
-    """``ValidationError``: the old name of ``InvalidRequest``, kept while callers move over."""
-    if name == "ValidationError":
-        warnings.warn("kernelmode.errors.ValidationError is now InvalidRequest", DeprecationWarning,
-                      stacklevel=2)
-        return InvalidRequest
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+class FilesTimeout(KernelUnavailable):
+    """The kernel did not answer a file request in time: busy with a cell, or dead."""
+
+    code = "files_timeout"
+
+
+class StoreError(KernelmodeError):
+    """The store could not keep or find an object (outage, refused, missing)."""
+
+    code = "store_error"
+    http_status = 502
+
+
+class FileTransferFailed(KernelmodeError):
+    """The kernel's file agent answered something this manager refuses (bad shape, a path
+    outside the workspace, more bytes than asked or announced, a wrong checksum)."""
+
+    code = "file_transfer_failed"
+    http_status = 502
+
+
+class ToolFailed(KernelmodeError):
+    """A tool could not give a result; the message is shown to kernel code as ToolError."""
+
+    code = "tool_failed"
+    http_status = 502
+
+
+class PackageFetchFailed(KernelmodeError):
+    """The download failed for another reason (index unreachable, pip failed)."""
+
+    code = "package_fetch_failed"
+    http_status = 502
+
+
+class MessageTooLarge(KernelmodeError):
+    """An answer that is not a tool result is over the cap (nothing of ours sends one)."""
+
+    code = "message_too_large"
+
+
+class FrameError(KernelmodeError, ValueError):
+    """A frame refused: malformed, or over one of its bounds (the message says which)."""
+
+    code = "bad_frame"
+    http_status = 400
+
+
+class BridgeError(KernelmodeError):
+    """The console's websocket to the server could not be opened or was refused."""
+
+    code = "bridge_error"
+    http_status = 502
+
+
+class ServerUnreachable(KernelmodeError):
+    """The request could not reach the server (refused, timed out, connection dropped)."""
+
+    code = "unreachable"
+    http_status = 0
+
+
+# Every class by its code, written out (tests/unit/test_error_tree.py checks that it names
+# every subclass, and the client test that a bare client knows them all).
+ERRORS: dict[str, type[KernelmodeError]] = {cls.code: cls for cls in (
+    KernelmodeError, ConfigError, SetupFailed,
+    InvalidRequest, BadJSON, WebsocketRequired, LimitExceeded, NoWheel,
+    Unauthorized, Forbidden, PackageRefused,
+    NotFound, SessionNotFound, RunNotFound, ApprovalNotFound, CheckpointNotFound, FileNotFound,
+    KernelSpecNotFound, MethodNotAllowed,
+    Conflict, SessionExists, CheckpointFailed, FileExists, ApprovalDecided, WorkspaceChanged, HostOnly,
+    PayloadTooLarge, WorkspaceFull, ImageTooLarge,
+    TooManyRequests, TooManySessions, QuotaExceeded,
+    SandboxUnavailable, GatewayError, GatewayForbidden, GatewayUnavailable,
+    KernelUnavailable, FilesTimeout, StoreError, FileTransferFailed, ToolFailed, PackageFetchFailed,
+    MessageTooLarge, FrameError, BridgeError, ServerUnreachable,
+)}
+
+# The class for an HTTP status when the code is unknown (a newer server, a proxy's own answer).
+STATUS_ERRORS: dict[int, type[KernelmodeError]] = {
+    400: InvalidRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 405: MethodNotAllowed,
+    409: Conflict, 413: PayloadTooLarge, 422: InvalidRequest, 429: TooManyRequests,
+}
+
+
+def from_wire(message: str, *, code: str | None = None, status: int | None = None,
+              details: object | None = None) -> KernelmodeError:
+    """The exception for an error seen on the wire: the class of its ``code``, else of its HTTP
+    ``status``, else the root. The code and status are the wire's own, even where the class has
+    others (a code this side does not know is kept; no code at all is ``http_error``)."""
+    cls = ERRORS.get(code) if code is not None else None
+    if cls is None:
+        cls = STATUS_ERRORS.get(status, KernelmodeError) if status is not None else KernelmodeError
+    exc = cls(message, details=details)
+    if code is not None:
+        exc.code = code
+    elif cls is KernelmodeError:
+        exc.code = "http_error"
+    if status is not None:
+        exc.http_status = status
+    return exc

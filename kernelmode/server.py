@@ -24,13 +24,13 @@ from tornado.netutil import bind_sockets
 
 from .api.handlers import NotFoundHandler, route_table
 from .api.jupyter_api import jupyter_routes
-from .artifacts.base import ArtifactStore, StoreError
+from .artifacts.base import ArtifactStore
 from .artifacts.harvester import Harvester
 from .artifacts.local import LocalStore
 from .audit import audit
 from .banner import TokenSource, startup_block
 from .config import Settings
-from .errors import ConfigError, KernelmodeError, SandboxUnavailable
+from .errors import ConfigError, KernelmodeError, SandboxUnavailable, StoreError
 from .gateway.client import GatewayClient, message_limit
 from .gateway.process import GatewayProcess, raise_open_files_limit
 from .gateway.remote import connect_external

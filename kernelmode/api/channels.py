@@ -20,9 +20,9 @@ from jupyter_client.jsonutil import json_default
 from tornado import websocket
 from websockets.asyncio.client import ClientConnection
 
-from ..errors import KernelmodeError
+from ..errors import FrameError, KernelmodeError, Unauthorized, WebsocketRequired, from_wire
 from ..gateway.client import FRAME_SLACK, WS_PROTOCOL
-from ..gateway.frames import CHANNELS, Bounds, FrameError, decode_frame, encode_frame
+from ..gateway.frames import CHANNELS, Bounds, decode_frame, encode_frame
 from ..services import Services
 from ..sessions.console_tap import ConsoleTap
 from ..tenants import Principal
@@ -54,17 +54,17 @@ class ChannelsHandler(websocket.WebSocketHandler):
         # for a console connection before any check of ours
         return self._bounds.max_part_bytes + FRAME_SLACK
 
-    def _refuse(self, status: int, code: str, message: str) -> None:
-        self.set_status(status)
+    def _refuse(self, error: KernelmodeError) -> None:
+        """The websockets' one translation point: an error before the upgrade, as REST gives it."""
+        self.set_status(error.http_status)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"error": {"code": code, "message": message}}))
+        self.finish(json.dumps({"error": error.to_dict()}))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         # tornado's own refusals (a method other than GET, a form body it cannot parse) in JSON,
         # like every other error of the API
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        code = {405: "method_not_allowed"}.get(status_code, "http_error")
-        self._refuse(status_code, code, getattr(exc, "log_message", None) or self._reason)
+        self._refuse(from_wire(getattr(exc, "log_message", None) or self._reason, status=status_code))
 
     def session_of(self, principal: Principal, ref: str) -> str:
         """The session id the URL names (here the id itself; the Jupyter API maps a kernel id)."""
@@ -74,17 +74,17 @@ class ChannelsHandler(websocket.WebSocketHandler):
     async def get(self, *args: Any, **kwargs: Any) -> None:
         principal = self.services.tenants.from_authorization(self.request.headers.get("Authorization", ""))
         if principal is None:
-            return self._refuse(401, "unauthorized", "missing or wrong bearer token")
+            return self._refuse(Unauthorized("missing or wrong bearer token"))
         try:
             sid = self.session_of(principal, args[0])
             self.services.sessions.live_session(sid)  # unknown or lost: refused before the upgrade
             if not self._is_upgrade():  # before the upstream is opened: a plain GET would leak it
-                return self._refuse(400, "websocket_required", "this route is a websocket: send "
-                                    f"`Upgrade: websocket` with the {WS_PROTOCOL} subprotocol")
+                raise WebsocketRequired("this route is a websocket: send "
+                                        f"`Upgrade: websocket` with the {WS_PROTOCOL} subprotocol")
             s = await self.services.sessions.resume(sid)  # a hibernated session wakes
             self._upstream = await self.services.gateway.open_channels(s.kernel_id)
         except KernelmodeError as e:
-            return self._refuse(e.http_status, e.code, e.message)
+            return self._refuse(e)
         self._tap = ConsoleTap(self.services.sessions, s, self._send_upstream)
         try:
             await super().get(*args, **kwargs)  # returns when the websocket ends, or at once if refused

@@ -17,7 +17,6 @@ from tornado import web
 from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
-from ..artifacts.base import StoreError
 from ..artifacts.local import LocalStore
 from ..errors import (
     BadJSON,
@@ -27,7 +26,9 @@ from ..errors import (
     NotFound,
     PayloadTooLarge,
     SessionNotFound,
+    StoreError,
     Unauthorized,
+    from_wire,
 )
 from ..models import (
     SESSION_ID_PATTERN,
@@ -164,26 +165,23 @@ class BaseHandler(web.RequestHandler):
             self.finish(json.dumps(payload))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """REST's and the Jupyter API's one translation point (tornado's refusals: ``from_wire``)."""
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, KernelmodeError):
-            status, body = exc.http_status, exc.to_dict()
-        elif isinstance(exc, web.HTTPError):
-            status = exc.status_code
-            code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(status, "http_error")
-            body = {"code": code, "message": exc.log_message or self._reason}
-        else:
-            status, body = 500, {"code": "internal", "message": "internal server error (see the server log)"}
+        if isinstance(exc, web.HTTPError):
+            exc = from_wire(exc.log_message or self._reason, status=exc.status_code)
+        error = exc if isinstance(exc, KernelmodeError) else KernelmodeError("internal server error (see the server log)")
+        status = error.http_status
         self.clear()
         self.set_default_headers()
         self.set_header("Content-Type", "application/json")  # also where defaults are not JSON (/mcp)
         if status == 401:
             self.set_header("WWW-Authenticate", 'Bearer realm="kernelmode"')
         if status == 429:  # when to come back: the error's own figure, else its class's hint
-            details = exc.details if isinstance(exc, KernelmodeError) and isinstance(exc.details, dict) else {}
-            retry: Any = details.get("retry_after_seconds") or getattr(exc, "retry_after_seconds", 1)
+            details = error.details if isinstance(error.details, dict) else {}
+            retry: Any = details.get("retry_after_seconds") or getattr(error, "retry_after_seconds", 1)
             self.set_header("Retry-After", str(max(1, int(retry))))
         self.set_status(status)
-        self.finish(json.dumps(self.error_document(body)))
+        self.finish(json.dumps(self.error_document(error.to_dict())))
 
     def error_document(self, body: dict[str, Any]) -> dict[str, Any]:
         """The error's JSON document (the Jupyter API adds Jupyter's own keys)."""

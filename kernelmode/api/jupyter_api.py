@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tornado import web
 
 from ..audit import audit
-from ..errors import InvalidRequest, KernelmodeError, NotFound, SessionNotFound
+from ..errors import InvalidRequest, KernelmodeError, KernelSpecNotFound, NotFound, SessionNotFound
 from ..models import SessionCreate, SessionInfo
 from ..sessions import SessionManager
 from ..tenants import Principal
@@ -60,12 +60,6 @@ def kernel_id_of(session_id: str) -> str:
 def spec_name(backend: str) -> str:
     """The kernelspec of a sandbox flavour."""
     return f"kernelmode-{backend}"
-
-
-class KernelSpecNotFound(NotFound):
-    """An unknown kernelspec name (an unknown kernel is SessionNotFound)."""
-
-    code = "kernelspec_not_found"
 
 
 class KernelCreate(BaseModel):

@@ -6,8 +6,6 @@ import contextlib
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from ..errors import KernelmodeError
-
 # Keys of checkpoints (sessions/checkpoints.py): no session id starts with a dot, and no store
 # hands out a download link under this prefix (``link`` refuses it, the local store's
 # ``verify`` too): what a kernel pickled is never served.
@@ -17,13 +15,6 @@ CHECKPOINT_PREFIX = ".checkpoints/"
 def linkable(key: str) -> bool:
     """Whether a download link may be made for ``key``."""
     return not key.startswith(CHECKPOINT_PREFIX)
-
-
-class StoreError(KernelmodeError):
-    """The store could not keep or find an object (outage, refused, missing)."""
-
-    code = "store_error"
-    http_status = 502
 
 
 class ArtifactStore(Protocol):

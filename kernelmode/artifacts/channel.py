@@ -29,21 +29,24 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..errors import InvalidRequest, KernelmodeError, KernelUnavailable, PayloadTooLarge
+from ..errors import (
+    FileExists,
+    FileNotFound,
+    FilesTimeout,
+    FileTransferFailed,
+    InvalidRequest,
+    KernelmodeError,
+    KernelUnavailable,
+    PayloadTooLarge,
+    WorkspaceChanged,
+    WorkspaceFull,
+)
 from ..gateway.client import KernelConnection, next_message
 from ..gateway.exchange import DISCONNECTED_EVENT, KERNEL_STATUS_EVENT
 from ..gateway.frames import json_shape_error
 from ..kernel.files import TARGET
 from ..sandbox.spec import WORKSPACE_MOUNT
-from .workspace import (
-    SCAN_MAX_ENTRIES,
-    FileEntry,
-    FileExists,
-    FileNotFound,
-    Listing,
-    WorkspaceChanged,
-    WorkspaceFull,
-)
+from .workspace import SCAN_MAX_ENTRIES, FileEntry, Listing
 
 CHUNK = 2 << 20  # bytes per message; under the gateway's message cap (frames.message_limit)
 WINDOW = 4  # upload chunks in flight before the oldest's ack is awaited
@@ -53,20 +56,8 @@ TIMEOUT = 60.0  # seconds the kernel may take to answer one message of a transfe
 SUBSHELL_TIMEOUT = 10.0  # for the kernel to make the file subshell (a control request)
 
 
-class FileTransferFailed(KernelmodeError):
-    """The kernel's file agent answered something this manager refuses (bad shape, a path
-    outside the workspace, more bytes than asked or announced, a wrong checksum)."""
-
-    code = "file_transfer_failed"
-    http_status = 502
-
-
-class FilesTimeout(KernelUnavailable):
-    """The kernel did not answer a file request in time: busy with a cell, or dead."""
-
-    code = "files_timeout"
-
-
+# The refusals the kernel's file agent may name: kernel code is not trusted to pick any other
+# class of errors.ERRORS (an unknown code is a FileTransferFailed).
 _ERRORS: dict[str, type[KernelmodeError]] = {
     "file_not_found": FileNotFound, "file_exists": FileExists, "workspace_full": WorkspaceFull,
     "payload_too_large": PayloadTooLarge, "workspace_changed": WorkspaceChanged,

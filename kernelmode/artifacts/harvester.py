@@ -13,11 +13,19 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..config import ArtifactSettings
-from ..errors import KernelmodeError, KernelUnavailable, PayloadTooLarge
+from ..errors import (
+    FileNotFound,
+    FileTransferFailed,
+    KernelmodeError,
+    KernelUnavailable,
+    PayloadTooLarge,
+    StoreError,
+    WorkspaceChanged,
+)
 from ..models import Artifact, RunResult
-from .base import ArtifactStore, StoreError
-from .channel import FileChannel, FileTransferFailed, changes_buffer, receive_file
-from .workspace import FileEntry, FileNotFound, WorkspaceChanged, mime_type
+from .base import ArtifactStore
+from .channel import FileChannel, changes_buffer, receive_file
+from .workspace import FileEntry, mime_type
 
 log = logging.getLogger("kernelmode.artifacts")
 

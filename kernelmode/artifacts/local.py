@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import quote
 
-from .base import StoreError, linkable
+from ..errors import StoreError
+from .base import linkable
 
 
 class LocalStore:

@@ -26,8 +26,10 @@ from minio.helpers import DictType
 from urllib3.exceptions import HTTPError, MaxRetryError
 from urllib3.util import Retry, Timeout
 
-from kernelmode.artifacts.base import StoreError, linkable
+from kernelmode.artifacts.base import linkable
 from kernelmode.config import ArtifactSettings
+
+from ..errors import StoreError
 
 T = TypeVar("T")
 

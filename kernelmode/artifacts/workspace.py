@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
 
-from ..errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge
+from ..errors import InvalidRequest
 from ..sandbox.spec import WORKSPACE_MOUNT
 
 MAX_PATH_LENGTH = 1024
@@ -39,24 +39,6 @@ SCAN_MAX_DEPTH = 64  # folders below the workspace; deeper ones are not looked i
 # Where a kernel writes a checkpoint and reads one back (sessions/checkpoints.py moves it out
 # at once); listings, harvests and checkpoints of the workspace leave it out.
 CHECKPOINT_DIR = ".kernelmode-checkpoint"
-
-
-class FileNotFound(NotFound):
-    code = "file_not_found"
-
-
-class FileExists(Conflict):
-    code = "file_exists"
-
-
-class WorkspaceFull(PayloadTooLarge):
-    code = "workspace_full"
-
-
-class WorkspaceChanged(Conflict):
-    """Kernel code removed or replaced the upload's folder while it was written."""
-
-    code = "workspace_changed"
 
 
 def mime_type(name: str) -> str:

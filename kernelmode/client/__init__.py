@@ -23,8 +23,9 @@ The rooms: ``_routes`` is the route table and the request of every method (no I/
 parameters and reach the same routes (tests/unit/test_client_parity.py).
 """
 
+from ..errors import ServerUnreachable
 from ._async import AsyncClient, AsyncSession
-from ._base import DEFAULT_URL, ServerUnreachable, error_from_response
+from ._base import DEFAULT_URL, error_from_response
 from ._sync import Client, Session
 
 __all__ = ["DEFAULT_URL", "AsyncClient", "AsyncSession", "Client", "ServerUnreachable", "Session",

@@ -30,7 +30,7 @@ from ..models import (
 )
 from ..tools.base import ToolInfo, ToolMatch
 from . import _routes as routes
-from ._base import BaseClient, BaseSession, final, warn_run_renamed
+from ._base import BaseClient, BaseSession, final
 from ._routes import Call, UploadData
 
 T = TypeVar("T")
@@ -147,12 +147,6 @@ class AsyncClient(BaseClient):
         """One-shot: run code in a fresh kernel that is discarded afterwards (POST /v1/execute).
         ``files``: {path in /mnt/data: bytes} put in place before the run."""
         return await self._send(routes.run_once(code, files, timeout_seconds, tools))
-
-    async def run(self, code: str, *, files: dict[str, bytes] | None = None,
-                  timeout_seconds: float | None = None, tools: list[str] | None = None) -> RunResult:
-        """Deprecated name of ``run_once`` (``Session.run`` runs in the session; this did not)."""
-        warn_run_renamed("AsyncClient")
-        return await self.run_once(code, files=files, timeout_seconds=timeout_seconds, tools=tools)
 
     async def get_run(self, run_id: str, *, offset: int = 0, wait_seconds: float = 0) -> RunProgress:
         """A run's output events from ``offset`` on, waiting up to ``wait_seconds`` for news."""

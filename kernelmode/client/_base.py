@@ -1,21 +1,21 @@
 """Everything the two client flavours share that does no I/O (after httpx's ``BaseClient``).
 
-Settings (URL, token, timeouts, retries), the retry policy, error mapping, the steps of
-long-polling a run, and the deprecated ``run`` alias. ``Client`` and ``AsyncClient`` add only
-the sending; ``Session`` and ``AsyncSession`` only the delegation.
+Settings (URL, token, timeouts, retries), the retry policy, error mapping (``errors.from_wire``,
+on the explicit code table of ``errors.ERRORS``), and the steps of long-polling a run.
+``Client`` and ``AsyncClient`` add only the sending; ``Session`` and ``AsyncSession`` only the
+delegation.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any, TypeVar
 
 import httpx
 
 from .. import errors
+from ..errors import ServerUnreachable
 from ..models import RunProgress, RunResult, SessionInfo
-from ..packages import errors as _package_errors  # noqa: F401  (their codes: package_refused, no_wheel)
 from ._routes import Call
 
 T = TypeVar("T")
@@ -23,39 +23,14 @@ DEFAULT_URL = "http://127.0.0.1:8888"
 _RETRYABLE_STATUS = {502, 503, 504}
 
 
-class ServerUnreachable(errors.KernelmodeError):
-    """The request could not reach the server (refused, timed out, connection dropped)."""
-
-    code = "unreachable"
-    http_status = 0
-
-
-def _error_classes() -> dict[str, type[errors.KernelmodeError]]:
-    found: dict[str, type[errors.KernelmodeError]] = {}
-    todo: list[type[errors.KernelmodeError]] = [errors.KernelmodeError]
-    while todo:
-        cls = todo.pop()
-        found.setdefault(cls.code, cls)
-        todo.extend(cls.__subclasses__())
-    return found
-
-
-_ERRORS = _error_classes()
-
-
 def error_from_response(r: httpx.Response) -> errors.KernelmodeError:
     """The server's ``{"error": {"code", "message"}}`` as the matching exception."""
     try:
         body = r.json()["error"]
         code, message, details = str(body["code"]), str(body["message"]), body.get("details")
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):  # not ours (a proxy's page): the class of its status
         code, message, details = "http_error", f"HTTP {r.status_code}: {r.text[:300]}", None
-    cls = _ERRORS.get(code, errors.KernelmodeError)
-    exc = cls(message, details=details)
-    if exc.code != code:  # a code this client does not know: keep the server's
-        exc.code = code
-    exc.http_status = r.status_code
-    return exc
+    return errors.from_wire(message, code=code, status=r.status_code, details=details)
 
 
 def final(p: RunProgress) -> RunResult:
@@ -63,15 +38,9 @@ def final(p: RunProgress) -> RunResult:
     if p.result is not None:
         return p.result
     failure = p.failure
-    code = failure.code if failure else "internal"
-    raise _ERRORS.get(code, errors.KernelmodeError)(
-        failure.message if failure else "the run ended without a result")
-
-
-def warn_run_renamed(cls: str) -> None:
-    """``Client.run`` was a one-shot run while ``Session.run`` runs in the session."""
-    warnings.warn(f"{cls}.run is deprecated: use {cls}.run_once (a one-shot run in a fresh kernel); "
-                  "Session.run is unchanged", DeprecationWarning, stacklevel=3)
+    if failure is None:
+        raise errors.KernelmodeError("the run ended without a result")
+    raise errors.from_wire(failure.message, code=failure.code, details=failure.details)
 
 
 class BaseClient:

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..client import Client, ServerUnreachable
-from ..errors import KernelmodeError, SessionNotFound, Unauthorized
+from ..errors import BridgeError, KernelmodeError, SessionNotFound, Unauthorized
 from ..models import SessionInfo
-from .bridge import BridgeError, ChannelBridge
+from .bridge import ChannelBridge
 
 
 class _BridgeThread:

@@ -29,7 +29,7 @@ from jupyter_server.services.kernels.connection.base import (
 )
 from websockets.asyncio.client import ClientConnection
 
-from ..errors import KernelmodeError
+from ..errors import BridgeError
 
 WS_PROTOCOL = "v1.kernel.websocket.jupyter.org"
 _ROUTED = ("shell", "control", "stdin")
@@ -37,13 +37,6 @@ _ROUTED = ("shell", "control", "stdin")
 
 def _pack(obj: Any) -> bytes:
     return json.dumps(obj, default=json_default).encode()
-
-
-class BridgeError(KernelmodeError):
-    """The console's websocket to the server could not be opened or was refused."""
-
-    code = "bridge_error"
-    http_status = 502
 
 
 class ChannelBridge:

@@ -27,6 +27,7 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import Event
 
 from ..errors import (
+    FrameError,
     GatewayError,
     GatewayForbidden,
     GatewayUnavailable,
@@ -34,7 +35,7 @@ from ..errors import (
     SandboxUnavailable,
 )
 from .exchange import DISCONNECTED_EVENT, KERNEL_STATUS_EVENT
-from .frames import Bounds, FrameError, decode_frame, encode_frame
+from .frames import Bounds, decode_frame, encode_frame
 
 if TYPE_CHECKING:
     from ..config import Settings

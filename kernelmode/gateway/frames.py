@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 from jupyter_client.jsonutil import json_default
 
-from ..errors import KernelmodeError
+from ..errors import FrameError
 
 CHANNELS = frozenset({"shell", "iopub", "stdin", "control", "hb"})
 MIN_PARTS = 4  # header, parent_header, metadata, content
@@ -49,13 +49,6 @@ _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b"[]{},")
 _EMPTY_PAIR = re.compile(rb"\[\]|\{\}")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-class FrameError(KernelmodeError, ValueError):
-    """A frame refused: malformed, or over one of its bounds (the message says which)."""
-
-    code = "bad_frame"
-    http_status = 400
 
 
 def split_frame(frame: bytes | bytearray | memoryview, max_parts: int = MAX_PARTS) -> tuple[str, list[memoryview]]:

@@ -15,11 +15,12 @@ from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 
 from ..config import McpFrontSettings
+from ..errors import ImageTooLarge
 from ..models import RunResult
 from ..sessions.runs import LiveRun
 from ..tools.approvals import Asker
 from .budget import lean_record, take_page, wire_bytes
-from .images import ImageTooLarge, fit_image
+from .images import fit_image
 from .render import clip, run_text, size_text
 
 _MAX_FOLLOWED = 10_000  # runs whose shown output is remembered for get_run (per connection)

@@ -19,9 +19,9 @@ from typing import Any
 
 from pydantic import Field
 
-from ..errors import KernelmodeError
+from ..errors import ImageTooLarge, MessageTooLarge
 from ..models import RunResult
-from .images import ImageTooLarge, fit_image
+from .images import fit_image
 from .render import Page, clip, where_whole
 
 # {"jsonrpc":"2.0","id":...,"result":...} around the result, and an SSE frame's "event:"/"id:"
@@ -123,12 +123,6 @@ def wire_bytes(result: dict[str, Any]) -> int:
     writes it with pydantic), envelope included."""
     text = json.dumps(result, ensure_ascii=False, separators=(",", ":"))
     return len(text.encode("utf-8", errors="replace")) + _ENVELOPE_BYTES
-
-
-class MessageTooLarge(KernelmodeError):
-    """An answer that is not a tool result is over the cap (nothing of ours sends one)."""
-
-    code = "message_too_large"
 
 
 def fit_text(result: dict[str, Any], budget: int) -> dict[str, Any]:

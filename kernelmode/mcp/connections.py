@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mcp.server.mcpserver import Context
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 
 from ..errors import KernelmodeError, SessionNotFound, Unauthorized
 from ..models import SessionCreate, SessionInfo
@@ -22,6 +23,7 @@ from ..tenants import ADMIN, Principal
 _STDIO = "stdio"
 # Set by the /mcp handler from the bearer token (a client's own header of this name is dropped).
 TENANT_HEADER = "x-kernelmode-tenant"
+SESSION_HEADER = MCP_SESSION_ID_HEADER  # the SDK's: names the client's MCP session
 
 
 class Connections:
@@ -48,7 +50,7 @@ class Connections:
         headers: Mapping[str, str] | None = ctx.headers
         if headers is None:
             return _STDIO  # one stdio process serves one client
-        mcp_session = headers.get("mcp-session-id")  # checked by the SDK: it names a live MCP session
+        mcp_session = headers.get(SESSION_HEADER)  # checked by the SDK: it names a live MCP session
         # The tenant is part of the key: another tenant's request naming this MCP session id
         # never reaches this connection's kernel.
         return f"http:{headers.get(TENANT_HEADER, '')}:{mcp_session}" if mcp_session else None

@@ -34,7 +34,7 @@ from mcp_types import CallToolResult, TextContent
 from mcp_types.methods import serialize_server_result
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from .connections import TENANT_HEADER
+from .connections import SESSION_HEADER, TENANT_HEADER
 from .plain import PlainClients
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 FAST_TOOLS = frozenset({"run_python", "get_run"})
 _METHOD = "tools/call"
 _PARAMS = frozenset({"name", "arguments", "_meta"})
-SESSION_HEADER = "mcp-session-id"
 VERSION_HEADER = "mcp-protocol-version"
 
 

@@ -33,14 +33,12 @@ from tornado.iostream import StreamClosedError
 from ..api.handlers import BaseHandler
 from ..errors import PayloadTooLarge
 from ..services import Services
-from .connections import TENANT_HEADER
+from .connections import SESSION_HEADER, TENANT_HEADER
 from .fastcall import FastCall, FastCalls
 from .plain import PlainClients, plain_client, sse_answer, wants_stream
 from .server import KernelmodeMCP
 
 log = logging.getLogger("kernelmode.mcp")
-
-SESSION_HEADER = "mcp-session-id"
 
 
 def tenant_user(tenant: str) -> AuthenticatedUser:

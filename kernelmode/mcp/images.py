@@ -10,16 +10,10 @@ import io
 
 from PIL import Image
 
-from ..errors import PayloadTooLarge
+from ..errors import ImageTooLarge
 
 MAX_PIXELS = 50_000_000
 INLINE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}
-
-
-class ImageTooLarge(PayloadTooLarge):
-    """An image that cannot be shown inline within its budget (too many pixels, undecodable)."""
-
-    code = "image_too_large"
 
 
 def fit_image(data: bytes, mime: str, max_bytes: int) -> tuple[bytes, str]:

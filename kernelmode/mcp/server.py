@@ -17,12 +17,12 @@ from mcp_types import INTERNAL_ERROR, METHOD_NOT_FOUND
 
 from .. import __version__
 from ..config import Settings
-from ..errors import KernelmodeError
+from ..errors import KernelmodeError, MessageTooLarge
 from ..services import Services
 from ..tools.registry import ToolRegistry
-from .budget import MessageTooLarge, fit_message, fit_text
+from .budget import fit_message, fit_text
 from .connections import TENANT_HEADER
-from .tools import McpTools, instructions
+from .tools import McpTools, instructions, protocol_error
 
 __all__ = ["TENANT_HEADER", "KernelmodeMCP"]
 
@@ -81,7 +81,7 @@ class KernelmodeMCP:
         try:
             self._services = await self._started()
         except KernelmodeError as e:
-            raise MCPError(INTERNAL_ERROR, f"kernelmode could not start: {e.message}") from e
+            raise protocol_error(e, "kernelmode could not start") from e
         except Exception as e:  # anything else that stopped the start: say so, do not hang
             raise MCPError(INTERNAL_ERROR, f"kernelmode could not start: {e!r}") from e
 

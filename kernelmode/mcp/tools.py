@@ -3,7 +3,9 @@
 Errors come out in one way, at one point (``tool_errors``, wrapped around every tool): a
 ``KernelmodeError`` from anywhere below becomes an ``isError`` result whose text is the SDK's own
 (``Error executing tool NAME: message``) and whose structured content is the error as REST
-gives it (``{"error": {"code", "message"}}``), so a program need not parse the text.
+gives it (``{"error": {"code", "message"}}``), so a program need not parse the text. The one
+error met before any tool runs (the service could not start) is a JSON-RPC error with the same
+object in its ``data`` (``protocol_error``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
 from mcp_types import (
+    INTERNAL_ERROR,
     CallToolResult,
     ContentBlock,
     ImageContent,
@@ -30,10 +34,17 @@ from mcp_types import (
 )
 from pydantic import Field
 
-from ..artifacts.base import StoreError
-from ..artifacts.workspace import FileNotFound, clean_path
+from ..artifacts.workspace import clean_path
 from ..config import Settings
-from ..errors import InvalidRequest, KernelmodeError, PayloadTooLarge, SessionNotFound
+from ..errors import (
+    FileNotFound,
+    ImageTooLarge,
+    InvalidRequest,
+    KernelmodeError,
+    PayloadTooLarge,
+    SessionNotFound,
+    StoreError,
+)
 from ..models import SESSION_ID_PATTERN, SessionCreate
 from ..services import Services
 from ..tools.registry import ToolRegistry
@@ -42,7 +53,7 @@ from .answers import RunAnswers
 from .budget import McpRunResult
 from .connections import Connections
 from .elicit import asker
-from .images import INLINE_TYPES, ImageTooLarge, fit_image
+from .images import INLINE_TYPES, fit_image
 from .render import clip, size_text
 
 log = logging.getLogger("kernelmode.mcp")
@@ -66,6 +77,12 @@ def error_result(tool: str, error: KernelmodeError) -> CallToolResult:
     code and message as REST gives them."""
     return CallToolResult(content=[TextContent(text=f"Error executing tool {tool}: {error.message}")],
                           structured_content={"error": error.to_dict()}, is_error=True)
+
+
+def protocol_error(error: KernelmodeError, doing: str) -> MCPError:
+    """A KernelmodeError met before any tool ran (the service could not start) as a JSON-RPC
+    error: saying what failed, with the error as REST gives it in ``data``."""
+    return MCPError(INTERNAL_ERROR, f"{doing}: {error.message}", data={"error": error.to_dict()})
 
 
 def tool_errors(tool: str, fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T | CallToolResult]]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from .errors import PackageFetchFailed
+from ..errors import PackageFetchFailed
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InvalidRequest
-from .errors import NoWheel, PackageFetchFailed, PackageRefused
+from ..errors import InvalidRequest, NoWheel, PackageFetchFailed, PackageRefused
 from .target import KernelTarget
 
 _DOWNLOADING = re.compile(r"Downloading \S+ \(([\d.]+) (bytes|kB|MB|GB)\)")

@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 
 from packaging.utils import canonicalize_name
 
-from .errors import PackageRefused
+from ..errors import PackageRefused
 
 SITE = "site"  # the mounted directory inside a layer's root
 MANIFEST = "wheels.json"  # beside SITE, never mounted: the host's record of the cached wheels unpacked

@@ -19,8 +19,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from ..errors import InvalidRequest, QuotaExceeded
-from .errors import PackageRefused
+from ..errors import InvalidRequest, PackageRefused, QuotaExceeded
 
 MAX_REQUIREMENT_CHARS = 200
 _RULE = re.compile(r"^\s*([A-Za-z0-9*?._\[\]-]+)\s*(.*)$")

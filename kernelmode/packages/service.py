@@ -22,10 +22,9 @@ from packaging.version import InvalidVersion, Version
 
 from ..audit import audit
 from ..config import Settings
-from ..errors import KernelmodeError
+from ..errors import KernelmodeError, PackageFetchFailed, PackageRefused
 from ..models import PackageRef, PackagesResult
 from .cache import CachedWheel, WheelCache, resolution_key
-from .errors import PackageFetchFailed, PackageRefused
 from .fetch import FetchOptions, download
 from .layer import PackageLayer
 from .policy import PackagePolicy, TenantRate, parse_requirement

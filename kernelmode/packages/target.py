@@ -18,7 +18,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from ..config import Settings
-from .errors import PackageFetchFailed
+from ..errors import PackageFetchFailed
 
 PROBE = r"""
 import importlib.metadata as md, json, os, platform, sys, sysconfig

@@ -24,12 +24,22 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..artifacts.base import CHECKPOINT_PREFIX, ArtifactStore, StoreError
-from ..artifacts.channel import FileChannel, FileTransferFailed, file_channel, receive_file
-from ..artifacts.workspace import CHECKPOINT_DIR, FileExists, FileNotFound, clean_path
+from ..artifacts.base import CHECKPOINT_PREFIX, ArtifactStore
+from ..artifacts.channel import FileChannel, file_channel, receive_file
+from ..artifacts.workspace import CHECKPOINT_DIR, clean_path
 from ..audit import audit
 from ..config import ADMIN_TENANT, Settings
-from ..errors import Conflict, KernelmodeError, KernelUnavailable, NotFound, PayloadTooLarge
+from ..errors import (
+    CheckpointFailed,
+    CheckpointNotFound,
+    FileExists,
+    FileNotFound,
+    FileTransferFailed,
+    KernelmodeError,
+    KernelUnavailable,
+    PayloadTooLarge,
+    StoreError,
+)
 from ..gateway.exchange import ExecuteExchange
 from ..gateway.execution import OutputCollector
 from ..kernel.snapshot import MIME, snapshot_code
@@ -45,16 +55,6 @@ log = logging.getLogger("kernelmode.sessions")
 
 _INDEX_SLACK = 16 * 1024 * 1024  # the snapshot's index and headers, on top of max_bytes
 MAX_ARCHIVED_FILE = 1 << 40  # per workspace file; the workspace volume (disk_mb) bounds it really
-
-
-class CheckpointNotFound(NotFound):
-    code = "checkpoint_not_found"
-
-
-class CheckpointFailed(Conflict):
-    """Nothing was saved (the kernel is busy or dead, the store failed, the file is too large)."""
-
-    code = "checkpoint_failed"
 
 
 def namespace_key(checkpoint_id: str) -> str:

@@ -9,12 +9,11 @@ import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import BinaryIO
 
-from ..artifacts.base import StoreError
 from ..artifacts.channel import CHUNK, Download, FileChannel
 from ..artifacts.harvester import SESSION_FILES, Harvester
 from ..artifacts.workspace import clean_path, mime_type
 from ..config import Settings
-from ..errors import KernelUnavailable, SessionNotFound
+from ..errors import KernelUnavailable, SessionNotFound, StoreError
 from ..models import Artifact, FileList, SessionInfo, UploadResult, WorkspaceFile
 from .live import LiveSession, now
 from .store import SessionStore

@@ -10,10 +10,9 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from ..audit import audit
-from ..errors import InvalidRequest, SessionNotFound
+from ..errors import CheckpointFailed, InvalidRequest, SessionNotFound
 from ..models import CheckpointInfo, LimitsPatch, SessionCreate
 from ..tenants import Principal
-from .checkpoints import CheckpointFailed
 from .live import LiveSession
 
 if TYPE_CHECKING:  # the manager passes itself in; importing it would be a cycle

@@ -19,7 +19,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..artifacts.base import StoreError
 from ..artifacts.channel import Download
 from ..artifacts.harvester import Harvester
 from ..artifacts.volume import WorkspaceVolumes
@@ -30,6 +29,7 @@ from ..errors import (
     KernelUnavailable,
     RunNotFound,
     SessionNotFound,
+    StoreError,
 )
 from ..gateway.client import KERNEL_DEAD, GatewayClient
 from ..gateway.exchange import KERNEL_STATUS_EVENT, RESTARTED
@@ -226,11 +226,6 @@ class SessionManager:
     def peek(self, session_id: str) -> LiveSession | None:
         """The live session, or None; never wakes a hibernated one (for listings)."""
         return self._live.get(session_id)
-
-    @property
-    def live_count(self) -> int:
-        """Sessions that hold (or are taking) a kernel."""
-        return self.admission.count
 
     # -- create / delete ---------------------------------------------------------------------------
     async def create(self, req: SessionCreate, principal: Principal = ADMIN) -> SessionInfo:

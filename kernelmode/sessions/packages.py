@@ -13,12 +13,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..errors import HostOnly, KernelmodeError
+from ..errors import HostOnly, KernelmodeError, ToolFailed
 from ..models import LayerWheel, PackagesRequest, PackagesResult
 from ..packages.cache import CachedWheel
 from ..packages.layer import PackageLayer
 from ..packages.service import PackageService
-from ..tools.base import ToolFailed
 from .live import LiveSession
 
 log = logging.getLogger("kernelmode.sessions")

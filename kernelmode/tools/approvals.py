@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..audit import audit
-from ..errors import Conflict, NotFound
+from ..errors import ApprovalDecided, ApprovalNotFound
 from ..models import PendingApproval
 
 log = logging.getLogger("kernelmode.tools")
@@ -32,14 +32,6 @@ log = logging.getLogger("kernelmode.tools")
 _ID = re.compile(r"^[0-9a-f]{32}$")
 _MAX_DECIDED = 10_000  # decisions remembered (for the 409 of a second answer)
 MAX_SHOWN_ARGUMENT_CHARS = 4_000  # arguments as listed in pending_approvals (the call gets them all)
-
-
-class ApprovalNotFound(NotFound):
-    code = "approval_not_found"
-
-
-class ApprovalDecided(Conflict):
-    code = "approval_decided"
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,6 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from ..errors import KernelmodeError
-
 
 class ToolInfo(BaseModel):
     """A tool as listed by ``GET /v1/tools`` and sent to kernels (``tools.help()``)."""
@@ -30,13 +28,6 @@ class ToolMatch(BaseModel):
     description: str = Field("", description="The first line of the tool's description.")
     signature: str = Field("", description="Python signature, e.g. 'list_commits(owner: str, repo: str)'.")
     score: float = Field(description="BM25 relevance to the query (higher is better; only > 0 is answered).")
-
-
-class ToolFailed(KernelmodeError):
-    """A tool could not give a result; the message is shown to kernel code as ToolError."""
-
-    code = "tool_failed"
-    http_status = 502
 
 
 class Tool(Protocol):

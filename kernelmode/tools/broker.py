@@ -16,14 +16,16 @@ from typing import Any
 
 from ..audit import audit
 from ..config import ToolBrokerSettings
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, ToolFailed
 from ..gateway.frames import json_shape_error
 from ..kernel.preamble import PING, SEARCH
 from ..models import ToolCall
 from .approvals import Approvals
-from .base import ToolFailed
 from .registry import ToolRegistry, allowed
 
+# A ToolFailed's details when a call needing approval was denied (by a person, the timeout, or
+# the run's end): the kernel then raises its ToolDenied, the one class of that name.
+_DENIED = {"denied": True}
 # The call id at the head of the preamble's request: read without parsing, so that a request
 # refused before it is parsed is still answered as its call.
 _CALL_ID = re.compile(r'\{"id": "([0-9a-f]{32})"')
@@ -54,13 +56,6 @@ class RateLimiter:
             self.tokens -= 1
             return True
         return False
-
-
-class ToolDenied(ToolFailed):
-    """A call that required approval was denied (by a person, the timeout, or the run's end)."""
-
-    code = "tool_denied"
-    http_status = 403
 
 
 class ToolBroker:
@@ -134,9 +129,9 @@ class ToolBroker:
             error = None
         except ToolFailed as e:
             error = str(e) or "failed"
-            # denied: the kernel raises ToolDenied (a ToolError) rather than ToolError
+            # denied: the kernel raises its ToolDenied (a ToolError) rather than ToolError
             reply = json.dumps({"id": call_id, "ok": False, "error": error,
-                                **({"denied": True} if isinstance(e, ToolDenied) else {})})
+                                **(_DENIED if e.details == _DENIED else {})})
         return reply, self._record(session_id, run_id, name, error, started, bytes_in, len(reply))
 
     def _search(self, session_id: str, call_id: Any, arguments: dict[str, Any], allow: list[str] | None) -> str:
@@ -153,18 +148,19 @@ class ToolBroker:
 
     async def _approve(self, session_id: str, run_id: str, call_id: Any, name: str,
                        arguments: dict[str, Any]) -> None:
-        """Wait for the call's approval (the gate of its run); raise ToolDenied unless approved."""
+        """Wait for the call's approval (the gate of its run); unless approved, a ToolFailed that
+        the kernel raises as its ``ToolDenied``."""
         gate = self.approvals.gate(run_id)
         if gate is None or gate.session_id != session_id:
             audit("approval_decided", session_id=session_id, run_id=run_id, tool=name, approved=False,
                   by="no_gate", reason="a console cell cannot wait for approval")
-            raise ToolDenied(f"{name} requires approval, which only a run started through REST or MCP "
-                             "can wait for (not a console cell)")
+            raise ToolFailed(f"{name} requires approval, which only a run started through REST or MCP "
+                             "can wait for (not a console cell)", details=_DENIED)
         decision = await gate.request(call_id if isinstance(call_id, str) else None, name, arguments,
                                       self.settings.approval_timeout_seconds)
         if not decision.approved:
-            raise ToolDenied(f"{name} was denied ({decision.by})"
-                             + (f": {decision.reason}" if decision.reason else ""))
+            raise ToolFailed(f"{name} was denied ({decision.by})"
+                             + (f": {decision.reason}" if decision.reason else ""), details=_DENIED)
 
     @staticmethod
     def _reply(call_id: Any, result: Any) -> str:

@@ -42,7 +42,6 @@ from mcp_types import (
 from mcp_types import Tool as McpTool
 
 from kernelmode.config import McpServerSettings
-from kernelmode.tools.base import ToolFailed
 from kernelmode.tools.mcp_adapt import (
     UpstreamTool,
     call_result_to_data,
@@ -56,6 +55,8 @@ from kernelmode.tools.mcp_transport import (
     preload_validation,
     usable_errlog,
 )
+
+from ..errors import ToolFailed
 
 __all__ = [
     "UpstreamMcpServer",

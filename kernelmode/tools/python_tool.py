@@ -13,8 +13,8 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ConfigDict, create_model
 from pydantic import ValidationError as PydanticValidationError
 
-from ..errors import ConfigError
-from .base import ToolFailed, ToolInfo
+from ..errors import ConfigError, ToolFailed
+from .base import ToolInfo
 
 
 def _in_daemon_thread(func: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kernelmode.artifacts.base import CHECKPOINT_PREFIX, ArtifactStore, StoreError
+from kernelmode.artifacts.base import CHECKPOINT_PREFIX, ArtifactStore
 from kernelmode.artifacts.local import LocalStore
 from kernelmode.artifacts.s3 import S3Store
+from kernelmode.errors import StoreError
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -25,9 +25,10 @@ from botocore.auth import S3SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from kernelmode.artifacts.base import ArtifactStore, StoreError
+from kernelmode.artifacts.base import ArtifactStore
 from kernelmode.artifacts.s3 import S3Store
 from kernelmode.config import ArtifactSettings
+from kernelmode.errors import StoreError
 
 from .conftest import S3Server
 

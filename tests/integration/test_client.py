@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import io
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
+import kernelmode
 from kernelmode import AsyncClient, Client
 from kernelmode.client import ServerUnreachable
 from kernelmode.errors import (
@@ -63,6 +67,28 @@ def test_errors_are_the_projects_exceptions_with_the_servers_code(km: Client, se
     with Client(server.url, "wrong") as bad, pytest.raises(Unauthorized):
         bad.list_sessions()
     assert issubclass(Unauthorized, KernelmodeError)
+
+
+# A program that imports the client and nothing else (no server module loaded first).
+_BARE_CLIENT = """
+import sys
+from kernelmode import errors
+from kernelmode.client import Client
+with Client(sys.argv[1], sys.argv[2]) as km, km.create_session() as s:
+    try:
+        s.download("missing.txt")
+    except errors.KernelmodeError as e:
+        print(type(e).__name__, e.code, e.http_status)
+"""
+
+
+def test_a_program_that_imports_only_the_client_gets_file_not_found(server: Server) -> None:
+    """``Session.download`` promises FileNotFound: it held only if kernelmode.artifacts.workspace
+    happened to be imported first (in pytest it always was)."""
+    root = Path(kernelmode.__file__).parents[1]
+    out = subprocess.run([sys.executable, "-c", _BARE_CLIENT, server.url, server.token], capture_output=True,
+                         text=True, check=True, timeout=120, cwd=root, env={"PYTHONPATH": str(root)})
+    assert out.stdout.split() == ["FileNotFound", "file_not_found", "404"], out
 
 
 def test_unreachable_server_is_a_clear_error_after_retries() -> None:
@@ -175,11 +201,3 @@ async def test_async_client(server: Server) -> None:
         assert one.result == "42"
         assert [t.name for t in await km.tools()] == [t.name for t in Client(server.url, server.token).tools()]
         assert (await km.health()).status == "ok"
-
-
-async def test_run_is_the_deprecated_name_of_run_once(server: Server) -> None:
-    with Client(server.url, server.token) as km, pytest.warns(DeprecationWarning, match="run_once"):
-        assert km.run("6 * 7").result == "42"
-    async with AsyncClient(server.url, server.token) as akm:
-        with pytest.warns(DeprecationWarning, match="AsyncClient.run_once"):
-            assert (await akm.run("6 * 7")).result == "42"

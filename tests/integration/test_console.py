@@ -149,6 +149,14 @@ def test_channels_websocket_requires_the_token(srv: Server, sid: str) -> None:
     r = httpx.get(f"{srv.url}/v1/sessions/nope/channels",
                   headers={**headers, "Authorization": f"Bearer {srv.token}"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
+    # The websocket's refusals and tornado's own come out as REST's (errors.from_wire's table).
+    auth = {"Authorization": f"Bearer {srv.token}"}
+    r = httpx.get(url, headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "websocket_required", r.text
+    r = httpx.post(url, headers=auth)
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed", r.text
+    r = httpx.put(f"{srv.url}/v1/sessions", headers=auth)  # a REST route's
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed", r.text
 
 
 def test_sessions_table(srv: Server, sid: str) -> None:

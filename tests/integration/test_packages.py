@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from kernelmode.client import Client
-from kernelmode.packages.errors import NoWheel, PackageRefused
+from kernelmode.errors import NoWheel, PackageRefused
 from tests.conftest import Server, start_server
 from tests.package_index import PackageIndex, index_env, temporary_index
 

@@ -152,6 +152,10 @@ async def test_a_gateway_that_cannot_start_gives_run_python_a_clear_error(tmp_pa
             await client.call_tool("run_python", {"code": "1"})
         message = str(failed.value)
         assert "could not start" in message and "gateway" in message, message
+        # ... with the error as REST gives it, for a program (mcp/tools.py protocol_error)
+        data = failed.value.error.data
+        assert isinstance(data, dict) and data["error"]["code"] != "internal", data
+        assert data["error"]["message"] in message, data
         # The server still answers (and says the same again), it does not hang or die.
         assert not (await client.call_tool("list_tools", {})).is_error
         with pytest.raises(MCPError, match="could not start"):

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernelmode.artifacts.base import StoreError
 from kernelmode.artifacts.local import LocalStore
+from kernelmode.errors import StoreError
 from tests.conftest import Server
 
 

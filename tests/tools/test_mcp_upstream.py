@@ -18,7 +18,8 @@ import pytest
 from mcp_types import CallToolResult, ImageContent, TextContent
 
 from kernelmode.config import McpServerSettings
-from kernelmode.tools.base import Tool, ToolFailed
+from kernelmode.errors import ToolFailed
+from kernelmode.tools.base import Tool
 from kernelmode.tools.mcp_upstream import (
     UpstreamMcpServer,
     UpstreamTool,

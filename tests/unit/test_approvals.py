@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from kernelmode.errors import ConfigError
+from kernelmode.errors import ApprovalDecided, ApprovalNotFound, ConfigError
 from kernelmode.models import PendingApproval
 from kernelmode.policy import CodePolicy, PolicyDecision
-from kernelmode.tools.approvals import ApprovalDecided, ApprovalNotFound, Approvals, shown_arguments
+from kernelmode.tools.approvals import Approvals, shown_arguments
 
 CALL = "a" * 32
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from kernelmode.artifacts.channel import FileChannel
-from kernelmode.sessions.checkpoints import CheckpointFailed, _archive
+from kernelmode.errors import CheckpointFailed
+from kernelmode.sessions.checkpoints import _archive
 from tests.file_agent_loopback import Loopback
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 import io
-import json
 import re
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -251,13 +250,8 @@ def test_every_route_of_the_table_is_one_the_server_documents() -> None:
     assert {(r.method, r.path) for r in _routes.ROUTES} <= documented
 
 
-def test_run_is_a_deprecated_alias_of_run_once_in_both_flavours() -> None:
-    sig = inspect.signature
-    assert sig(Client.run) == sig(Client.run_once) and sig(AsyncClient.run) == sig(AsyncClient.run_once)
-    seen: list[tuple[Any, ...]] = []
-    transport = httpx.MockTransport(lambda r: _answer(r, r.read(), seen))
-    with Client("http://km.test", "t", transport=transport) as km, \
-            pytest.warns(DeprecationWarning, match="use Client.run_once") as w:
-        assert km.run("6 * 7").run_id == RID
-    assert w[0].filename == __file__  # the warning points at the caller
-    assert json.loads(seen[0][2])["code"] == "6 * 7" and seen[0][1] == "/v1/execute"
+def test_one_shot_runs_have_one_name() -> None:
+    """``Client.run`` (a deprecated alias in the never-released 0.1.0) is gone: ``run`` is the
+    session's (``Session.run``), ``run_once`` the one-shot run."""
+    assert not hasattr(Client, "run") and not hasattr(AsyncClient, "run")
+    assert hasattr(Session, "run") and hasattr(AsyncSession, "run")

@@ -11,9 +11,15 @@ from typing import Any
 
 import pytest
 
-from kernelmode.artifacts.channel import FileChannel, FilesTimeout, FileTransferFailed
-from kernelmode.artifacts.workspace import FileExists, FileNotFound
-from kernelmode.errors import KernelUnavailable, PayloadTooLarge
+from kernelmode.artifacts.channel import FileChannel
+from kernelmode.errors import (
+    FileExists,
+    FileNotFound,
+    FilesTimeout,
+    FileTransferFailed,
+    KernelUnavailable,
+    PayloadTooLarge,
+)
 from kernelmode.gateway.frames import Bounds, decode_frame, encode_frame
 from tests.file_agent_loopback import Loopback
 

@@ -11,11 +11,11 @@ from jupyter_server.services.kernels.connection.base import (
     serialize_msg_to_ws_v1,
 )
 
+from kernelmode.errors import FrameError
 from kernelmode.gateway.frames import (
     DROPPED,
     MAX_JSON_DEPTH,
     Bounds,
-    FrameError,
     decode_frame,
     encode_frame,
     json_shape_error,

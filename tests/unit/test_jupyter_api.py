@@ -11,7 +11,8 @@ import pytest
 from kernelmode.api.channels import legacy_message, legacy_text
 from kernelmode.api.jupyter_api import kernel_id_of
 from kernelmode.config import Settings
-from kernelmode.gateway.frames import Bounds, FrameError, decode_frame, encode_frame
+from kernelmode.errors import FrameError
+from kernelmode.gateway.frames import Bounds, decode_frame, encode_frame
 from kernelmode.tenants import Tenants
 
 

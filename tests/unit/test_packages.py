@@ -11,10 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from kernelmode.errors import InvalidRequest, QuotaExceeded
+from kernelmode.errors import (
+    InvalidRequest,
+    NoWheel,
+    PackageFetchFailed,
+    PackageRefused,
+    QuotaExceeded,
+)
 from kernelmode.kernel import preamble
 from kernelmode.packages.cache import WheelCache
-from kernelmode.packages.errors import NoWheel, PackageFetchFailed, PackageRefused
 from kernelmode.packages.fetch import FetchOptions, _explain, pip_argv
 from kernelmode.packages.layer import PackageLayer
 from kernelmode.packages.policy import PackagePolicy, TenantRate, parse_requirement

@@ -17,8 +17,9 @@ import pytest
 from kernelmode.artifacts.channel import FileChannel
 from kernelmode.artifacts.harvester import Harvester
 from kernelmode.artifacts.local import LocalStore
-from kernelmode.artifacts.workspace import Listing, WorkspaceChanged, shown
+from kernelmode.artifacts.workspace import Listing, shown
 from kernelmode.config import ArtifactSettings
+from kernelmode.errors import WorkspaceChanged
 from kernelmode.kernel import files as agent
 from kernelmode.models import RunResult
 from tests.file_agent_loopback import Loopback

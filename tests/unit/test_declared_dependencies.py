@@ -11,7 +11,9 @@ import re
 import sys
 from pathlib import Path
 
-import tomllib
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_KERNEL = ROOT / "kernelmode" / "kernel"

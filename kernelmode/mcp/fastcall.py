@@ -11,7 +11,8 @@ answer (same serializer, same message cap).
 Anything it does not recognise exactly goes the SDK's way (``match`` returns None): another
 method or tool, a batch, a progress token, arguments that do not validate (the SDK answers with
 its own error), an unknown or another tenant's connection id, a connection that has not finished
-its initialize, a protocol version it does not know. What is skipped: the SDK's OpenTelemetry span
+its initialize, a protocol version it does not know. Which connections are open, whose, and
+plain, is the front door's own table (open_connections.py), not the SDK's. What is skipped: the SDK's OpenTelemetry span
 for the call, and ``notifications/cancelled`` for it (a cancelled call's run goes on, as over
 REST, where a run outlives its request).
 """
@@ -20,13 +21,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools.base import Tool
 from mcp.shared.exceptions import MCPError
@@ -35,7 +33,7 @@ from mcp_types.methods import serialize_server_result
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from .connections import SESSION_HEADER, TENANT_HEADER
-from .plain import PlainClients
+from .open_connections import Connection
 
 log = logging.getLogger(__name__)
 
@@ -100,28 +98,15 @@ def parse_call(body: bytes) -> tuple[int | str, str, dict[str, Any]] | None:
 class FastCalls:
     """Recognises the fast calls of plain clients and answers them."""
 
-    @staticmethod
-    def fits(kmcp: Any, manager: Any) -> bool:
-        """Whether this SDK keeps what the route reads (its connections, their owners, its
-        tools) where this module looks: another mcp release may not, and then every call goes
-        the SDK's way instead of failing."""
-        return (isinstance(getattr(manager, "_server_instances", None), dict)
-                and isinstance(getattr(manager, "_session_owners", None), dict)
-                and hasattr(getattr(kmcp.server, "_tool_manager", None), "get_tool"))
-
-    def __init__(self, kmcp: Any, manager: Any, plain: PlainClients, owner: Callable[[str], Any]) -> None:
-        """``kmcp``: the KernelmodeMCP (its tools, its start, its message cap); ``manager``: the
-        SDK's session manager (the live connections and their owners); ``owner``: a tenant's
-        owner record as the SDK keeps it for the connections that tenant opened."""
+    def __init__(self, kmcp: Any) -> None:
+        """``kmcp``: the KernelmodeMCP (its fast tools, its start, its message cap)."""
         self.kmcp = kmcp
-        self.manager = manager
-        self.owner = owner
-        self.plain = plain
 
-    def match(self, headers: Mapping[str, str], body: bytes, tenant: str) -> FastCall | None:
-        """The call in this POST if this route may answer it exactly as the SDK would."""
+    def match(self, headers: Mapping[str, str], body: bytes, conn: Connection | None) -> FastCall | None:
+        """The call in this POST if this route may answer it exactly as the SDK would. ``conn``:
+        the open connection the request names, already found to be the caller's own."""
         sid = headers.get(SESSION_HEADER)
-        if sid is None or sid not in self.plain:
+        if sid is None or conn is None or not conn.plain:
             return None
         version = headers.get(VERSION_HEADER)
         accept = headers.get("accept", "")
@@ -129,18 +114,11 @@ class FastCalls:
                 or "text/event-stream" not in accept
                 or not headers.get("content-type", "").startswith("application/json")):
             return None  # the SDK answers these (406, 415, the era routing)
-        transport = self.manager._server_instances.get(sid)
-        if transport is None or transport.is_terminated or getattr(transport, "idle_scope", None) is None:
-            return None
-        if transport.idle_scope.cancel_called:
-            return None
-        if self.manager._session_owners.get(sid) != self.owner(tenant):
-            return None  # the SDK answers 404, as for an unknown id
         parsed = parse_call(body)
         if parsed is None:
             return None
         rid, name, raw = parsed
-        tool = self.kmcp.server._tool_manager.get_tool(name)
+        tool = self.kmcp.fast_tools.get(name)
         if tool is None or tool.context_kwarg != "ctx" or tool.resolved_params:
             return None
         try:
@@ -153,45 +131,26 @@ class FastCalls:
         """Run the tool and give the JSON-RPC answer (result, or error), as the SDK would."""
         ctx = HeadersContext({SESSION_HEADER: call.mcp_session, TENANT_HEADER: tenant})
         envelope: dict[str, Any] = {"jsonrpc": "2.0", "id": call.request_id}
-        with self._in_flight(call.mcp_session):
-            try:
-                await self.kmcp.await_start()  # what the SDK route's middleware does first
-                # convert_result also checks the structured content against the output model.
-                result = call.tool.fn_metadata.convert_result(await call.tool.fn(**call.arguments, ctx=ctx))
-                dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-                dumped = serialize_server_result(_METHOD, call.version, dumped)
-                # Encoded once and measured as sent; encoded again only if the cap cut it.
-                body = _encode({**envelope, "result": dumped})
-                capped = await self.kmcp.cap_answer(_METHOD, dumped, len(body))
-                if capped is dumped:
-                    return body
-                envelope["result"] = capped
-            except MCPError as e:
-                envelope["error"] = e.error.model_dump(by_alias=True, mode="json", exclude_none=True)
-            except Exception as e:  # as the SDK answers: a deliberate ToolError's text, else none
-                if isinstance(e, (ToolError, ResourceError)) and not isinstance(e, UnexpectedToolError):
-                    text = f"Error executing tool {call.tool.name}: {e}"
-                else:
-                    log.exception("Tool %r raised an unexpected exception", call.tool.name)
-                    text = f"Error executing tool {call.tool.name}"
-                failed = CallToolResult(content=[TextContent(text=text)], is_error=True)
-                envelope["result"] = failed.model_dump(by_alias=True, mode="json", exclude_none=True)
-        return _encode(envelope)
-
-    @contextmanager
-    def _in_flight(self, mcp_session: str) -> Iterator[None]:
-        """Hold the connection's idle countdown while the call runs, as the SDK's transport does
-        for each request it serves."""
-        transport = self.manager._server_instances.get(mcp_session)
-        scope = getattr(transport, "idle_scope", None)
-        if transport is None or scope is None or getattr(transport, "_idle_timeout", None) is None:
-            yield
-            return
-        transport._requests_in_flight += 1
-        scope.deadline = math.inf
         try:
-            yield
-        finally:
-            transport._requests_in_flight -= 1
-            if not transport._requests_in_flight:
-                scope.deadline = anyio.current_time() + transport._idle_timeout
+            await self.kmcp.await_start()  # what the SDK route's middleware does first
+            # convert_result also checks the structured content against the output model.
+            result = call.tool.fn_metadata.convert_result(await call.tool.fn(**call.arguments, ctx=ctx))
+            dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            dumped = serialize_server_result(_METHOD, call.version, dumped)
+            # Encoded once and measured as sent; encoded again only if the cap cut it.
+            body = _encode({**envelope, "result": dumped})
+            capped = await self.kmcp.cap_answer(_METHOD, dumped, len(body))
+            if capped is dumped:
+                return body
+            envelope["result"] = capped
+        except MCPError as e:
+            envelope["error"] = e.error.model_dump(by_alias=True, mode="json", exclude_none=True)
+        except Exception as e:  # as the SDK answers: a deliberate ToolError's text, else none
+            if isinstance(e, (ToolError, ResourceError)) and not isinstance(e, UnexpectedToolError):
+                text = f"Error executing tool {call.tool.name}: {e}"
+            else:
+                log.exception("Tool %r raised an unexpected exception", call.tool.name)
+                text = f"Error executing tool {call.tool.name}"
+            failed = CallToolResult(content=[TextContent(text=text)], is_error=True)
+            envelope["result"] = failed.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return _encode(envelope)

@@ -1,31 +1,28 @@
 """Serve the MCP SDK's streamable-HTTP transport at /mcp on the REST port (tornado).
 
-The SDK speaks ASGI; this handler hands it each request as an ASGI call, behind the same bearer
-token as the REST API. The protocol itself (sessions, SSE framing, JSON-RPC) is all the SDK's.
+The SDK speaks ASGI; this handler hands it each request as an ASGI call to its session
+manager's public ``handle_request`` (the manager made by ``MCPServer.streamable_http_app``),
+behind the same bearer token as the REST API. The protocol itself (sessions, SSE framing,
+JSON-RPC) is all the SDK's; no attribute of the SDK that starts with ``_`` is touched
+(tests/unit/test_mcp_public_api.py).
 
 Each MCP connection (``Mcp-Session-Id``) belongs to the tenant that opened it: the request's
 ASGI scope carries the tenant as the SDK's authenticated user, and the SDK answers another
 tenant's request for that id exactly like an unknown id (404, so no DELETE either). The number
-of open connections is capped per tenant as well as in all.
+of open connections is capped per tenant as well as in all, and idle connections are closed,
+by this front door's own table (open_connections.py), since the SDK's is private.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import MutableMapping
 from typing import Any
 
-from mcp.server.auth.middleware.bearer_auth import (
-    AuthenticatedUser,
-    AuthorizationContext,
-    authorization_context,
-)
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
-from mcp.server.streamable_http import StreamableHTTPServerTransport
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
@@ -33,12 +30,17 @@ from tornado.iostream import StreamClosedError
 from ..api.handlers import BaseHandler
 from ..errors import PayloadTooLarge
 from ..services import Services
+from . import oversize
 from .connections import SESSION_HEADER, TENANT_HEADER
 from .fastcall import FastCall, FastCalls
-from .plain import PlainClients, plain_client, sse_answer, wants_stream
+from .open_connections import OpenConnections
+from .plain import plain_client, sse_answer, wants_stream
 from .server import KernelmodeMCP
 
 log = logging.getLogger("kernelmode.mcp")
+
+# The SDK's own answer when no more connections may open (mcp.server.streamable_http_manager).
+_TOO_MANY = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"Too many open sessions"}}'
 
 
 def tenant_user(tenant: str) -> AuthenticatedUser:
@@ -47,61 +49,32 @@ def tenant_user(tenant: str) -> AuthenticatedUser:
     return AuthenticatedUser(AccessToken(token="", client_id=tenant, scopes=[]))
 
 
-@functools.lru_cache(maxsize=1024)
-def _owner(tenant: str) -> AuthorizationContext:
-    """The owner record the SDK keeps for the connections a tenant opened (compared on every
-    fast call: built once per tenant; only ever compared, never changed)."""
-    return authorization_context(tenant_user(tenant))
-
-
-class TenantSessionManager(StreamableHTTPSessionManager):
-    """The SDK's session manager with a cap on open MCP connections per tenant besides its
-    overall ``max_sessions``: one tenant at its cap cannot keep another from connecting.
-
-    Admission is the SDK's ``_admit_session`` (mcp 2.3), called under its creation lock, so
-    concurrent openings are counted exactly; None is the SDK's refusal (503 "Too many open
-    sessions"). tests/security/test_mcp_tenants.py fails if the SDK stops calling it."""
-
-    def __init__(self, *args: Any, max_sessions_per_tenant: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.max_sessions_per_tenant = max_sessions_per_tenant
-
-    def open_sessions(self, tenant: str) -> int:
-        return sum(1 for owner in self._session_owners.values() if owner["client_id"] == tenant)
-
-    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
-        if requestor is None or self.open_sessions(requestor["client_id"]) >= self.max_sessions_per_tenant:
-            return None  # McpHandler always sets the user; none would be a bug: refuse
-        return super()._admit_session(requestor)
-
-
 class McpHttp:
-    """The streamable-HTTP session manager and the task that keeps it running."""
+    """The SDK's streamable-HTTP session manager, the task that keeps it running, the table of
+    open connections and the task that closes idle ones."""
 
     def __init__(self, mcp: KernelmodeMCP, max_body_bytes: int) -> None:
         self.mcp = mcp
         self.max_body_bytes = max_body_bytes
+        # An oversized body is read to its end (and dropped) up to this, so that the answer can
+        # be an MCP one on a connection the client keeps (oversize.py); beyond, it is cut off.
+        self.drain_limit = max(4 * max_body_bytes, 256 << 20)
         # The bearer token already stops DNS-rebinding pages (they cannot know it), and a Host
         # allow-list would break deployments behind a name (docker compose, a proxy).
-        self.manager = TenantSessionManager(
-            app=mcp.server._lowlevel_server,  # what MCPServer.streamable_http_app() wraps
+        mcp.server.streamable_http_app(
             json_response=False,  # SSE, so progress notifications reach the client mid-call
-            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
             max_request_body_size=max_body_bytes,
             max_sessions=mcp.cfg.max_sessions,
-            max_sessions_per_tenant=mcp.cfg.max_sessions_per_tenant,
+            session_idle_timeout=None,  # OpenConnections keeps the countdown (fast calls hold it too)
         )
-        # Connections answered as plain JSON when the SSE stream would carry only the answer.
-        self.plain = PlainClients(mcp.cfg.max_sessions) if mcp.cfg.json_answers else None
-        # run_python/get_run of those connections answered without the SDK's machinery (fastcall.py).
-        self.fast = FastCalls(mcp, self.manager, self.plain, _owner
-                              ) if self.plain is not None and mcp.cfg.fast_calls else None
-        if self.fast is not None and not FastCalls.fits(mcp, self.manager):
-            log.warning("mcp.fast_calls: this mcp release keeps its connections elsewhere; "
-                        "every call goes through the SDK")
-            self.fast = None
+        self.manager = mcp.server.session_manager
+        self.conns = OpenConnections(mcp.cfg.max_sessions, mcp.cfg.max_sessions_per_tenant)
+        # run_python/get_run of plain connections answered without the SDK's machinery (fastcall.py).
+        self.fast = FastCalls(mcp) if mcp.cfg.json_answers and mcp.cfg.fast_calls else None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._reaper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         ready = asyncio.Event()
@@ -117,12 +90,49 @@ class McpHttp:
         waiter.cancel()
         if self._task.done():
             self._task.result()  # raise what stopped it
+        self._reaper = asyncio.create_task(self._close_idle(), name="mcp-idle")
 
     async def stop(self) -> None:
         self._stop.set()
+        if self._reaper is not None:
+            self._reaper.cancel()
         if self._task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._task, 10)
+
+    async def _close_idle(self) -> None:
+        """Close idle connections through the SDK, as their owner's DELETE would."""
+        period = min(60.0, self.conns.idle_seconds / 4)
+        while not self._stop.is_set():
+            await asyncio.sleep(period)
+            for sid, tenant in self.conns.idle():
+                try:
+                    await self.close(sid, tenant)
+                except Exception:  # one connection's failure must not stop the reaper
+                    log.exception("could not close idle MCP connection %s", sid[:16])
+                    self.conns.gone(sid)
+
+    async def close(self, sid: str, tenant: str) -> int | None:
+        """End a connection with a DELETE of its owner, through the SDK's public entry point;
+        the HTTP status the SDK answered."""
+        status: int | None = None
+        scope: dict[str, Any] = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "DELETE",
+            "scheme": "http", "path": "/mcp", "raw_path": b"/mcp", "query_string": b"", "root_path": "",
+            "headers": [(SESSION_HEADER.encode(), sid.encode())], "client": None, "server": None,
+            "state": {}, "user": tenant_user(tenant)}
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+
+        await self.manager.handle_request(scope, receive, send)
+        self.conns.gone(sid)
+        return status
 
 
 class McpHandler(BaseHandler):
@@ -130,6 +140,8 @@ class McpHandler(BaseHandler):
     event stream), DELETE (end the MCP session)."""
 
     _closed: asyncio.Event
+    _oversize: oversize.OversizeBody | None
+    _received: int
     mcp_http: McpHttp
 
     def initialize(self, services: Services, mcp_http: McpHttp | None = None) -> None:
@@ -142,18 +154,35 @@ class McpHandler(BaseHandler):
 
     def prepare(self) -> None:
         self._closed = asyncio.Event()
+        self._oversize = None
+        self._received = 0
         # SSE answers are several writes: Nagle would hold the later ones for the client's ACK.
         # (tornado turns it back on after each request.)
         self.request.connection.stream.set_nodelay(True)  # type: ignore[union-attr]
         super().prepare()  # the bearer token, then prepare_body
 
     def prepare_body(self) -> None:
-        cap = self.mcp_http.max_body_bytes
+        limit = self.mcp_http.drain_limit
         length = int(self.request.headers.get("Content-Length", "0") or 0)
-        if length > cap:
-            raise PayloadTooLarge(f"the MCP request is {length} bytes, over this server's limit of {cap}")
+        if length > limit:
+            raise PayloadTooLarge(f"the MCP request is {length} bytes, over this server's limit of "
+                                  f"{self.mcp_http.max_body_bytes}")
         if isinstance(self.request.connection, HTTP1Connection):
-            self.request.connection.set_max_body_size(cap + 1)
+            self.request.connection.set_max_body_size(limit)
+
+    def data_received(self, chunk: bytes) -> None:
+        if self.rejected:
+            return
+        self._received += len(chunk)
+        if self._oversize is None and self._received > self.mcp_http.max_body_bytes:
+            self._oversize = oversize.OversizeBody()  # from here on only its ends are kept
+            for kept in self._body_chunks:
+                self._oversize.feed(kept)
+            self._body_chunks = []
+        if self._oversize is not None:
+            self._oversize.feed(chunk)
+        else:
+            self._body_chunks.append(chunk)
 
     def on_connection_close(self) -> None:
         self._closed.set()
@@ -168,17 +197,36 @@ class McpHandler(BaseHandler):
         await self._asgi()
 
     async def _asgi(self) -> None:
-        body = self.body  # at most max_body_bytes + 1 (the connection's cap)
-        if len(body) > self.mcp_http.max_body_bytes:
-            raise PayloadTooLarge(f"the MCP request is over this server's limit of "
-                                  f"{self.mcp_http.max_body_bytes} bytes")
         req = self.request
+        tenant = self.principal.tenant
+        conns = self.mcp_http.conns
+        sid = req.headers.get(SESSION_HEADER)
+        conn = conns.get(sid)
+        own = sid if conn is not None and conn.tenant == tenant else None  # else the SDK's 404
+        if self._oversize is not None:
+            self._answer_oversize(sid, own)
+            return
+        body = self.body
         fast = self.mcp_http.fast
-        if fast is not None and req.method == "POST":
-            call = fast.match(req.headers, body, self.principal.tenant)
+        if fast is not None and own is not None and req.method == "POST":
+            call = fast.match(req.headers, body, conn)
             if call is not None:
-                await self._fast_answer(fast, call)
+                with conns.using(own):
+                    await self._fast_answer(fast, call)
                 return
+        if sid is None and not conns.admit(tenant):
+            log.warning("refusing a new MCP connection for tenant %r: at its cap", tenant)
+            self._answer(503, _TOO_MANY)
+            return
+        with conns.using(own):
+            status = await self._through_sdk(body, sid, own is not None and conn is not None and conn.plain)
+        if own is not None and (status == 404 or (req.method == "DELETE" and status == 200)):
+            conns.gone(own)  # ended by its owner, or no longer known to the SDK
+
+    async def _through_sdk(self, body: bytes, sid: str | None, plain_conn: bool) -> int | None:
+        """Hand the request to the SDK; the HTTP status it answered."""
+        req = self.request
+        tenant = self.principal.tenant
         host, _, port = (req.host or "").rpartition(":")
         scope: dict[str, Any] = {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
@@ -186,22 +234,22 @@ class McpHandler(BaseHandler):
             "query_string": req.query.encode("latin-1"), "root_path": "",
             # The caller's tenant, from its token; never a header the client sent itself.
             "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in req.headers.get_all()
-                        if k.lower() != TENANT_HEADER] + [(TENANT_HEADER.encode(), self.principal.tenant.encode())],
+                        if k.lower() != TENANT_HEADER] + [(TENANT_HEADER.encode(), tenant.encode())],
             "client": (req.remote_ip, 0), "server": (host or req.host, int(port) if port.isdigit() else 80),
             "state": {},
             # The SDK binds the MCP connection to this user and serves it to no other.
-            "user": tenant_user(self.principal.tenant),
+            "user": tenant_user(tenant),
         }
         body_sent = False
-        plain = self.mcp_http.plain
-        opening = plain_client(body) if plain is not None and req.method == "POST" else None
-        mcp_sid = req.headers.get(SESSION_HEADER)
+        json_answers = self.mcp_http.mcp.cfg.json_answers
+        opening = sid is None
+        plain = opening and json_answers and req.method == "POST" and bool(plain_client(body))
+        new_sid: str | None = None
+        status: int | None = None
+        content_type = ""
         # Buffer the SSE answer and send its response as JSON: the client then keeps the connection.
         buffered: list[bytes] | None = (
-            [] if plain is not None and req.method == "POST" and mcp_sid in plain and not wants_stream(body)
-            else None)
-        if plain is not None and req.method == "DELETE" and mcp_sid:
-            plain.discard(mcp_sid)
+            [] if json_answers and plain_conn and req.method == "POST" and not wants_stream(body) else None)
 
         async def receive() -> dict[str, Any]:
             nonlocal body_sent
@@ -212,17 +260,22 @@ class McpHandler(BaseHandler):
             return {"type": "http.disconnect"}
 
         async def send(message: MutableMapping[str, Any]) -> None:
+            nonlocal new_sid, status, content_type
             if message["type"] == "http.response.start":
+                status = message["status"]
                 self.set_status(message["status"])
                 self.clear_header("Content-Type")
                 for k, v in message.get("headers", []):
-                    self.add_header(k.decode("latin-1"), v.decode("latin-1"))
-                    if opening and k.lower() == SESSION_HEADER.encode() and plain is not None:
-                        plain.add(v.decode("latin-1"), self.mcp_http.manager._server_instances)
+                    key, value = k.decode("latin-1"), v.decode("latin-1")
+                    self.add_header(key, value)
+                    if key.lower() == SESSION_HEADER:
+                        new_sid = value
+                    elif key.lower() == "content-type":
+                        content_type = value
             elif message["type"] == "http.response.body" and buffered is not None:
                 buffered.append(message.get("body") or b"")
                 if not message.get("more_body"):
-                    self._send_plain(b"".join(buffered))
+                    self._send_plain(b"".join(buffered), content_type)
             elif message["type"] == "http.response.body" and not self._closed.is_set():
                 if message.get("body"):
                     self.write(message["body"])
@@ -232,9 +285,35 @@ class McpHandler(BaseHandler):
                     except StreamClosedError:
                         self._closed.set()
 
-        await self.mcp_http.manager.handle_request(scope, receive, send)
+        try:
+            await self.mcp_http.manager.handle_request(scope, receive, send)
+        finally:
+            if opening:  # the SDK keeps a connection it answered below 400 (its `established`)
+                if new_sid is not None and status is not None and status < 400:
+                    self.mcp_http.conns.opened(new_sid, tenant, plain)
+                else:
+                    self.mcp_http.conns.not_opened(tenant)
         if not self._finished and not self._closed.is_set():
             self.finish()
+        return status
+
+    def _answer(self, status: int, body: bytes, sid: str | None = None) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        if sid is not None:
+            self.set_header(SESSION_HEADER, sid)
+        self.finish(body)
+
+    def _answer_oversize(self, sid: str | None, own: str | None) -> None:
+        """An oversized request's MCP answer (oversize.py); its body was read and dropped."""
+        assert self._oversize is not None
+        if sid is not None and own is None:  # what the SDK answers for an id this caller has not
+            self._answer(404, b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Session not found"}}')
+            return
+        with self.mcp_http.conns.using(own):  # activity: the idle countdown starts again
+            status, body = oversize.answer(self._oversize, self.mcp_http.max_body_bytes)
+        log.info("oversized MCP request (%d bytes) answered in the protocol", self._oversize.size)
+        self._answer(status, body, own)
 
     async def _fast_answer(self, fast: FastCalls, call: FastCall) -> None:
         """A fast call's answer: one JSON body, with the connection's id as the SDK sends it."""
@@ -242,16 +321,14 @@ class McpHandler(BaseHandler):
         self.services.metrics.mcp_fast_calls.inc()
         if self._closed.is_set():
             return
-        self.set_header("Content-Type", "application/json")
-        self.set_header(SESSION_HEADER, call.mcp_session)
-        self.finish(answer)
+        self._answer(200, answer, call.mcp_session)
 
-    def _send_plain(self, stream: bytes) -> None:
+    def _send_plain(self, stream: bytes, content_type: str) -> None:
         """Write a buffered answer: an SSE stream's one JSON-RPC response as a JSON body, anything
         else (an error body, a stream without a single response) as it came."""
         if self._closed.is_set():
             return
-        answer = sse_answer(stream) if self._headers.get("Content-Type", "").startswith("text/event-stream") else None
+        answer = sse_answer(stream) if content_type.startswith("text/event-stream") else None
         if answer is None:
             self.write(stream)
             return

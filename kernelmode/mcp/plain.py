@@ -68,25 +68,3 @@ def sse_answer(stream: bytes) -> bytes | None:
             found.append(data)
     return found[0].encode() if len(found) == 1 else None
 
-
-class PlainClients:
-    """The MCP connections (``Mcp-Session-Id``) whose client declared no elicitation and no
-    sampling: their calls without a progress token are answered as plain JSON."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self._ids: set[str] = set()
-
-    def add(self, session_id: str, live: set[str] | dict[str, Any]) -> None:
-        """Remember a plain client's connection; beyond ``cap`` entries, those of connections no
-        longer in ``live`` (closed, idled out) are forgotten first."""
-        if len(self._ids) >= self.cap:
-            self._ids = {s for s in self._ids if s in live}
-        if len(self._ids) < self.cap:
-            self._ids.add(session_id)
-
-    def discard(self, session_id: str) -> None:
-        self._ids.discard(session_id)
-
-    def __contains__(self, session_id: object) -> bool:
-        return session_id in self._ids

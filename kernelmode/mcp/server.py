@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.tools.base import Tool
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, METHOD_NOT_FOUND
 
@@ -22,6 +23,7 @@ from ..services import Services
 from ..tools.registry import ToolRegistry
 from .budget import fit_message, fit_text
 from .connections import TENANT_HEADER
+from .fastcall import FAST_TOOLS
 from .tools import McpTools, instructions, protocol_error
 
 __all__ = ["TENANT_HEADER", "KernelmodeMCP"]
@@ -44,11 +46,14 @@ class KernelmodeMCP:
         self._started = services
         self._services: Services | None = None
         self.tools = McpTools(settings, tools, self._running)
+        built = self.tools.build()
         self.server: MCPServer[Any] = MCPServer(
-            name="kernelmode", version=__version__, instructions=instructions(tools),
+            name="kernelmode", version=__version__, instructions=instructions(tools), tools=built,
             middleware=[self._refuse_discover, self._await_start, self._cap_message],
         )
-        self.tools.add_to(self.server)
+        # The registered Tool objects of the direct route's tools (fastcall.py): kept here, as
+        # the SDK's tool table is private.
+        self.fast_tools: dict[str, Tool] = {t.name: t for t in built if t.name in FAST_TOOLS}
 
     def _running(self) -> Services:
         assert self._services is not None, "a tool that needs the sessions ran before _await_start"

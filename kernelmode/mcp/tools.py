@@ -21,7 +21,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, ParamSpec, TypeVar
 
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.tools.base import Tool
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INTERNAL_ERROR,
@@ -147,8 +148,8 @@ class McpTools:
         self.connections = Connections(services)
         self.answers = RunAnswers(self.cfg)
 
-    def add_to(self, srv: MCPServer[Any]) -> None:
-        """Register every tool on ``srv``, each behind ``tool_errors``."""
+    def build(self) -> list[Tool]:
+        """Every tool, each behind ``tool_errors``, as the SDK registers them (``MCPServer(tools=)``)."""
         tools: list[tuple[Callable[..., Awaitable[Any]], ToolAnnotations]] = [
             (self.run_python, ToolAnnotations(title="Run Python", read_only_hint=False,
                                               destructive_hint=False, open_world_hint=False)),
@@ -168,11 +169,10 @@ class McpTools:
             (self.checkpoint, ToolAnnotations(title="Checkpoint the session", destructive_hint=False)),
             (self.fork_session, ToolAnnotations(title="Fork a session", destructive_hint=False)),
         ]
-        for fn, hints in tools:
-            name = fn.__name__
-            # Docstrings as descriptions, dedented (the SDK sends __doc__ as it is: indented on 3.11).
-            srv.add_tool(tool_errors(name, fn), name=name, description=inspect.cleandoc(fn.__doc__ or ""),
-                         annotations=hints)
+        # Docstrings as descriptions, dedented (the SDK sends __doc__ as it is: indented on 3.11).
+        return [Tool.from_function(tool_errors(fn.__name__, fn), name=fn.__name__, annotations=hints,
+                                   description=inspect.cleandoc(fn.__doc__ or ""))
+                for fn, hints in tools]
 
     def _wait(self, wait_seconds: float | None) -> float:
         return self.cfg.wait_seconds if wait_seconds is None else wait_seconds

@@ -1,6 +1,7 @@
 """MCP connections belong to their tenant: another tenant's token naming a connection's
 ``Mcp-Session-Id`` is answered like an unknown id (404) and cannot end it; the cap on open MCP
-connections is per tenant, so one tenant at its cap does not lock the others out.
+connections is per tenant, so one tenant at its cap does not lock the others out; an oversized
+request is answered (in the protocol) to the connection's owner only.
 
 Attacks with raw HTTP against the real server's /mcp (the SDK client hides the session id),
 and the real MCP SDK client for the tenant that must still get in.
@@ -161,3 +162,29 @@ def test_the_direct_route_serves_no_other_tenant(tenant_server: Server) -> None:
             c.post("/mcp", headers={**ACCEPT, "mcp-session-id": sid, "mcp-protocol-version": VERSION},
                    json=rpc("tools/call", {"name": "close_session", "arguments": {}}, id_=8))
         assert close(tenant_server, ALPHA, sid).status_code == 200
+
+
+def test_an_oversized_request_is_answered_in_the_protocol_to_its_owner_only(tenant_server: Server) -> None:
+    """A body over mcp.max_request_bytes is read and dropped, then answered as MCP (issue 32):
+    to the connection's owner with its JSON-RPC id; to another token naming that connection with
+    the unknown-id 404, as the SDK would; nothing of it runs."""
+    r = open_connection(tenant_server, ALPHA)
+    assert r.status_code == 200, r.text
+    sid = r.headers["mcp-session-id"]
+    big = (b'{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"upload_file",'
+           b'"arguments":{"filename":"x.bin","content_base64":"' + b"A" * (33 << 20) + b'"}}}')
+    headers = {**ACCEPT, "mcp-session-id": sid, "mcp-protocol-version": VERSION}
+    try:
+        with tenant_server.client(BETA) as c:
+            stolen = c.post("/mcp", headers=headers, content=big)
+        assert stolen.status_code == 404, stolen.text
+        assert "upload_file" not in stolen.text and "max_request_bytes" not in stolen.text
+        with tenant_server.client(ALPHA) as c:
+            mine = c.post("/mcp", headers=headers, content=big)
+        assert mine.status_code == 200, mine.text
+        msg = answer(mine)
+        assert msg["id"] == 11 and msg["result"]["isError"] is True
+        assert "max_request_bytes" in msg["result"]["content"][0]["text"]
+        assert list_tools(tenant_server, ALPHA, sid).status_code == 200  # the connection goes on
+    finally:
+        close(tenant_server, ALPHA, sid)

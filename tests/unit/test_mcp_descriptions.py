@@ -12,12 +12,10 @@ from kernelmode.tools.registry import ToolRegistry
 
 
 async def test_tool_descriptions_are_dedented_and_short() -> None:
-    srv: MCPServer[Any] = MCPServer("t")
-
     def no_services() -> Any:
         raise AssertionError("listing tools needs no service")
 
-    McpTools(Settings(), ToolRegistry(), no_services).add_to(srv)
+    srv: MCPServer[Any] = MCPServer("t", tools=McpTools(Settings(), ToolRegistry(), no_services).build())
     listed = await srv.list_tools()
     assert {t.name for t in listed} >= {"run_python", "get_run", "upload_file", "install_packages"}
     for tool in listed:

@@ -53,15 +53,3 @@ def test_bodies_that_are_not_json() -> None:
     assert parse_call(b"{") is None
     assert parse_call(b"\xff\xfe") is None
 
-
-def test_the_route_is_off_when_the_sdk_keeps_its_connections_elsewhere() -> None:
-    """Another mcp release may move what the route reads: then every call goes the SDK's way."""
-    from types import SimpleNamespace
-
-    from kernelmode.mcp.fastcall import FastCalls
-
-    kmcp = SimpleNamespace(server=SimpleNamespace(_tool_manager=SimpleNamespace(get_tool=lambda name: None)))
-    assert FastCalls.fits(kmcp, SimpleNamespace(_server_instances={}, _session_owners={}))
-    assert not FastCalls.fits(kmcp, SimpleNamespace(_server_instances={}))
-    assert not FastCalls.fits(SimpleNamespace(server=SimpleNamespace()),
-                              SimpleNamespace(_server_instances={}, _session_owners={}))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kernelmode.mcp.plain import PlainClients, plain_client, sse_answer, wants_stream
+from kernelmode.mcp.plain import plain_client, sse_answer, wants_stream
 
 
 def _req(method: str, **params: object) -> bytes:
@@ -40,15 +40,3 @@ def test_sse_answer_takes_the_one_response() -> None:
     two = f"data: {json.dumps(answer)}\n\ndata: {json.dumps(answer)}\n\n".encode()
     assert sse_answer(two) is None  # not a single response: sent as it came
 
-
-def test_plain_clients_forget_closed_connections_at_the_cap() -> None:
-    p = PlainClients(cap=2)
-    p.add("a", live={"a"})
-    p.add("b", live={"a", "b"})
-    assert "a" in p and "b" in p
-    p.add("c", live={"b", "c"})  # full: "a" is gone, so it makes room
-    assert "a" not in p and "c" in p
-    p.add("d", live={"b", "c", "d"})  # full of live ones: not remembered (answered with SSE)
-    assert "d" not in p
-    p.discard("b")
-    assert "b" not in p

@@ -94,7 +94,7 @@ class SessionManager:
         self._live: dict[str, LiveSession] = {}
         self._creating: dict[str, str] = {}  # session id -> tenant, while its kernel starts
         self.admission = Admission(settings, store, self._live, self._creating)
-        self.metrics = Metrics()
+        self.metrics = Metrics(known_tool=broker.knows)
         self.packages = SessionPackages(PackageService(settings, data_dir, sandbox), self._live.get)
         broker.reserved[PIP] = self.packages.from_kernel  # %pip install in a cell
         self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service)

@@ -146,7 +146,7 @@ def _until(ws: ClientConnection, parent: str, kind: str, seen: list[dict]) -> di
                 return msg
 
 
-def test_a_websocket_input_reply_with_a_lone_surrogate_does_not_wedge_the_kernel(
+def test_a_websocket_frame_with_a_lone_surrogate_reaches_the_kernel_as_text(
         console: ClientConnection, api: httpx.Client, kept: str) -> None:
     seen: list[dict] = []
     ask = _header("execute_request")

@@ -3,6 +3,12 @@
 Counters and the run-duration histogram are updated where things happen (the SessionManager);
 gauges (live sessions by status; the warm pool's ready count and its configured size) are read
 from the manager when scraped.
+
+Every label value comes from the server's own vocabulary, never from what a kernel or a client
+sent: each series lives until restart, so a label fed from a forged value lets kernel code grow
+``/metrics`` (and the manager's memory) without bound. Statuses, sources, causes and reasons are
+the server's literals, tenants are configured; a tool name is kept only if the server knows that
+tool (``known_tool``), else counted as ``other``.
 """
 
 from __future__ import annotations
@@ -35,8 +41,12 @@ class _LiveState(Collector):
         yield GaugeMetricFamily("kernelmode_pool_size", "Configured warm pool size", value=pool_size)
 
 
+OTHER_TOOL = "other"  # the tool label of a call to a name the server does not know
+
+
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, known_tool: Callable[[str], bool] = lambda _name: False) -> None:
+        self.known_tool = known_tool
         # A registry of its own: several services in one process (tests, library mode) do not mix.
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -71,11 +81,15 @@ class Metrics:
         self.run_seconds.labels(source).observe(result.duration_ms / 1000)
         if result.status == "kernel_died":
             self.deaths.labels(result.cause.kind if result.cause else "unknown").inc()
-        for (tool, ok), n in Tally((c.tool, c.ok) for c in result.tool_calls).items():
+        for (tool, ok), n in Tally((self.tool_label(c.tool), c.ok) for c in result.tool_calls).items():
             self.tool_calls.labels(tool, "ok" if ok else "error").inc(n)
         if result.artifacts:
             self.artifacts.inc(len(result.artifacts))
             self.artifact_bytes.inc(sum(a.size_bytes for a in result.artifacts))
+
+    def tool_label(self, name: str) -> str:
+        """``name`` if it is one of the server's tools (or its own reserved calls), else ``other``."""
+        return name if name != OTHER_TOOL and self.known_tool(name) else OTHER_TOOL
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

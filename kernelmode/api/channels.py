@@ -132,12 +132,12 @@ class ChannelsHandler(websocket.WebSocketHandler):
             self.close(4400, f"refused frame: {e}"[:120])  # a close reason fits in 123 bytes
             return
         if self._tap.from_console(msg["channel"], msg):
-            # The gateway speaks v1; an execute_request is re-encoded (the tap set its
-            # stop_on_error), any other v1 frame passes as it came (with its binary buffers).
-            if self._legacy or msg.get("msg_type") == "execute_request":
-                message = encode_frame(msg, msg["channel"])
+            # Every frame is re-encoded from what was checked (the tap may have set an
+            # execute_request's stop_on_error), never passed on as it came: the client's bytes
+            # may hold lone surrogate escapes or bytes that are not UTF-8, which the decoder made
+            # U+FFFD, and which the kernel would get as they are (frames.pack_json says why not).
             with contextlib.suppress(websockets.WebSocketException):
-                await self._upstream.send(message)
+                await self._upstream.send(encode_frame(msg, msg["channel"]))
 
     async def _from_kernel(self) -> None:
         assert self._upstream is not None and self._tap is not None

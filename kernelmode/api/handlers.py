@@ -30,6 +30,7 @@ from ..errors import (
     Unauthorized,
     from_wire,
 )
+from ..gateway.frames import refuse_lone_surrogates
 from ..models import (
     SESSION_ID_PATTERN,
     ApprovalRequest,
@@ -147,6 +148,8 @@ class BaseHandler(web.RequestHandler):
             raise BadJSON("the request body is nested too deeply") from e
         if not isinstance(data, dict):
             raise InvalidRequest("the request body must be a JSON object")
+        if b"\\u" in raw:  # only an escape makes a lone surrogate
+            refuse_lone_surrogates(data, "the request body")
         try:
             return model.model_validate(data)
         except PydanticValidationError as e:

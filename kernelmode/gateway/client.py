@@ -18,7 +18,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import websockets
-from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session as JupyterSession
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from websockets.asyncio.client import ClientConnection
@@ -35,7 +34,7 @@ from ..errors import (
     SandboxUnavailable,
 )
 from .exchange import DISCONNECTED_EVENT, KERNEL_STATUS_EVENT
-from .frames import Bounds, decode_frame, encode_frame
+from .frames import Bounds, decode_frame, encode_frame, pack_json
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -334,7 +333,7 @@ class KernelConnection:
         if self._binary:
             frame: str | bytes = encode_frame(msg, channel)
         else:
-            frame = json.dumps({**msg, "channel": channel}, default=json_default)
+            frame = pack_json({**msg, "channel": channel}).decode()
         try:
             await self._ws.send(frame)
         except websockets.WebSocketException as e:

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 from jupyter_client.jsonutil import json_default
 
-from ..errors import FrameError
+from ..errors import FrameError, InvalidRequest
 
 CHANNELS = frozenset({"shell", "iopub", "stdin", "control", "hb"})
 MIN_PARTS = 4  # header, parent_header, metadata, content
@@ -140,6 +140,41 @@ def scrub_surrogates(value: Any) -> Any:
     return root[0]
 
 
+def lone_surrogate(value: Any, where: str = "") -> str | None:
+    """Where the first lone surrogate in ``value``'s strings is, said for a person (``code:
+    U+D800 at character 2``), or None. A lone surrogate is valid in JSON (``"\\ud800"``) and in a
+    Python str, but it is not Unicode text: no UTF-8 encoder (the gateway's, the kernel's) takes
+    it. Iterative, like scrub_surrogates."""
+    stack: list[tuple[str, Any]] = [(where, value)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, str):
+            m = _SURROGATE.search(node)
+            if m is not None:
+                at = f"U+{ord(m.group()):04X} at character {m.start()}"
+                return f"{path}: {at}" if path else at
+        elif isinstance(node, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(node))))
+        elif isinstance(node, dict):
+            for key, item in reversed(list(node.items())):
+                name = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return f"{_SURROGATE.sub(chr(0xFFFD), name)}: a lone surrogate in a key"
+                stack.append((name, item))
+    return None
+
+
+def refuse_lone_surrogates(value: Any, what: str) -> None:
+    """InvalidRequest (422) if ``value`` holds a lone surrogate: refused at the front door, before
+    a kernel or the gateway could choke on it, with what to send instead."""
+    where = lone_surrogate(value)
+    if where is not None:
+        raise InvalidRequest(
+            f"{what} holds a lone surrogate ({where}), which is not Unicode text and cannot reach "
+            "a kernel: send valid text (in code, write such a character as an escape in a string "
+            "literal, '\\ud800', or use bytes)")
+
+
 def loads(data: bytes | bytearray | memoryview, max_bytes: int, max_depth: int = MAX_JSON_DEPTH,
           max_values: int = MAX_JSON_VALUES) -> Any:
     """JSON ``data`` decoded, once its size and shape are within bounds (else FrameError)."""
@@ -228,20 +263,30 @@ def _header_part(part: memoryview, name: str, bounds: Bounds) -> dict[str, Any]:
     return value
 
 
-def _pack(obj: Any) -> bytes:
-    # orjson writes the same JSON (datetimes as jupyter_client's json_default does, UTC as Z),
-    # several times faster; what it refuses (lone surrogates, integers past 64 bits) is written
-    # by the standard library as before.
+def pack_json(obj: Any) -> bytes:
+    """``obj`` as JSON bytes a Jupyter peer can read back and re-encode: never a lone surrogate.
+
+    orjson writes the same JSON (datetimes as jupyter_client's json_default does, UTC as Z),
+    several times faster; what it refuses (lone surrogates, integers past 64 bits) is written by
+    the standard library, with each lone surrogate as U+FFFD. Written as a ``\\ud800`` escape, a
+    lone surrogate passes the gateway and reaches the kernel, whose own re-encoding
+    (jupyter_client's json_packer: UTF-8 with surrogateescape, which fails on U+D800..U+DC7F)
+    fails when it publishes the cell's execute_input: the handler stops before any
+    execute_reply, and the run waited for one until its timeout restarted the kernel (issue 32)."""
     try:
         return orjson.dumps(obj, default=json_default, option=orjson.OPT_UTC_Z)
     except (orjson.JSONEncodeError, TypeError):
-        return json.dumps(obj, default=json_default).encode()
+        text = json.dumps(obj, default=json_default)
+        if _SURROGATE_ESCAPE.search(text.encode()) is not None:  # a copy scrubbed, not obj itself
+            text = json.dumps(scrub_surrogates(json.loads(text)))
+        return text.encode()
 
 
 def encode_frame(msg: dict[str, Any], channel: str) -> bytes:
     """A message as a v1 frame (what jupyter_server's serialize_msg_to_ws_v1 makes)."""
-    parts = [_pack(msg["header"]), _pack(msg["parent_header"]), _pack(msg.get("metadata", {})),
-             _pack(msg["content"]), *(bytes(b) for b in msg.get("buffers") or [])]
+    parts = [pack_json(msg["header"]), pack_json(msg["parent_header"]),
+             pack_json(msg.get("metadata", {})), pack_json(msg["content"]),
+             *(bytes(b) for b in msg.get("buffers") or [])]
     name = channel.encode()
     offsets = [_U64 * (len(parts) + 3)]
     offsets.append(offsets[-1] + len(name))

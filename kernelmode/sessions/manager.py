@@ -33,6 +33,7 @@ from ..errors import (
 )
 from ..gateway.client import KERNEL_DEAD, GatewayClient
 from ..gateway.exchange import KERNEL_STATUS_EVENT, RESTARTED
+from ..gateway.frames import refuse_lone_surrogates
 from ..kernel.preamble import PIP
 from ..metrics import Metrics
 from ..models import (
@@ -93,7 +94,7 @@ class SessionManager:
         self._live: dict[str, LiveSession] = {}
         self._creating: dict[str, str] = {}  # session id -> tenant, while its kernel starts
         self.admission = Admission(settings, store, self._live, self._creating)
-        self.metrics = Metrics()
+        self.metrics = Metrics(known_tool=broker.knows)
         self.packages = SessionPackages(PackageService(settings, data_dir, sandbox), self._live.get)
         broker.reserved[PIP] = self.packages.from_kernel  # %pip install in a cell
         self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service)
@@ -349,7 +350,8 @@ class SessionManager:
 
         The result's artifacts stay in the store under the throw-away session's id.
         """
-        self.runner.timeout(timeout_seconds)  # refuse a bad timeout before taking a kernel
+        self.runner.timeout(timeout_seconds)  # refuse a bad timeout or code before taking a kernel
+        refuse_lone_surrogates(code, "code")
         info = await self.create(SessionCreate(session_id=f"oneshot-{uuid.uuid4().hex[:20]}", tools=tools),
                                  principal)
         sid = info.session_id

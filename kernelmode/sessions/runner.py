@@ -23,6 +23,7 @@ from ..config import ADMIN_TENANT, Settings
 from ..errors import InvalidRequest, KernelmodeError, PayloadTooLarge, SessionNotFound
 from ..gateway.exchange import ExecuteExchange, Outcome
 from ..gateway.execution import OutputCollector
+from ..gateway.frames import refuse_lone_surrogates
 from ..kernel.hints import memory_hint
 from ..metrics import Metrics
 from ..models import DeathCause, RunError, RunResult, RunStatus, ToolCall
@@ -96,6 +97,7 @@ class Runner:
                 f"code is larger than this server's limit of {self.settings.sessions.max_code_bytes} bytes; "
                 "upload data as a file instead of pasting it into code"
             )
+        refuse_lone_surrogates(code, "code")  # every door's code: the gateway would drop it (frames.py)
         timeout = self.timeout(timeout_seconds)
         run = LiveRun(run_id=uuid.uuid4().hex, session_id=s.info.session_id, code=code,
                       collector=self.collector())

@@ -28,6 +28,7 @@ from .registry import ToolRegistry, allowed
 _DENIED = {"denied": True}
 # The call id at the head of the preamble's request: read without parsing, so that a request
 # refused before it is parsed is still answered as its call.
+MAX_RECORDED_NAME = 256  # characters of a tool name kept in a record (configured names: 64 at most)
 _CALL_ID = re.compile(r'\{"id": "([0-9a-f]{32})"')
 
 
@@ -67,6 +68,11 @@ class ToolBroker:
         # Calls the manager answers itself (name -> handler(session_id, arguments)), e.g. the
         # preamble's %pip install; they are not tools, so no allow-list or tool rate applies.
         self.reserved: dict[str, Callable[[str, dict[str, Any]], Awaitable[Any]]] = {}
+
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is a tool of this server or one of its reserved calls (the names a
+        metric label may carry; anything a kernel made up is not)."""
+        return name in self.reserved or self.registry.get(name) is not None
 
     def forget_session(self, session_id: str) -> None:
         self._limiters.pop(session_id, None)
@@ -178,6 +184,8 @@ class ToolBroker:
     @staticmethod
     def _record(session_id: str, run_id: str, name: str, error: str | None, started: float,
                 bytes_in: int, bytes_out: int) -> ToolCall:
+        if len(name) > MAX_RECORDED_NAME:  # a made-up name of any size: its record and audit line stay small
+            name = name[:MAX_RECORDED_NAME] + "…"
         record = ToolCall(
             tool=name, ok=error is None, error=error,
             duration_ms=round((time.monotonic() - started) * 1000, 3),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tracemalloc
+from datetime import datetime, timezone
 
 import pytest
 from jupyter_server.services.kernels.connection.base import (
@@ -11,7 +12,7 @@ from jupyter_server.services.kernels.connection.base import (
     serialize_msg_to_ws_v1,
 )
 
-from kernelmode.errors import FrameError
+from kernelmode.errors import FrameError, InvalidRequest
 from kernelmode.gateway.frames import (
     DROPPED,
     MAX_JSON_DEPTH,
@@ -20,6 +21,9 @@ from kernelmode.gateway.frames import (
     encode_frame,
     json_shape_error,
     loads,
+    lone_surrogate,
+    pack_json,
+    refuse_lone_surrogates,
     scrub_surrogates,
     split_frame,
 )
@@ -51,12 +55,14 @@ def test_round_trip_matches_jupyter_server() -> None:
     msg = _msg({"code": "print(1)", "s": "\u00e9\ud83d\ude00", "n": 2**70, "lone": "\udc00"})
     ours = encode_frame(msg, "shell")
     # The same framing as jupyter_server's; each part the JSON the standard library writes
-    # (ours compact, by orjson; the integer past 64 bits and the lone surrogate as json does).
+    # (ours compact, by orjson; the integer past 64 bits as json does; a lone surrogate, which
+    # the gateway could not re-encode for the kernel, as U+FFFD).
     theirs = serialize_msg_to_ws_v1(msg, "shell", lambda o: json.dumps(o, separators=(",", ":")).encode())
     _, our_parts = deserialize_msg_from_ws_v1(ours)
     _, their_parts = deserialize_msg_from_ws_v1(bytes(theirs))
-    assert [json.loads(p) for p in our_parts] == [json.loads(p) for p in their_parts]
-    assert json.loads(our_parts[3])["lone"] == "\udc00" and json.loads(our_parts[3])["n"] == 2**70
+    assert [json.loads(p) for p in our_parts[:3]] == [json.loads(p) for p in their_parts[:3]]
+    assert json.loads(our_parts[3]) == {**json.loads(their_parts[3]), "lone": "\ufffd"}
+    assert json.loads(our_parts[3])["n"] == 2**70
     msg = _msg({"code": "print(1)"})
     ours = encode_frame(msg, "shell")
     assert ours == bytes(serialize_msg_to_ws_v1(msg, "shell", lambda o: json.dumps(o, separators=(",", ":")).encode()))
@@ -138,3 +144,24 @@ def test_undecodable_bytes_and_lone_surrogates_become_replacement_chars() -> Non
     assert msg["content"] == {"text": "a\ufffdb \ufffd \U0001f600", "\ufffdk": ["\ufffd"]}
     json.dumps(msg, ensure_ascii=False).encode("utf-8")  # encodable: no surrogate is left
     assert scrub_surrogates(["\udcff", {"k": "\ud800"}]) == ["\ufffd", {"k": "\ufffd"}]
+
+
+def test_nothing_packed_for_the_gateway_holds_a_lone_surrogate() -> None:
+    """jupyter_client's json_packer (the gateway's, the kernel's) fails on U+D800..U+DC7F: a
+    message carrying one was dropped, and a cell that never arrived never ended (issue 32)."""
+    from jupyter_client.session import json_packer
+
+    value = {"code": "# \ud800", "n": 2**70, "\udcffk": ["\udfff", {"d": datetime.now(timezone.utc)}]}
+    with pytest.raises(UnicodeEncodeError):
+        json_packer(json.loads(json.dumps(value, default=str)))
+    packed = json.loads(pack_json(value))
+    json_packer(packed)  # the gateway re-encodes it
+    assert packed["code"] == "# \ufffd" and packed["\ufffdk"][0] == "\ufffd" and packed["n"] == 2**70
+    assert value["code"] == "# \ud800"  # the caller's value untouched
+
+
+def test_lone_surrogates_are_found_and_refused_with_where() -> None:
+    assert lone_surrogate({"a": ["ok", {"b": "x\ud800"}]}) == "a[1].b: U+D800 at character 1"
+    assert lone_surrogate({"a": "\U0001f600", "b": ["\u00e9"]}) is None
+    with pytest.raises(InvalidRequest, match=r"code holds a lone surrogate \(U\+DCFF at character 4\)"):
+        refuse_lone_surrogates("x = \udcff", "code")

@@ -9,6 +9,12 @@ Jupyter Server's own gateway manager lists only the kernels it started itself. U
 
 When JupyterLab exits it stops only the kernels it started (Jupyter's own manager stops every
 kernel it knows; kernelmode would only detach from an agent's session anyway).
+
+Kernels are named after their session: JupyterLab labels a running kernel that no notebook uses
+by its model's ``name`` and the start of its id, and a spec name (``kernelmode-docker
+(10f29c53)``) does not tell a person which agent's session it is; ``agent1 · team-a (10f29c53)``
+does. kernelmode's Jupyter API keeps the spec name (what Jupyter clients start kernels by); only
+the models this server hands JupyterLab carry the label.
 """
 
 from __future__ import annotations
@@ -18,6 +24,17 @@ from typing import Any
 from jupyter_server.gateway.gateway_client import gateway_request
 from jupyter_server.gateway.managers import GatewayMappingKernelManager
 from tornado.escape import json_decode
+
+
+def labelled(model: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a kernel model named after its kernelmode session and tenant (the stored model,
+    which the gateway manager refreshes, keeps the spec name)."""
+    about = model.get("kernelmode") or {}
+    session = about.get("session_id")
+    if not session:
+        return model
+    tenant = about.get("tenant")
+    return {**model, "name": f"{session} · {tenant}" if tenant else str(session)}
 
 
 class AttachingKernelManager(GatewayMappingKernelManager):
@@ -40,7 +57,11 @@ class AttachingKernelManager(GatewayMappingKernelManager):
             if model["id"] not in self._kernels:
                 await super().start_kernel(kernel_id=model["id"])  # attach: no new kernel
         kernels: list[dict[str, Any]] = await super().list_kernels(**kwargs)
-        return kernels
+        return [labelled(model) for model in kernels]
+
+    async def kernel_model(self, kernel_id: str) -> dict[str, Any]:
+        model: dict[str, Any] = await super().kernel_model(kernel_id)
+        return labelled(model)
 
     async def shutdown_all(self, now: bool = False) -> None:  # type: ignore[override]
         for kernel_id in list(self._kernels):

@@ -38,7 +38,7 @@ def test_jupyterlab_runs_a_cell_in_the_agents_session(srv: Server) -> None:
     from playwright.sync_api import sync_playwright
 
     with srv.client() as agent:
-        sid = agent.post("/v1/sessions", json={}).json()["session_id"]
+        sid = agent.post("/v1/sessions", json={"session_id": "agent1-lab"}).json()["session_id"]
         assert agent.post(f"/v1/sessions/{sid}/execute", json={"code": "x = 41"}).json()["status"] == "ok"
         proc, lab_url, root = start_jupyter_server(srv.url, srv.token, [ATTACHING], module="jupyterlab")
         try:
@@ -60,7 +60,10 @@ def test_jupyterlab_runs_a_cell_in_the_agents_session(srv: Server) -> None:
                     select = page.locator(".jp-Dialog select").first
                     select.wait_for(timeout=120_000)
                     option = select.locator(f"option[value*='{kid}']").first
-                    select.select_option(value=option.get_attribute("value", timeout=120_000))
+                    value = option.get_attribute("value", timeout=120_000)
+                    # named after the session and its tenant, not the kernelspec
+                    assert option.inner_text().startswith(f"{sid} · admin ("), option.inner_text()
+                    select.select_option(value=value)
                     page.locator(".jp-Dialog .jp-mod-accept").first.click()
                     editor = page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").first
                     editor.wait_for(timeout=120_000)

@@ -21,7 +21,8 @@
     │   └── KernelSpecNotFound       (404 kernelspec_not_found) api/jupyter_api.py: the Jupyter API
     ├── Conflict                     (409 conflict)
     │   ├── SessionExists            (409 session_exists)
-    │   ├── CheckpointFailed         (409 checkpoint_failed)  sessions/checkpoints.py: nothing was saved
+    │   ├── CheckpointFailed         (409 checkpoint_failed)  sessions/snapshot_call.py: nothing was saved
+    │   │   └── CheckpointAnswerRefused (502 checkpoint_failed) the kernel's snapshot answer is malformed
     │   ├── FileExists               (409 file_exists)        artifacts/workspace.py
     │   ├── ApprovalDecided          (409 approval_decided)   tools/approvals.py: answered, timed out or withdrawn
     │   ├── WorkspaceChanged         (409 workspace_changed)  artifacts/workspace.py: kernel code moved the folder

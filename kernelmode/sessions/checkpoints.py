@@ -135,17 +135,19 @@ class Checkpoints:
         cid = uuid.uuid4().hex
         rel = PurePosixPath(CHECKPOINT_DIR, f"{cid}.kmck")
         channel = self._channel(s)
-        recorded = False
+        unchanged = stored = recorded = False
         try:
             raw = await self._call(k, {"op": "save", "path": f"{WORKSPACE_MOUNT}/{rel}",
                                        "max_bytes": self.cfg.max_bytes, "if_changed": if_changed})
             s.last_checkpoint = time.monotonic()
             answer = parse_answer(SaveAnswer, raw)  # before anything is stored
-            if answer.unchanged:
+            if answer.unchanged:  # no file written: nothing to clean up
                 s.changed_since_checkpoint = False
+                unchanged = True
                 return None
             if answer.error is not None:
                 raise CheckpointFailed(f"the kernel could not write its checkpoint: {answer.error}")
+            stored = True  # from here, objects may reach the store
             size, files, tar_size, skipped_files = await self._store(s, channel, cid, rel)
             info = CheckpointInfo(
                 checkpoint_id=cid, session_id=s.info.session_id, saved=list(answer.saved),
@@ -161,10 +163,11 @@ class Checkpoints:
             self.store.add_checkpoint(info, s.info.tenant or ADMIN_TENANT)  # no await since the check
             recorded = True
         finally:
-            if not recorded:  # failed, cancelled, or the kernel died under it (a DELETE): nothing stays
+            if stored and not recorded:  # failed, cancelled, or the kernel died under it (a DELETE)
                 await asyncio.shield(self._drop_objects(cid))
-            with contextlib.suppress(KernelmodeError):
-                await channel.delete(rel)
+            if not unchanged:
+                with contextlib.suppress(KernelmodeError):
+                    await channel.delete(rel)
         s.changed_since_checkpoint = False
         await self._prune(s.info.session_id)
         audit("checkpoint", session_id=s.info.session_id, tenant=s.info.tenant, checkpoint_id=cid,

@@ -79,7 +79,8 @@ def parse_answer(model: type[A], raw: dict[str, Any] | None) -> A:
         raise CheckpointAnswerRefused(
             f"the kernel's answer to the checkpoint request is malformed ({where}: {first['msg']}; "
             f"{e.error_count()} error(s)); nothing was saved. Kernel code may have replaced the snapshot "
-            "module: restart the session's kernel and try again") from None
+            "module: run `import sys; sys.modules.pop('kernelmode_snapshot', None)` (or restart the "
+            "kernel: POST /v1/sessions/{id}/restart) and try again") from None
 
 
 async def call_snapshot(k: Kernel, request: dict[str, Any], timeout: float, grace: float) -> dict[str, Any] | None:

@@ -164,6 +164,8 @@ def test_a_forged_snapshot_answer_is_refused_and_nothing_is_stored(
         assert alpha.get(f"/v1/sessions/{sid}/checkpoints").json()["checkpoints"] == []
         assert _folders(tenant_server) == before
         assert _run(alpha, sid, "v")["result"] == "1"  # the session goes on
+        _run(alpha, sid, "import sys\nsys.modules.pop('kernelmode_snapshot', None)")  # as the error says
+        assert alpha.post(f"/v1/sessions/{sid}/checkpoint").status_code == 200
     finally:
         alpha.delete(f"/v1/sessions/{sid}")
 

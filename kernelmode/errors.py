@@ -24,6 +24,7 @@
     ├── Conflict                     (409 conflict)
     │   ├── SessionExists            (409 session_exists)
     │   ├── CheckpointFailed         (409 checkpoint_failed)  nothing was saved
+    │   │   └── CheckpointAnswerRefused (502 checkpoint_answer_refused) the kernel's snapshot answer is malformed
     │   ├── FileExists               (409 file_exists)
     │   ├── ApprovalDecided          (409 approval_decided)   answered, timed out or withdrawn
     │   ├── WorkspaceChanged         (409 workspace_changed)  kernel code moved the folder
@@ -192,6 +193,13 @@ class CheckpointFailed(Conflict):
     code = "checkpoint_failed"
 
 
+class CheckpointAnswerRefused(CheckpointFailed):
+    """The kernel answered the snapshot request with something malformed: nothing was saved."""
+
+    code = "checkpoint_answer_refused"
+    http_status = 502
+
+
 class FileExists(Conflict):
     code = "file_exists"
 
@@ -341,7 +349,7 @@ ERRORS: dict[str, type[KernelmodeError]] = {cls.code: cls for cls in (
     Unauthorized, Forbidden, PackageRefused,
     NotFound, SessionNotFound, RunNotFound, ApprovalNotFound, CheckpointNotFound, FileNotFound,
     KernelSpecNotFound, MethodNotAllowed,
-    Conflict, SessionExists, CheckpointFailed, FileExists, ApprovalDecided, WorkspaceChanged, HostOnly,
+    Conflict, SessionExists, CheckpointFailed, CheckpointAnswerRefused, FileExists, ApprovalDecided, WorkspaceChanged, HostOnly,
     PayloadTooLarge, WorkspaceFull, ImageTooLarge,
     TooManyRequests, TooManySessions, QuotaExceeded,
     SandboxUnavailable, GatewayError, GatewayForbidden, GatewayUnavailable,

@@ -366,6 +366,11 @@ class SkippedVariable(BaseModel):
     reason: str = Field(description="Why it was not saved (open file, socket, generator, size cap...).")
 
 
+class SkippedFile(BaseModel):
+    path: str
+    reason: str = Field(description="Why it is not in the checkpoint (over the workspace's disk_mb budget).")
+
+
 class CheckpointInfo(BaseModel):
     """Answer of ``POST /v1/sessions/{id}/checkpoint`` (and one entry of the list)."""
 
@@ -375,6 +380,9 @@ class CheckpointInfo(BaseModel):
     skipped: list[SkippedVariable] = Field(default_factory=list)
     bytes: int = Field(description="Size of the saved variables plus the workspace archive.")
     workspace_files: int = Field(0, description="Workspace files in the checkpoint.")
+    skipped_files: list[SkippedFile] = Field(default_factory=list, description=(
+        "Workspace files left out: what is read from the kernel is bounded by limits.disk_mb, "
+        "however large its files say they are (sparse files count at their full length)."))
     duration_ms: float = 0.0
     serialize_ms: float = Field(0.0, description="Of duration_ms, the kernel's part: serialising and writing the file.")
     created_at: datetime

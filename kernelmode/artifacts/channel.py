@@ -442,6 +442,8 @@ async def receive_file(channel: FileChannel, rel: PurePosixPath | str, max_bytes
         with os.fdopen(fd, "wb") as out:
             async for chunk in chunks:
                 size += len(chunk)
+                if size > max_bytes:  # Download checks it too; counted here, where it is stored
+                    raise FileTransferFailed(f"the kernel sent more than the {max_bytes} bytes allowed")
                 h.update(chunk)
                 await asyncio.to_thread(out.write, chunk)
     except BaseException:

@@ -17,7 +17,7 @@ from typing import BinaryIO
 from urllib.parse import quote
 
 from ..errors import StoreError
-from .base import linkable
+from .base import CHECKPOINT_PREFIX, linkable
 
 
 class LocalStore:
@@ -105,6 +105,10 @@ class LocalStore:
             await asyncio.to_thread((path.parent / f".{path.name}.type").unlink, True)
         except OSError as e:
             raise StoreError(f"local artifact store: cannot delete {key}: {e.strerror}") from e
+        if key.startswith(CHECKPOINT_PREFIX) and path.parent != self.root / CHECKPOINT_PREFIX.rstrip("/"):
+            # A checkpoint's folder (its id: never written again) goes with its last object.
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(path.parent.rmdir)
 
     async def link(self, key: str, base_url: str) -> str:
         if not linkable(key):

@@ -5,7 +5,9 @@ The variables are serialised INSIDE the kernel (``kernel/snapshot.py``) into one
 workspace's ``.kernelmode-checkpoint/`` folder; the manager moves that file, unread, into the
 store under ``.checkpoints/{id}/`` (a prefix no download link serves) and never unpickles it.
 A restore writes it back there for a fresh kernel, which loads it. The workspace files go in as
-a tar made here from the bounded, link-free workspace walk. Metadata (names, sizes, tenant) is in
+a tar made here from the bounded, link-free workspace walk, at most ``limits.disk_mb`` read
+(``checkpoint_files.py``). The kernel's answers are untrusted input (``snapshot_call.py``). A take
+that does not end in a record leaves no object behind. Metadata (names, sizes, tenant) is in
 the session store; every lookup checks the tenant (another tenant's id is an unknown one).
 """
 
@@ -15,46 +17,47 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import stat
-import tarfile
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..artifacts.base import CHECKPOINT_PREFIX, ArtifactStore
 from ..artifacts.channel import FileChannel, file_channel, receive_file
-from ..artifacts.workspace import CHECKPOINT_DIR, clean_path
+from ..artifacts.workspace import CHECKPOINT_DIR
 from ..audit import audit
 from ..config import ADMIN_TENANT, Settings
 from ..errors import (
+    CheckpointAnswerRefused,
     CheckpointFailed,
     CheckpointNotFound,
-    FileExists,
     FileNotFound,
-    FileTransferFailed,
     KernelmodeError,
-    KernelUnavailable,
     PayloadTooLarge,
     StoreError,
 )
-from ..gateway.exchange import ExecuteExchange
-from ..gateway.execution import OutputCollector
-from ..kernel.snapshot import MIME, snapshot_code
-from ..models import CheckpointInfo, RestoredFrom, RunResult, SkippedVariable
+from ..models import CheckpointInfo, RestoredFrom, RunResult, SkippedFile, SkippedVariable
 from ..sandbox.spec import WORKSPACE_MOUNT
 from ..tenants import ADMIN, Principal
+from .checkpoint_files import archive, copy_in, unpack
 from .kernels import Kernel
 from .live import LiveSession, now
 from .packages import layer_wheels
+from .snapshot_call import (
+    LoadAnswer,
+    SaveAnswer,
+    call_snapshot,
+    parse_answer,
+)
 from .store import SessionStore
+
+__all__ = ["CheckpointAnswerRefused", "CheckpointFailed", "CheckpointNotFound", "Checkpoints", "Restore"]
 
 log = logging.getLogger("kernelmode.sessions")
 
+_SkippedFiles = list[SkippedFile]  # (``list`` is a method of Checkpoints)
 _INDEX_SLACK = 16 * 1024 * 1024  # the snapshot's index and headers, on top of max_bytes
-MAX_ARCHIVED_FILE = 1 << 40  # per workspace file; the workspace volume (disk_mb) bounds it really
 
 
 def namespace_key(checkpoint_id: str) -> str:
@@ -125,7 +128,7 @@ class Checkpoints:
     async def take_if_changed(self, s: LiveSession, auto: bool = True, if_changed: bool = True) -> CheckpointInfo | None:
         """``take``, or None when the namespace is as at this kernel's latest checkpoint (then
         that one stands)."""
-        artifacts = self._need_store()
+        self._need_store()
         k = s.kernel
         if not k.ready:
             raise CheckpointFailed(f"session {s.info.session_id!r} has no running kernel to checkpoint "
@@ -133,63 +136,83 @@ class Checkpoints:
         started = time.monotonic()
         cid = uuid.uuid4().hex
         rel = PurePosixPath(CHECKPOINT_DIR, f"{cid}.kmck")
-        answer = await self._call(k, {"op": "save", "path": f"{WORKSPACE_MOUNT}/{rel}",
-                                      "max_bytes": self.cfg.max_bytes, "if_changed": if_changed})
-        s.last_checkpoint = time.monotonic()
-        if answer.get("unchanged"):
-            s.changed_since_checkpoint = False
-            return None
-        if "error" in answer:
-            raise CheckpointFailed(f"the kernel could not write its checkpoint: {answer['error']}")
-        # The kernel's snapshot file and the workspace come out through the kernel's channels
-        # (artifacts/channel.py), checked and copied to scratch, then stored.
         channel = self._channel(s)
-        tar = self.scratch / f"checkpoint-{cid}.tar"
-        blob: Path | None = None
+        unchanged = stored = recorded = False
         try:
-            try:
-                blob, size, _ = await receive_file(channel, rel, self.cfg.max_bytes + _INDEX_SLACK, self.scratch)
-            except FileNotFound as e:
-                raise CheckpointFailed("the kernel's checkpoint file is missing or not a plain file") from e
-            except PayloadTooLarge as e:
-                raise CheckpointFailed(f"the checkpoint file is larger than the cap of "
-                                       f"{self.cfg.max_bytes + _INDEX_SLACK} bytes") from e
-            await artifacts.put_file(namespace_key(cid), blob, "application/octet-stream")
-            files, tar_size = await _archive(channel, tar, self.scratch)
-            if files:
-                await artifacts.put_file(workspace_key(cid), tar, "application/x-tar")
-        except (StoreError, CheckpointFailed) as e:
-            with contextlib.suppress(StoreError):  # no record points at it: not a leftover object
-                await artifacts.delete(namespace_key(cid))
-            if isinstance(e, CheckpointFailed):
-                raise
-            raise CheckpointFailed(f"the checkpoint could not be stored: {e}") from e
+            raw = await self._call(k, {"op": "save", "path": f"{WORKSPACE_MOUNT}/{rel}",
+                                       "max_bytes": self.cfg.max_bytes, "if_changed": if_changed})
+            s.last_checkpoint = time.monotonic()
+            answer = parse_answer(SaveAnswer, raw)  # before anything is stored
+            if answer.unchanged:  # no file written: nothing to clean up
+                s.changed_since_checkpoint = False
+                unchanged = True
+                return None
+            if answer.error is not None:
+                raise CheckpointFailed(f"the kernel could not write its checkpoint: {answer.error}")
+            stored = True  # from here, objects may reach the store
+            size, files, tar_size, skipped_files = await self._store(s, channel, cid, rel)
+            info = CheckpointInfo(
+                checkpoint_id=cid, session_id=s.info.session_id, saved=list(answer.saved),
+                skipped=[SkippedVariable(name=x.name, reason=x.reason) for x in answer.skipped],
+                bytes=size + tar_size, workspace_files=files, skipped_files=skipped_files, created_at=now(),
+                auto=auto, serialize_ms=round(answer.seconds * 1000, 3),
+                duration_ms=round((time.monotonic() - started) * 1000, 3),
+                packages=await asyncio.to_thread(layer_wheels, k.layer))
+            if k.closed or self.store.get(s.info.session_id) is None:
+                # Deleted while this was stored: its checkpoints were forgotten already, so a
+                # record added now would point at objects nothing ever removes.
+                raise CheckpointFailed(f"session {s.info.session_id!r} was deleted while its checkpoint was stored")
+            self.store.add_checkpoint(info, s.info.tenant or ADMIN_TENANT)  # no await since the check
+            recorded = True
         finally:
-            if blob is not None:
-                blob.unlink(missing_ok=True)
-            with contextlib.suppress(KernelmodeError):
-                await channel.delete(rel)
-            tar.unlink(missing_ok=True)
-        info = CheckpointInfo(
-            checkpoint_id=cid, session_id=s.info.session_id, saved=list(answer.get("saved", [])),
-            skipped=[SkippedVariable.model_validate(x) for x in answer.get("skipped", [])],
-            bytes=size + tar_size, workspace_files=files, created_at=now(), auto=auto,
-            serialize_ms=round(float(answer.get("seconds", 0.0)) * 1000, 3),
-            duration_ms=round((time.monotonic() - started) * 1000, 3),
-            packages=await asyncio.to_thread(layer_wheels, k.layer))
-        if k.closed or self.store.get(s.info.session_id) is None:
-            # Deleted while this was stored: its checkpoints were forgotten already, so a record
-            # added now would point at objects nothing ever removes.
-            for key in (namespace_key(cid), workspace_key(cid)):
-                with contextlib.suppress(StoreError):
-                    await artifacts.delete(key)
-            raise CheckpointFailed(f"session {s.info.session_id!r} was deleted while its checkpoint was stored")
-        self.store.add_checkpoint(info, s.info.tenant or ADMIN_TENANT)
+            if stored and not recorded:  # failed, cancelled, or the kernel died under it (a DELETE)
+                await asyncio.shield(self._drop_objects(cid))
+            if not unchanged:
+                with contextlib.suppress(KernelmodeError):
+                    await channel.delete(rel)
         s.changed_since_checkpoint = False
         await self._prune(s.info.session_id)
         audit("checkpoint", session_id=s.info.session_id, tenant=s.info.tenant, checkpoint_id=cid,
               bytes=info.bytes, saved=len(info.saved), skipped=len(info.skipped), auto=auto)
         return info
+
+    async def _store(self, s: LiveSession, channel: FileChannel, cid: str,
+                     rel: PurePosixPath) -> tuple[int, int, int, _SkippedFiles]:
+        """The kernel's snapshot file, then its workspace (bounded by limits.disk_mb), through
+        its channels, each copied to scratch, then stored: (snapshot bytes, files, tar bytes,
+        files left out)."""
+        artifacts = self._need_store()
+        tar = self.scratch / f"checkpoint-{cid}.tar"
+        blob: Path | None = None
+        cap = self.cfg.max_bytes + _INDEX_SLACK
+        try:
+            try:
+                blob, size, _ = await receive_file(channel, rel, cap, self.scratch)
+            except FileNotFound as e:
+                raise CheckpointFailed("the kernel's checkpoint file is missing or not a plain file") from e
+            except PayloadTooLarge as e:
+                raise CheckpointFailed(f"the checkpoint file is larger than the cap of {cap} bytes") from e
+            await _put_whole(artifacts, namespace_key(cid), blob, "application/octet-stream")
+            files, tar_size, skipped = await archive(channel, tar, self.scratch, s.info.limits.disk_mb << 20)
+            if files:
+                await _put_whole(artifacts, workspace_key(cid), tar, "application/x-tar")
+            return size, files, tar_size, skipped
+        except StoreError as e:
+            raise CheckpointFailed(f"the checkpoint could not be stored: {e}") from e
+        finally:
+            if blob is not None:
+                blob.unlink(missing_ok=True)
+            tar.unlink(missing_ok=True)
+
+    async def _drop_objects(self, checkpoint_id: str) -> None:
+        """Remove the objects of a checkpoint no record points at (a failed or cancelled take)."""
+        if self.artifacts is None:
+            return
+        for key in (namespace_key(checkpoint_id), workspace_key(checkpoint_id)):
+            try:
+                await self.artifacts.delete(key)
+            except StoreError as e:
+                log.warning("checkpoint %s: a leftover object: %s", checkpoint_id, e)
 
     # -- automatic ---------------------------------------------------------------------------------
     def after_run(self, s: LiveSession, result: RunResult) -> None:
@@ -235,17 +258,18 @@ class Checkpoints:
         skipped = [x.name for x in info.skipped]
         try:
             rel = PurePosixPath(CHECKPOINT_DIR, f"restore-{info.checkpoint_id}.kmck")
-            await _copy_in(self._need_store(), namespace_key(info.checkpoint_id), self._channel(s), rel)
-            answer = await self._call(s.kernel, {"op": "load", "path": f"{WORKSPACE_MOUNT}/{rel}"})
+            await copy_in(self._need_store(), namespace_key(info.checkpoint_id), self._channel(s), rel)
+            raw = await self._call(s.kernel, {"op": "load", "path": f"{WORKSPACE_MOUNT}/{rel}"})
+            answer = parse_answer(LoadAnswer, raw)
         except (KernelmodeError, StoreError) as e:
-            answer = {"error": str(e)}
-        if "error" in answer:
-            out.error = f"checkpoint {info.checkpoint_id} could not be restored: {answer['error']}"
+            answer = LoadAnswer(error=str(e)[:2000])
+        if answer.error is not None:
+            out.error = f"checkpoint {info.checkpoint_id} could not be restored: {answer.error}"
             out.lost = info.saved + skipped
             log.warning("session %s: %s", s.info.session_id, out.error)
         else:
-            out.restored = list(answer.get("restored", []))
-            lost_now = [x["name"] for x in answer.get("lost", [])]
+            out.restored = list(answer.restored)
+            lost_now = [x.name for x in answer.lost]
             out.lost = skipped + lost_now
             out.complete = not out.lost and not s.changed_since_checkpoint
         audit("checkpoint_restored", session_id=s.info.session_id, tenant=s.info.tenant,
@@ -304,7 +328,7 @@ class Checkpoints:
 
         try:
             await asyncio.to_thread(fetch)
-            await _unpack(tmp, channel, overwrite)
+            await unpack(tmp, channel, overwrite)
         except StoreError as e:
             raise CheckpointFailed(f"the files of checkpoint {info.checkpoint_id} could not be read: {e}") from e
         finally:
@@ -331,101 +355,18 @@ class Checkpoints:
                 log.warning("checkpoint %s: %s", checkpoint_id, e)
 
     # -- the kernel side ----------------------------------------------------------------------------
-    async def _call(self, k: Kernel, request: dict[str, Any]) -> dict[str, Any]:
-        """Run the snapshot module in the kernel (silently) and read its one answer."""
-        if k.conn is None or not k.conn.is_open:
-            raise KernelUnavailable(f"session {k.info.session_id!r}: the kernel is not connected")
-        collector = OutputCollector(1024 * 1024, max_display_bytes=4 * 1024 * 1024)
-        exchange = ExecuteExchange(collector, on_input=lambda msg: k.answer_input("checkpoint", msg, []))
-        await exchange.send(k.conn, snapshot_code(request), silent=True)
-        loop = asyncio.get_running_loop()
-        try:
-            outcome = await exchange.collect(loop.time() + self.cfg.timeout_seconds)
-            if outcome == "timeout":
-                with contextlib.suppress(KernelmodeError):
-                    await k.interrupt()
-                    await exchange.collect(loop.time() + self.settings.sessions.interrupt_grace_seconds)
-                raise CheckpointFailed(f"took longer than {self.cfg.timeout_seconds:g} s and was interrupted")
-            if outcome != "done":
-                k.died_under_run()
-                raise KernelUnavailable(f"the kernel died during the {request['op']} ({outcome})")
-        finally:
-            exchange.close()
-        for output in collector.outputs:
-            answer = output.get("data", {}).get(MIME)
-            if isinstance(answer, dict):
-                return answer
-        detail = f"{collector.error.ename}: {collector.error.evalue}" if collector.error else "no answer"
-        return {"error": detail}
+    async def _call(self, k: Kernel, request: dict[str, Any]) -> dict[str, Any] | None:
+        return await call_snapshot(k, request, self.cfg.timeout_seconds,
+                                   self.settings.sessions.interrupt_grace_seconds)
 
 
-# -- moving files through the kernel's channels ----------------------------------------------------
-async def _copy_in(store: ArtifactStore, key: str, channel: FileChannel, rel: PurePosixPath) -> None:
-    """Stream a stored checkpoint into the workspace (never whole in the manager's memory)."""
-    with store.reader(key) as f:
-        await channel.write(rel, _blocks(f, 1 << 21), None, overwrite=True)
-
-
-async def _blocks(f: Any, size: int, limit: int | None = None) -> AsyncIterator[bytes]:
-    """Blocks of at most ``size`` bytes read (in a thread) from a file object, ``limit`` in all."""
-    left = limit
-    while left is None or left > 0:
-        block = await asyncio.to_thread(f.read, size if left is None else min(size, left))
-        if not block:
-            return
-        if left is not None:
-            left -= len(block)
-        yield block
-
-
-async def _archive(channel: FileChannel, dest: Path, scratch: Path) -> tuple[int, int]:
-    """Tar the workspace's regular files (the agent's bounded walk), each pulled through the
-    channel into scratch first; (files, bytes of the tar)."""
-    listing = await channel.scan()
-    if not listing:
-        return 0, 0
-    count, rel = 0, ""
+async def _put_whole(store: ArtifactStore, key: str, path: Path, mime_type: str) -> None:
+    """``put_file``, awaited to its end even when the caller is cancelled: its thread writes on
+    regardless, and would otherwise land the object after the caller's cleanup removed it."""
+    task = asyncio.ensure_future(store.put_file(key, path, mime_type))
     try:
-        with tarfile.open(dest, "w") as tar:
-            for rel, entry in sorted(listing.items()):
-                try:
-                    tmp, size, _ = await receive_file(channel, rel, MAX_ARCHIVED_FILE, scratch)
-                except FileNotFound:
-                    continue  # gone since the walk
-                except FileTransferFailed as e:  # changed while it was read (or a lying kernel)
-                    raise CheckpointFailed(f"the workspace could not be saved ({rel!r}: {e.message}); "
-                                           "try again") from e
-                try:
-                    member = tarfile.TarInfo(rel)
-                    member.size, member.mtime, member.mode = size, entry.mtime_ns // 10**9, 0o600
-                    with tmp.open("rb") as f:
-                        await asyncio.to_thread(tar.addfile, member, f)
-                    count += 1
-                finally:
-                    tmp.unlink(missing_ok=True)
-        return count, dest.stat().st_size  # noqa: ASYNC240 (a local temp file)
-    except OSError as e:  # the scratch disk is full
-        dest.unlink(missing_ok=True)  # noqa: ASYNC240
-        raise CheckpointFailed(f"the workspace could not be saved ({rel!r}: {e}); try again") from e
-    except BaseException:
-        dest.unlink(missing_ok=True)  # noqa: ASYNC240 (no half-written tar left behind)
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await task
         raise
-
-
-async def _unpack(src: Path, channel: FileChannel, overwrite: bool = True) -> None:
-    """Write a checkpoint's files into a workspace: regular files only, each path cleaned."""
-    with tarfile.open(src, "r") as tar:
-        for member in tar:
-            if not member.isreg() or not stat.S_ISREG(member.mode | stat.S_IFREG):
-                continue
-            try:
-                rel = clean_path(member.name)
-            except KernelmodeError:
-                continue
-            f = tar.extractfile(member)
-            if f is not None:
-                try:
-                    await channel.write(rel, _blocks(f, 1 << 21, member.size), member.size, overwrite=overwrite)
-                except FileExists:
-                    if overwrite:
-                        raise

@@ -43,6 +43,9 @@ async def test_checkpoint_objects_round_trip_and_are_never_linked(any_store: Art
         await any_store.link(key, "http://127.0.0.1:1")
     await any_store.delete(key)
     await any_store.delete(key)  # gone already: fine
+    assert [k for k, _ in await any_store.list(CHECKPOINT_PREFIX)] == []
+    if isinstance(any_store, LocalStore):  # nor an empty folder left behind
+        assert list((tmp_path / "artifacts" / CHECKPOINT_PREFIX).iterdir()) == []
     with pytest.raises(StoreError), any_store.reader(key):
         pass
 

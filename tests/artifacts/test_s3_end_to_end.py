@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import uuid
 
 import httpx
 
-from tests.conftest import start_server
+from kernelmode.artifacts.base import CHECKPOINT_PREFIX
+from kernelmode.artifacts.s3 import S3Store
+from tests.conftest import start_server, wait_for
+from tests.security.test_checkpoint_forgery import SILENT_AGENT, _replace_agent
 
-from .conftest import S3Server, free_port
+from .conftest import S3Server, _settings, free_port
 
 
 def _s3_env(endpoint: str, bucket: str) -> dict[str, str]:
@@ -87,5 +92,30 @@ def test_checkpoints_restore_and_fork_through_s3(s3_server: S3Server):
             assert f["result"] == "('s3 file', 1000)"
             c.delete(f"/v1/sessions/{fork}")
             c.delete(f"/v1/sessions/{sid}")
+    finally:
+        srv.discard()
+
+
+def test_a_checkpoint_cut_short_by_a_delete_leaves_no_object_in_s3(s3_server: S3Server):
+    bucket = f"km-{uuid.uuid4().hex[:12]}"
+    srv = start_server(_s3_env(s3_server.endpoint, bucket))
+    store = S3Store(_settings(s3_server, bucket=bucket))
+    try:
+        with srv.client() as c:
+            sid = c.post("/v1/sessions", json={}).json()["session_id"]
+            c.post(f"/v1/sessions/{sid}/execute", json={"code": (
+                "open('/mnt/data/slow.bin', 'wb').write(b'x')\nv = 1\n" + _replace_agent(SILENT_AGENT))})
+            answer: dict[str, httpx.Response] = {}
+            taker = threading.Thread(target=lambda: answer.update(r=c.post(f"/v1/sessions/{sid}/checkpoint")))
+            taker.start()
+
+            def checkpoint_objects() -> list[tuple[str, int]]:
+                return asyncio.run(store.list(CHECKPOINT_PREFIX))
+
+            wait_for(checkpoint_objects, "the checkpoint's namespace object in S3", timeout=60)
+            assert c.delete(f"/v1/sessions/{sid}").status_code == 204
+            taker.join(120)
+            assert answer["r"].status_code in (409, 503), answer["r"].text
+            assert checkpoint_objects() == []
     finally:
         srv.discard()

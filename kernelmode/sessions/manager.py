@@ -215,7 +215,7 @@ class SessionManager:
             if info is None:
                 raise SessionNotFound(f"no session {session_id!r}")
             if info.status == "hibernated":
-                self.admission.check_capacity(info.tenant)
+                self.admission.check_wake(session_id, info.tenant)  # a wake is an admission
                 return self.hibernation.wake(info)  # its next run starts a kernel and restores
             raise KernelUnavailable(
                 f"session {session_id!r} is {info.status}: its kernel is gone (the server restarted); "

@@ -404,10 +404,15 @@ class SessionManager:
         if s.conn is not None:
             s.conn.broadcast({"msg_type": KERNEL_STATUS_EVENT, "state": RESTARTED})
         s.info.status = "restarting"
-        if s.kernel.state == KERNEL_DEAD:  # woken from hibernation, or given up: a fresh, empty kernel
+        cut = self.runner.readying.cut(session_id)
+        if cut is not None:  # a run or a console was readying the kernel: it restarts it instead
+            await cut.wait()
+        elif s.kernel.state == KERNEL_DEAD:  # woken from hibernation, or given up: a fresh, empty kernel
             async with s.lock:
                 if s.kernel.state == KERNEL_DEAD:
                     await s.kernel.replace()
+                else:  # revived while we waited (a files request): what it restored goes too
+                    await s.kernel.restart()
                 s.kernel.restore_pending = False  # a restart asked for: the session starts empty
         else:
             await s.kernel.restart()

@@ -239,3 +239,96 @@ def test_a_wake_is_an_admission_the_tenants_quota_holds(srv: Server) -> None:
         assert r["status"] == "ok" and r["result"] == "1" and r["state_lost"] is False, r
         for s in [*asleep, *busy]:
             capped.delete(f"/v1/sessions/{s}")
+
+
+# A checkpointed variable whose loading never ends: the kernel renames itself (seen in /proc from
+# here, whichever backend) and loops, so a restore of it is under way until something stops it.
+ENDLESS_RESTORE = (
+    "class Endless:\n    def __reduce__(self):\n        return (exec, (\"open('/proc/self/comm', 'w')"
+    ".write('km-restoring')\\nimport time\\nwhile True:\\n    time.sleep(0.05)\",))\n"
+    "endless = Endless()\nkept = 5")
+
+
+def _restoring() -> bool:
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "comm").read_text().strip() == "km-restoring":
+                    return True
+            except OSError:
+                pass
+    return False
+
+
+def test_a_restart_during_a_restore_ends_the_run_at_once(srv: Server, api: httpx.Client) -> None:
+    """A Jupyter-API restart while a woken session's checkpoint is being restored ends the run
+    in flight by the time the restart answers (interrupted, state lost, the cause said), and the
+    session is usable at once, empty as a restart leaves it."""
+    from kernelmode.api.jupyter_api import kernel_id_of
+
+    sid, _ = _hibernated_session(api, ENDLESS_RESTORE)
+    queued = api.post(f"/v1/sessions/{sid}/execute", json={"code": "kept", "wait_seconds": 0})
+    assert queued.status_code == 202, queued.text
+    run_id = queued.json()["run_id"]
+    deadline = time.monotonic() + 120
+    while not _restoring():
+        assert time.monotonic() < deadline, "the restore never began"
+        time.sleep(0.1)
+    restarted = api.post(f"/api/kernels/{kernel_id_of(sid)}/restart")
+    assert restarted.status_code == 200, restarted.text
+    assert restarted.json()["execution_state"] == "idle"
+    progress = api.get(f"/v1/runs/{run_id}").json()
+    assert progress["done"], progress  # ended by the restart, not by a timeout later
+    result = progress["result"]
+    assert result["status"] == "interrupted" and result["state_lost"] is True, result
+    assert "restart was requested while the session was being restored" in result["error"]["evalue"], result
+    assert not _restoring()
+    after = api.post(f"/v1/sessions/{sid}/execute", json={"code": "'kept' in dir(), 6 * 7"}).json()
+    assert after["status"] == "ok" and after["result"] == "(False, 42)", after
+    assert api.get(f"/v1/sessions/{sid}").json()["status"] == "idle"
+    api.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_restart_during_a_consoles_restore_gives_it_a_fresh_kernel(srv: Server, api: httpx.Client) -> None:
+    """A console attaching to a woken session waits for the restore; a restart meanwhile cuts it
+    short: the console is attached to a fresh, empty kernel, and the restart's answer says idle."""
+    import threading
+
+    from kernelmode.api.jupyter_api import kernel_id_of
+
+    sid, _ = _hibernated_session(api, ENDLESS_RESTORE)
+    attached: list[object] = []
+    leave = threading.Event()
+
+    def attach() -> None:
+        try:
+            with connect(f"ws{srv.url[4:]}/v1/sessions/{sid}/channels",
+                         additional_headers={"Authorization": f"Bearer {srv.token}"},
+                         subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]
+                         open_timeout=120) as ws:
+                attached.append(ws)
+                leave.wait(300)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            attached.append(e)
+
+    worker = threading.Thread(target=attach)
+    worker.start()
+    deadline = time.monotonic() + 120
+    while not _restoring():
+        assert time.monotonic() < deadline, "the restore never began"
+        time.sleep(0.1)
+    restarted = api.post(f"/api/kernels/{kernel_id_of(sid)}/restart")
+    assert restarted.status_code == 200 and restarted.json()["execution_state"] == "idle", restarted.text
+    try:
+        deadline = time.monotonic() + 120
+        while not attached:
+            assert time.monotonic() < deadline, "the console never attached"
+            time.sleep(0.1)
+        assert not isinstance(attached[0], Exception), attached
+        assert not _restoring()
+        after = api.post(f"/v1/sessions/{sid}/execute", json={"code": "'kept' in dir(), 6 * 7"}).json()
+        assert after["status"] == "ok" and after["result"] == "(False, 42)", after
+    finally:
+        leave.set()
+        worker.join(120)
+    api.delete(f"/v1/sessions/{sid}")

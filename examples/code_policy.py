@@ -1,7 +1,7 @@
 """An example code policy for kernelmode: ``policy: {module: "examples.code_policy:check"}``.
 
-kernelmode calls ``check(code=..., session_id=..., tenant=...)`` before each run (REST and MCP)
-and acts on the answer: ``"allow"``, ``("deny", reason)`` (the run ends as an error naming the
+kernelmode calls ``check(code=..., session_id=..., tenant=...)`` before each run (REST, MCP,
+and each cell sent over the console channel or the Jupyter API) and acts on the answer: ``"allow"``, ``("deny", reason)`` (the run ends as an error naming the
 reason; the session is unaffected) or ``("ask", reason)`` (the run waits for a person's yes/no
 through the approval gate: REST ``POST /v1/runs/{run_id}/approvals/{call_id}`` or an MCP
 elicitation).

@@ -40,7 +40,9 @@
     │   ├── GatewayForbidden         (502 gateway_forbidden)  the gateway answered 403
     │   └── GatewayUnavailable       (503 gateway_unavailable)
     ├── KernelUnavailable            (503 kernel_unavailable) the session's kernel cannot run code
-    │   └── FilesTimeout             (503 files_timeout)      no answer to a file request in time
+    │   ├── FilesTimeout             (503 files_timeout)      no answer to a file request in time
+    │   └── RestartCut               (503 restart_cut)        a restart cut a kernel's readying short
+    │                                                           (sessions/readying.py; answered in place)
     ├── StoreError                   (502 store_error)        the artifact store failed
     ├── FileTransferFailed           (502 file_transfer_failed) the kernel's file agent answered wrongly
     ├── ToolFailed                   (502 tool_failed)        a host tool gave no result
@@ -285,6 +287,13 @@ class FilesTimeout(KernelUnavailable):
     code = "files_timeout"
 
 
+class RestartCut(KernelUnavailable):
+    """A restart cancelled the kernel's start or restore under way; whoever holds the session's
+    lock restarts the kernel in its place (sessions/readying.py), so it never reaches a client."""
+
+    code = "restart_cut"
+
+
 class StoreError(KernelmodeError):
     """The store could not keep or find an object (outage, refused, missing)."""
 
@@ -353,7 +362,7 @@ ERRORS: dict[str, type[KernelmodeError]] = {cls.code: cls for cls in (
     PayloadTooLarge, WorkspaceFull, ImageTooLarge,
     TooManyRequests, TooManySessions, QuotaExceeded,
     SandboxUnavailable, GatewayError, GatewayForbidden, GatewayUnavailable,
-    KernelUnavailable, FilesTimeout, StoreError, FileTransferFailed, ToolFailed, PackageFetchFailed,
+    KernelUnavailable, FilesTimeout, RestartCut, StoreError, FileTransferFailed, ToolFailed, PackageFetchFailed,
     MessageTooLarge, FrameError, BridgeError, ServerUnreachable,
 )}
 

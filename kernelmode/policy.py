@@ -1,5 +1,7 @@
 """The code policy hook (``policy.module: "pkg.mod:check"``): a host callable that sees each
 run's code before it runs and answers allow, deny (with a reason) or ask (the approval gate).
+It is asked on every door: REST, one-shot and MCP runs (sessions/runner.py), and each cell a
+console or Jupyter client sends (sessions/console_policy.py, where ask is a refusal).
 
 The callable is called with keywords ``code``, ``session_id`` and ``tenant`` (the tenant's
 name, ``admin`` for the admin token); it may be sync (run in a worker thread, so a slow one

@@ -131,6 +131,13 @@ class ChannelsHandler(websocket.WebSocketHandler):
             self._refused = True
             self.close(4400, f"refused frame: {e}"[:120])  # a close reason fits in 123 bytes
             return
+        # The code policy sees each cell before the kernel (awaited here: tornado reads the
+        # connection's next message only then, so messages keep their order).
+        refusal = await self._tap.refusal(msg)
+        if refusal is not None:
+            for channel, answer in refusal:
+                await self._to_client(channel, answer)
+            return
         if self._tap.from_console(msg["channel"], msg):
             # Every frame is re-encoded from what was checked (the tap may have set an
             # execute_request's stop_on_error), never passed on as it came: the client's bytes
@@ -138,6 +145,14 @@ class ChannelsHandler(websocket.WebSocketHandler):
             # U+FFFD, and which the kernel would get as they are (frames.pack_json says why not).
             with contextlib.suppress(websockets.WebSocketException):
                 await self._upstream.send(encode_frame(msg, msg["channel"]))
+
+    async def _to_client(self, channel: str, msg: dict[str, Any]) -> None:
+        """A message of kernelmode's own (not the kernel's) to the client, in its protocol."""
+        with contextlib.suppress(websocket.WebSocketClosedError):
+            if self._legacy:
+                await self.write_message(legacy_text({**msg, "channel": channel}))
+            else:
+                await self.write_message(encode_frame(msg, channel), binary=True)
 
     async def _from_kernel(self) -> None:
         assert self._upstream is not None and self._tap is not None

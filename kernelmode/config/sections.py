@@ -345,7 +345,7 @@ class ToolBrokerSettings(_Section):
 
 
 class PolicySettings(_Section):
-    """The code policy hook, called before each run (REST and MCP)."""
+    """The code policy hook, called before each run (REST, MCP, and console and Jupyter cells)."""
 
     module: str | None = Field(
         None, pattern=r"^[\w.]+:[\w.]+$", description="'package.module:callable' given code, "

@@ -40,17 +40,23 @@ class Admission:
             raise SessionExists(f"session {sid!r} already exists")
         self.check_capacity(tenant, principal.max_sessions)
 
-    def check_capacity(self, tenant: str | None, cap: int | None = None) -> None:
+    def check_wake(self, session_id: str, tenant: str | None) -> None:
+        """Room to wake a hibernated session of ``tenant``: a wake is an admission (the same
+        caps and errors as a create); refused, the session stays hibernated, untouched."""
+        cap = next((t.max_sessions for t in self.settings.server.tenants if t.name == tenant), None)
+        self.check_capacity(tenant, cap, f"session {session_id!r} stays hibernated: close a session "
+                            "or wait for one to hibernate, then use it again")
+
+    def check_capacity(self, tenant: str | None, cap: int | None = None,
+                       advice: str = "delete one or wait for idle sessions to expire") -> None:
         """Room for one more live session (the server's cap, and the tenant's ``cap``)."""
         if self.count >= self.settings.sessions.max_sessions:
             raise TooManySessions(
-                f"the server holds its maximum of {self.settings.sessions.max_sessions} sessions; "
-                "delete one or wait for idle sessions to expire"
+                f"the server holds its maximum of {self.settings.sessions.max_sessions} sessions; {advice}"
             )
         if cap is not None:
             held = (sum(1 for s in self.live.values() if s.info.tenant == tenant)
                     + sum(1 for t in self.creating.values() if t == tenant))
             if held >= cap:
                 audit("quota_refused", tenant=tenant, quota="max_sessions", limit=cap)
-                raise QuotaExceeded(f"tenant {tenant!r} holds its maximum of {cap} sessions; "
-                                    "delete one or wait for idle sessions to expire")
+                raise QuotaExceeded(f"tenant {tenant!r} holds its maximum of {cap} sessions; {advice}")

@@ -32,7 +32,8 @@ from jupyter_client.session import Session as JupyterSession
 from ..gateway.exchange import ExecuteExchange
 from ..gateway.execution import OutputCollector
 from ..kernel.preamble import MARKER
-from ..models import ToolCall
+from ..models import RunError, ToolCall
+from .console_policy import POLICY_ERROR, cell_refusal, debug_refusal, refusal_messages
 
 if TYPE_CHECKING:
     from .live import LiveSession
@@ -71,6 +72,32 @@ class ConsoleTap:
         s.attached += 1
         self._closed = False
 
+    async def refusal(self, msg: dict[str, Any]) -> list[tuple[str, dict[str, Any]]] | None:
+        """What the client gets instead of the kernel's answer when the code policy refuses this
+        message (console_policy.py); None: pass it on."""
+        policy, kind = self.manager.runner.policy, msg.get("msg_type")
+        if policy is None or kind not in ("execute_request", "debug_request"):
+            return None
+        if kind == "debug_request":
+            return debug_refusal(self._session, msg)
+        info = self.s.info
+        reason = await cell_refusal(policy, info.session_id, info.tenant, msg)
+        if reason is None:
+            return None
+        content = msg.get("content") or {}
+        if not content.get("silent"):  # in the history, like a REST run the policy refuses
+            code = content.get("code")
+            error = RunError(ename=POLICY_ERROR, evalue=reason, traceback="")
+            result = self._new_collector().to_result(uuid.uuid4().hex, info.session_id, "error", error=error)
+            self.manager.record_console_run(self.s, kept_code(code if isinstance(code, str) else repr(code),
+                                                              self.manager.settings.sessions.max_code_bytes),
+                                            result, [{"type": "error", **error.model_dump()}])
+        return refusal_messages(self._session, msg, reason, info.execution_count or 0)
+
+    def _new_collector(self) -> OutputCollector:
+        cfg = self.manager.settings.sessions
+        return OutputCollector(cfg.max_output_bytes, max_display_bytes=cfg.max_display_bytes)
+
     def from_console(self, channel: str, msg: dict[str, Any]) -> bool:
         """Look at a message the console sends; False: do not pass it to the kernel."""
         kind = msg.get("msg_type")
@@ -85,8 +112,7 @@ class ConsoleTap:
             self._forget(msg_id)  # a repeated id replaces its earlier request
             run = _ConsoleRun(
                 code=kept_code(str(msg["content"].get("code", "")), cfg.max_code_bytes),
-                exchange=ExecuteExchange(OutputCollector(cfg.max_output_bytes,
-                                                         max_display_bytes=cfg.max_display_bytes)),
+                exchange=ExecuteExchange(self._new_collector()),
                 started=time.monotonic())
             self._runs[msg_id] = run
             self._pending_chars += len(run.code)

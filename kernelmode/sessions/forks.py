@@ -14,6 +14,7 @@ from ..errors import CheckpointFailed, InvalidRequest, SessionNotFound
 from ..models import CheckpointInfo, LimitsPatch, SessionCreate
 from ..tenants import Principal
 from .live import LiveSession
+from .readying import RestartCut, restart_in_place
 
 if TYPE_CHECKING:  # the manager passes itself in; importing it would be a cycle
     from .manager import SessionManager
@@ -45,11 +46,20 @@ class Forks:
         if s.kernel.ready and not s.kernel.restore_pending:
             return s
         async with s.lock:
-            if await s.kernel.ensure_ready():
-                self.m.store.save(s.info, s.kernel_id, s.workspace)
-            await s.kernel.install_preamble(self.m.kernels.start_timeout)
-            await self.m.checkpoints.before_run(s)
+            try:
+                await self.m.runner.readying.run(session_id, self._ready(s))
+            except RestartCut:  # a restart came meanwhile: done here, the console gets a fresh kernel
+                try:
+                    await restart_in_place(s.kernel)
+                finally:
+                    self.m.runner.readying.done(session_id)
+            self.m.store.save(s.info, s.kernel_id, s.workspace)
         return s
+
+    async def _ready(self, s: LiveSession) -> None:
+        await s.kernel.ensure_ready()
+        await s.kernel.install_preamble(self.m.kernels.start_timeout)
+        await self.m.checkpoints.before_run(s)
 
     async def source(self, req: SessionCreate, principal: Principal) -> CheckpointInfo | None:
         """The checkpoint a new session starts from: ``from_checkpoint``, or a fresh one of ``fork_of``."""

@@ -216,7 +216,7 @@ class SessionManager:
             if info is None:
                 raise SessionNotFound(f"no session {session_id!r}")
             if info.status == "hibernated":
-                self.admission.check_capacity(info.tenant)
+                self.admission.check_wake(session_id, info.tenant)  # a wake is an admission
                 return self.hibernation.wake(info)  # its next run starts a kernel and restores
             raise KernelUnavailable(
                 f"session {session_id!r} is {info.status}: its kernel is gone (the server restarted); "
@@ -401,10 +401,15 @@ class SessionManager:
         if s.conn is not None:
             s.conn.broadcast({"msg_type": KERNEL_STATUS_EVENT, "state": RESTARTED})
         s.info.status = "restarting"
-        if s.kernel.state == KERNEL_DEAD:  # woken from hibernation, or given up: a fresh, empty kernel
+        cut = self.runner.readying.cut(session_id)
+        if cut is not None:  # a run or a console was readying the kernel: it restarts it instead
+            await cut.wait()
+        elif s.kernel.state == KERNEL_DEAD:  # woken from hibernation, or given up: a fresh, empty kernel
             async with s.lock:
                 if s.kernel.state == KERNEL_DEAD:
                     await s.kernel.replace()
+                else:  # revived while we waited (a files request): what it restored goes too
+                    await s.kernel.restart()
                 s.kernel.restore_pending = False  # a restart asked for: the session starts empty
         else:
             await s.kernel.restart()

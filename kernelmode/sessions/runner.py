@@ -21,6 +21,7 @@ from ..artifacts.harvester import Harvester
 from ..audit import audit
 from ..config import ADMIN_TENANT, Settings
 from ..errors import InvalidRequest, KernelmodeError, PayloadTooLarge, SessionNotFound
+from ..gateway.client import KERNEL_DEAD
 from ..gateway.exchange import ExecuteExchange, Outcome
 from ..gateway.execution import OutputCollector
 from ..gateway.frames import refuse_lone_surrogates
@@ -31,6 +32,7 @@ from ..policy import CodePolicy
 from ..tools.approvals import Approvals
 from .kernels import Kernel
 from .live import LiveSession
+from .readying import Readying, RestartCut, restart_in_place
 from .runs import LiveRun, RunRegistry
 from .store import SessionStore
 
@@ -70,6 +72,7 @@ class Runner:
         self.metrics = metrics
         self.live = live
         self.runs = RunRegistry(settings.sessions.run_retention_seconds)
+        self.readying = Readying()  # a run's kernel start and restore, which a restart cuts short
         # Checkpoints (set by the manager): a restore after a kernel's death, before the run;
         # after the run, with the session's lock released (an automatic checkpoint).
         self.before_run: Callable[[LiveSession], Awaitable[Restore | None]] | None = None
@@ -161,18 +164,19 @@ class Runner:
                 k = s.kernel
                 k.latch.arm()
                 try:
-                    if await k.ensure_ready():
-                        self.store.save(s.info, s.kernel_id, s.workspace)
-                    await k.install_preamble(k.env.start_timeout)
-                    restore = await self.before_run(s) if self.before_run is not None else None
-                    # Recorded as running first: if this server dies now, its successor can say
-                    # the run was interrupted.
-                    self.store.add_run(run.code, run.snapshot())
-                    result = await self._run(k, run, timeout)
-                    if restore is not None:
-                        restore.apply(result)
-                    if result.status != "kernel_died":  # what a dead kernel made died with it
-                        s.changed_since_checkpoint = True
+                    try:
+                        restore = await self.readying.run(session_id, self._ready(s))
+                    except RestartCut:  # a restart came while the kernel was readied: done here
+                        result = await self._cut(s, run)
+                    else:
+                        # Recorded as running first: if this server dies now, its successor can
+                        # say the run was interrupted.
+                        self.store.add_run(run.code, run.snapshot())
+                        result = await self._run(k, run, timeout)
+                        if restore is not None:
+                            restore.apply(result)
+                        if result.status != "kernel_died":  # what a dead kernel made died with it
+                            s.changed_since_checkpoint = True
                 finally:
                     k.latch.disarm()
                     s.touch()
@@ -208,6 +212,29 @@ class Runner:
               cause=result.cause.model_dump() if result.cause else None,
               tool_calls=len(result.tool_calls), artifacts=len(result.artifacts))
         return result
+
+    async def _ready(self, s: LiveSession) -> Restore | None:
+        """The kernel readied for the run: started if it is dead (woken, given up), its preamble
+        installed, the latest checkpoint restored after a death or a wake."""
+        k = s.kernel
+        if await k.ensure_ready():
+            self.store.save(s.info, s.kernel_id, s.workspace)
+        await k.install_preamble(k.env.start_timeout)
+        return await self.before_run(s) if self.before_run is not None else None
+
+    async def _cut(self, s: LiveSession, run: LiveRun) -> RunResult:
+        """A restart cut the run's readying short: the kernel is restarted here, under the run's
+        lock (runs queued behind get the fresh kernel), and the run ends at once, saying why."""
+        sid = s.info.session_id
+        try:
+            await restart_in_place(s.kernel)
+        finally:
+            self.readying.done(sid)
+        s.info.status = "idle" if s.kernel.state != KERNEL_DEAD else "dead"
+        return run.collector.to_result(run.run_id, sid, "interrupted", state_lost=True, error=RunError(
+            ename="KernelRestarted", evalue="a restart was requested while the session was being restored "
+            "(its kernel starting, or its latest checkpoint loading): the code did not run, and the "
+            "session starts empty", traceback=""))
 
     async def _policy(self, s: LiveSession, run: LiveRun) -> RunResult | None:
         """The code policy's verdict on the run: None (run it), or the error result that refuses

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import shutil
 import tempfile
 import time
@@ -13,19 +14,22 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from tests.conftest import Server, start_server
 from tests.mcp.conftest import mcp_client
 
 WS_PROTOCOL = "v1.kernel.websocket.jupyter.org"
+CAPPED = secrets.token_urlsafe(18)  # a tenant that may hold 2 live sessions
 
 
 @pytest.fixture(scope="module")
 def srv() -> Iterator[Server]:
     s = start_server({"KERNELMODE_SESSIONS__HIBERNATE_AFTER_SECONDS": "2",
                       "KERNELMODE_SESSIONS__HIBERNATED_TTL_SECONDS": "3600",
-                      "KERNELMODE_SESSIONS__POOL_SIZE": "0"})
+                      "KERNELMODE_SESSIONS__POOL_SIZE": "0",
+                      "KERNELMODE_SERVER__TENANTS": f"[{{name: capped, token: '{CAPPED}', max_sessions: 2}}]"})
     yield s
     s.discard()
 
@@ -193,4 +197,138 @@ def test_a_run_sent_while_the_session_hibernates_wakes_it(api: httpx.Client) -> 
         assert time.monotonic() < deadline + 120
     result = progress["result"]
     assert result["status"] == "ok" and result["result"] == "6" and result["restored_from"], result
+    api.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_wake_is_an_admission_the_tenants_quota_holds(srv: Server) -> None:
+    """A tenant limited to 2 live sessions, holding 2 busy ones, cannot wake a hibernated one
+    through any door (run, files, console attach, restart): each answers the create path's 429
+    quota_exceeded saying what to do, and the session stays hibernated with its variables."""
+    with srv.client(CAPPED) as capped:
+        asleep = [_hibernated_session(capped, f"kept = {n}")[0] for n in (1, 2)]
+        busy = []
+        for _ in range(2):
+            r = capped.post("/v1/sessions", json={})
+            assert r.status_code == 201, r.text
+            busy.append(r.json()["session_id"])
+            run = capped.post(f"/v1/sessions/{busy[-1]}/execute",
+                              json={"code": "import time; time.sleep(600)", "wait_seconds": 0})
+            assert run.status_code == 202, run.text
+        sid = asleep[0]
+        attempts = [capped.post(f"/v1/sessions/{sid}/execute", json={"code": "kept"}),
+                    capped.get(f"/v1/sessions/{sid}/files"),
+                    capped.post(f"/v1/sessions/{sid}/restart"),
+                    capped.post(f"/v1/sessions/{sid}/checkpoint")]
+        for r in attempts:
+            assert r.status_code == 429, (r.request.url, r.text)
+            error = r.json()["error"]
+            assert error["code"] == "quota_exceeded", error
+            assert "maximum of 2 sessions" in error["message"] and "stays hibernated" in error["message"], error
+        with pytest.raises(InvalidStatus) as refused:
+            connect(f"ws{srv.url[4:]}/v1/sessions/{sid}/channels",
+                    additional_headers={"Authorization": f"Bearer {CAPPED}"},
+                    subprotocols=[WS_PROTOCOL], open_timeout=120)  # type: ignore[list-item]
+        assert refused.value.response.status_code == 429
+        live = [s for s in capped.get("/v1/sessions").json()["sessions"] if s["status"] != "hibernated"]
+        assert len(live) == 2, live
+        for s in asleep:
+            assert capped.get(f"/v1/sessions/{s}").json()["status"] == "hibernated"
+        # One busy session closed: the wake is admitted, with the session's variables
+        assert capped.delete(f"/v1/sessions/{busy.pop()}").status_code == 204
+        r = capped.post(f"/v1/sessions/{sid}/execute", json={"code": "kept"}).json()
+        assert r["status"] == "ok" and r["result"] == "1" and r["state_lost"] is False, r
+        for s in [*asleep, *busy]:
+            capped.delete(f"/v1/sessions/{s}")
+
+
+# A checkpointed variable whose loading never ends: the kernel renames itself (seen in /proc from
+# here, whichever backend) and loops, so a restore of it is under way until something stops it.
+ENDLESS_RESTORE = (
+    "class Endless:\n    def __reduce__(self):\n        return (exec, (\"open('/proc/self/comm', 'w')"
+    ".write('km-restoring')\\nimport time\\nwhile True:\\n    time.sleep(0.05)\",))\n"
+    "endless = Endless()\nkept = 5")
+
+
+def _restoring() -> bool:
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "comm").read_text().strip() == "km-restoring":
+                    return True
+            except OSError:
+                pass
+    return False
+
+
+def test_a_restart_during_a_restore_ends_the_run_at_once(srv: Server, api: httpx.Client) -> None:
+    """A Jupyter-API restart while a woken session's checkpoint is being restored ends the run
+    in flight by the time the restart answers (interrupted, state lost, the cause said), and the
+    session is usable at once, empty as a restart leaves it."""
+    from kernelmode.api.jupyter_api import kernel_id_of
+
+    sid, _ = _hibernated_session(api, ENDLESS_RESTORE)
+    queued = api.post(f"/v1/sessions/{sid}/execute", json={"code": "kept", "wait_seconds": 0})
+    assert queued.status_code == 202, queued.text
+    run_id = queued.json()["run_id"]
+    deadline = time.monotonic() + 120
+    while not _restoring():
+        assert time.monotonic() < deadline, "the restore never began"
+        time.sleep(0.1)
+    restarted = api.post(f"/api/kernels/{kernel_id_of(sid)}/restart")
+    assert restarted.status_code == 200, restarted.text
+    assert restarted.json()["execution_state"] == "idle"
+    progress = api.get(f"/v1/runs/{run_id}").json()
+    assert progress["done"], progress  # ended by the restart, not by a timeout later
+    result = progress["result"]
+    assert result["status"] == "interrupted" and result["state_lost"] is True, result
+    assert "restart was requested while the session was being restored" in result["error"]["evalue"], result
+    assert not _restoring()
+    after = api.post(f"/v1/sessions/{sid}/execute", json={"code": "'kept' in dir(), 6 * 7"}).json()
+    assert after["status"] == "ok" and after["result"] == "(False, 42)", after
+    assert api.get(f"/v1/sessions/{sid}").json()["status"] == "idle"
+    api.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_restart_during_a_consoles_restore_gives_it_a_fresh_kernel(srv: Server, api: httpx.Client) -> None:
+    """A console attaching to a woken session waits for the restore; a restart meanwhile cuts it
+    short: the console is attached to a fresh, empty kernel, and the restart's answer says idle."""
+    import threading
+
+    from kernelmode.api.jupyter_api import kernel_id_of
+
+    sid, _ = _hibernated_session(api, ENDLESS_RESTORE)
+    attached: list[object] = []
+    leave = threading.Event()
+
+    def attach() -> None:
+        try:
+            with connect(f"ws{srv.url[4:]}/v1/sessions/{sid}/channels",
+                         additional_headers={"Authorization": f"Bearer {srv.token}"},
+                         subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]
+                         open_timeout=120) as ws:
+                attached.append(ws)
+                leave.wait(300)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            attached.append(e)
+
+    worker = threading.Thread(target=attach)
+    worker.start()
+    deadline = time.monotonic() + 120
+    while not _restoring():
+        assert time.monotonic() < deadline, "the restore never began"
+        time.sleep(0.1)
+    restarted = api.post(f"/api/kernels/{kernel_id_of(sid)}/restart")
+    assert restarted.status_code == 200 and restarted.json()["execution_state"] == "idle", restarted.text
+    try:
+        deadline = time.monotonic() + 120
+        while not attached:
+            assert time.monotonic() < deadline, "the console never attached"
+            time.sleep(0.1)
+        assert not isinstance(attached[0], Exception), attached
+        assert not _restoring()
+        after = api.post(f"/v1/sessions/{sid}/execute", json={"code": "'kept' in dir(), 6 * 7"}).json()
+        assert after["status"] == "ok" and after["result"] == "(False, 42)", after
+    finally:
+        leave.set()
+        worker.join(120)
     api.delete(f"/v1/sessions/{sid}")

@@ -61,7 +61,9 @@ def tenant_server() -> Iterator[Server]:
     """One server with the tenants above, shared by the modules that attack across tenants (each
     cleans up the sessions and connections it makes)."""
     s = start_server({"KERNELMODE_SERVER__TENANTS": _TENANTS, "KERNELMODE_SESSIONS__POOL_SIZE": "1",
-                      "KERNELMODE_MCP__MAX_SESSIONS_PER_TENANT": str(MCP_PER_TENANT)})
+                      "KERNELMODE_MCP__MAX_SESSIONS_PER_TENANT": str(MCP_PER_TENANT),
+                      # refuses only cells with its markers (test_policy_everywhere.py)
+                      "KERNELMODE_POLICY__MODULE": "tests.security.policy_rules:check"})
     yield s
     s.discard()
 

@@ -362,7 +362,8 @@ class PackageSettings(_Section):
     """Packages on demand (kernelmode/packages/): the manager downloads wheels, never runs them."""
 
     index_url: str | None = Field(None, description="Index to download wheels from (pip's "
-                                  "--index-url); unset: the host's pip configuration.")
+                                  "--index-url); unset: the host's global pip configuration (/etc/pip.conf; "
+                                  "PIP_* variables and per-user configuration are ignored).")
     extra_index_urls: list[str] = Field(default_factory=list, description="More indexes (--extra-index-url).")
     allow: list[str] | None = Field(None, description="Only these may be installed (names, globs, "
                                     "version specifiers: 'requests', 'django-*', 'numpy<3'); "

@@ -280,6 +280,14 @@ class ToolBrokerSettings(_Section):
     approval_timeout_seconds: float = Field(
         300.0, gt=0, le=86_400, description="A call that requires approval and gets no answer within "
         "this long is denied.")
+    max_pending_approvals_per_session: int = Field(
+        8, ge=1, description="Calls (and runs) of one session awaiting approval at once; more are denied at once.")
+    max_pending_approvals_per_tenant: int = Field(
+        32, ge=1, description="Calls (and runs) of one tenant's sessions awaiting approval at once.")
+    max_pending_approval_bytes_per_session: int = Field(
+        8 * 1024 * 1024, ge=1024, description="Bytes of the arguments of one session's calls awaiting approval.")
+    max_pending_approval_bytes_per_tenant: int = Field(
+        32 * 1024 * 1024, ge=1024, description="Bytes of the arguments of one tenant's calls awaiting approval.")
 
 
 class PolicySettings(_Section):

@@ -120,6 +120,7 @@ def test_another_tenant_or_no_token_cannot_decide(
 
 
 BLOB = 3 * 1024 * 1024  # the issue's case: gated calls of 3 MB each, left pending
+N = 30  # of them per session
 # Gated requests forged onto the stdin channel without waiting for replies (so they are all in
 # flight at once), then one small call whose arrival in the listing tells the test that every
 # big one was handled; then every reply is read and printed.
@@ -186,15 +187,15 @@ def _rss_mb(srv: Server) -> float:
 
 
 def test_pending_approvals_are_bounded_and_pin_no_memory(api: httpx.Client, gated: Server) -> None:
-    """Forty 3 MB gated calls from two sessions of one tenant: per session at most 8 MiB wait
-    (two calls), per tenant at most 10 MiB (one more); the rest are refused at once with the
-    bound's name; the manager's RSS grows by a fraction of what was sent; another tenant's
-    session still gets its calls put up for approval."""
+    """Sixty 3 MB gated calls (forty pinned 500 MB before) from two sessions of one tenant: per
+    session at most 8 MiB wait (two calls), per tenant at most 10 MiB (one more); the rest are
+    refused at once with the bound's name; the manager's RSS grows by a fraction of what was
+    sent; another tenant's session still gets its calls put up for approval."""
     sids = [api.post("/v1/sessions", json={}).json()["session_id"] for _ in range(2)]
     before = min(_rss_mb(gated) for _ in range(3))
-    runs = [_flood(api, sids[0], 20, pending=2), _flood(api, sids[1], 20, pending=1)]
+    runs = [_flood(api, sids[0], N, pending=2), _flood(api, sids[1], N, pending=1)]
     grown_mb = _rss_mb(gated) - before
-    sent_mb = 40 * BLOB / 1024 / 1024
+    sent_mb = 2 * N * BLOB / 1024 / 1024
     listings = [api.get(f"/v1/runs/{r}").json()["pending_approvals"] for r in runs]
     assert [len(x) for x in listings] == [3, 2]  # the big calls that fit, and each marker
     assert all(len(json.dumps(a["arguments"])) < 5_000 for x in listings for a in x)  # a preview
@@ -205,9 +206,9 @@ def test_pending_approvals_are_bounded_and_pin_no_memory(api: httpx.Client, gate
         assert [x["denied"] for x in _deny_all(other, orun)] == [True, True]
         other.delete(f"/v1/sessions/{osid}")
     replies = [_deny_all(api, r) for r in runs]
-    for got, refused, bound in ((replies[0], 18, "max_pending_approval_bytes_per_session"),
-                                (replies[1], 19, "max_pending_approval_bytes_per_tenant")):
-        assert len(got) == 21 and all(x["ok"] is False and x["denied"] for x in got)
+    for got, refused, bound in ((replies[0], N - 2, "max_pending_approval_bytes_per_session"),
+                                (replies[1], N - 1, "max_pending_approval_bytes_per_tenant")):
+        assert len(got) == N + 1 and all(x["ok"] is False and x["denied"] for x in got)
         bounded = [x["error"] for x in got if "was not put up for approval" in x["error"]]
         assert len(bounded) == refused and all(bound in e for e in bounded), bounded[:1]
     for sid in sids:

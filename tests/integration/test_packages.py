@@ -271,5 +271,7 @@ async def test_mcp_install_packages(pkg_server) -> None:
         assert not run.is_error and run.structured_content["result"] == "42"
         refused = await client.call_tool("install_packages", {"packages": ["kmtest-denied"]})
         assert refused.is_error and refused.structured_content["error"]["code"] == "package_refused"
+        as_file = await client.call_tool("install_packages", {"packages": ["kmtest-app-1.0.tar.gz"]})
+        assert as_file.is_error and as_file.structured_content["error"]["details"]["rule"] == "index_names_only"
         bad = await client.call_tool("install_packages", {"packages": []})
         assert bad.is_error

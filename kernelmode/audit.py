@@ -5,7 +5,7 @@ with ``ts`` (logs.py), so a log shipper can filter on ``"event"``. Events:
 ``session_created``, ``session_closed`` (with ``reason``: closed, expired, lost...),
 ``kernel_died`` (with ``cause``), ``kernel_restarted``, ``kernel_replaced``, ``run``,
 ``console_run``, ``tool_call``, ``quota_refused``, ``approval_requested``, ``approval_decided``
-(with ``approved``, ``by``: rest | mcp | timeout | run_ended | interrupt | no_gate, ``reason``),
+(with ``approved``, ``by``: rest | mcp | timeout | run_ended | interrupt | no_gate | bound, ``reason``),
 ``policy``.
 ``console_run``, ``tool_call``, ``quota_refused``, ``package_install`` (with ``source``,
 ``requested``, ``ok``, and ``installed``/``already`` or the refusal's ``code`` and ``error``).

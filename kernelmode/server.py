@@ -34,6 +34,7 @@ from .errors import ConfigError, KernelmodeError, SandboxUnavailable, StoreError
 from .gateway.client import GatewayClient, message_limit
 from .gateway.process import GatewayProcess, raise_open_files_limit
 from .gateway.remote import connect_external
+from .heap import release_large_buffers
 from .policy import CodePolicy
 from .sandbox import cgroups
 from .sandbox.docker_backend import server_id
@@ -451,6 +452,7 @@ async def serve(settings: Settings, tools: ToolRegistry | None = None,
                 token_source: TokenSource | None = None) -> int:
     """Run until SIGINT/SIGTERM; everything started is stopped before returning.
     ``token_source``: where a given token came from (for the start-up block), default config."""
+    release_large_buffers()  # multi-MB requests must not stay resident after they are answered
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

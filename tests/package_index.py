@@ -76,6 +76,42 @@ def build_sdist(out: Path, name: str, version: str, canary: Path) -> Path:
     return path
 
 
+def canary_project(canary: Path) -> dict[str, bytes]:
+    """A PEP 517 project whose in-tree build backend writes ``canary`` the moment it is imported:
+    pip, asked for metadata, a wheel or its build requirements, always imports it first."""
+    backend = (f"open({str(canary)!r}, 'a').write('ran\\n')\n"
+               "def _never(*a, **k):\n    raise SystemExit('this backend must never run on the kernelmode host')\n"
+               "get_requires_for_build_wheel = prepare_metadata_for_build_wheel = build_wheel = _never\n"
+               "get_requires_for_build_editable = build_editable = build_sdist = _never\n").encode()
+    return {"pyproject.toml": b'[build-system]\nrequires = []\nbuild-backend = "canary_backend"\n'
+                              b'backend-path = ["."]\n\n[project]\nname = "canary"\nversion = "1.0"\n',
+            "canary_backend.py": backend,
+            "PKG-INFO": b"Metadata-Version: 2.1\nName: canary\nVersion: 1.0\n"}
+
+
+def plant_canaries(where: Path, canary: Path) -> None:
+    """Everything pip could build if it read a requirement as a file of ``where``: the project
+    itself (``.``), in ``canary/``, and as ``canary-1.0.tar.gz``, ``.tgz``, ``.zip`` and a wheel
+    (uppercase names too, for a case-insensitive disk)."""
+    where.mkdir(parents=True, exist_ok=True)
+    files = canary_project(canary)
+    for base in (where, where / "canary"):
+        base.mkdir(exist_ok=True)
+        for name, data in files.items():
+            (base / name).write_bytes(data)
+    for stem in ("canary-1.0", "CANARY-1.0"):
+        for suffix in (".tar.gz", ".tgz"):
+            with tarfile.open(where / f"{stem}{suffix}", "w:gz") as tf:
+                for name, data in files.items():
+                    ti = tarfile.TarInfo(f"canary-1.0/{name}")
+                    ti.size = len(data)
+                    tf.addfile(ti, io.BytesIO(data))
+        with zipfile.ZipFile(where / f"{stem}.zip", "w") as zf:
+            for name, data in files.items():
+                zf.writestr(f"canary-1.0/{name}", data)
+    build_wheel(where, "canary", "1.0", {"canary.py": b"X = 1\n"})
+
+
 def build_traversal_wheel(out: Path) -> Path:
     """A wheel with a member that climbs out of the install directory."""
     path = build_wheel(out, "kmtest-traversal", "1.0", {"kmtest_traversal.py": b"X = 1\n"})

@@ -160,7 +160,9 @@ def openapi_document() -> dict[str, Any]:
                                   **_errors(401, 422)}},
             "post": {"summary": "Create a session", "requestBody": body("SessionCreate"),
                      "responses": {"201": _json("SessionInfo", "Created"), **_errors(400, 401, 409, 422, 429, 503),
-                                   "403": _json("ErrorBody", "A package refused by the policy (package_refused)"),
+                                   "403": _json("ErrorBody", "A package refused by the policy, or a request pip "
+                                                "could read as a file, path, URL or option (package_refused, "
+                                                "details.rule)"),
                                    "404": _json("ErrorBody", "Unknown fork_of session or from_checkpoint "
                                                 "checkpoint (session_not_found, checkpoint_not_found)"),
                                    "502": _json("ErrorBody", "The package index or pip failed (package_fetch_failed)")}},

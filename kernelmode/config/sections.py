@@ -342,6 +342,14 @@ class ToolBrokerSettings(_Section):
     approval_timeout_seconds: float = Field(
         300.0, gt=0, le=86_400, description="A call that requires approval and gets no answer within "
         "this long is denied.")
+    max_pending_approvals_per_session: int = Field(
+        8, ge=1, description="Calls (and runs) of one session awaiting approval at once; more are denied at once.")
+    max_pending_approvals_per_tenant: int = Field(
+        32, ge=1, description="Calls (and runs) of one tenant's sessions awaiting approval at once.")
+    max_pending_approval_bytes_per_session: int = Field(
+        8 * 1024 * 1024, ge=1024, description="Bytes of the arguments of one session's calls awaiting approval.")
+    max_pending_approval_bytes_per_tenant: int = Field(
+        32 * 1024 * 1024, ge=1024, description="Bytes of the arguments of one tenant's calls awaiting approval.")
 
 
 class PolicySettings(_Section):
@@ -437,7 +445,8 @@ class PackageSettings(_Section):
     """Packages on demand (kernelmode/packages/): the manager downloads wheels, never runs them."""
 
     index_url: str | None = Field(None, description="Index to download wheels from (pip's "
-                                  "--index-url); unset: the host's pip configuration.")
+                                  "--index-url); unset: the host's global pip configuration (/etc/pip.conf; "
+                                  "PIP_* variables and per-user configuration are ignored).")
     extra_index_urls: list[str] = Field(default_factory=list, description="More indexes (--extra-index-url).")
     allow: list[str] | None = Field(None, description="Only these may be installed (names, globs, "
                                     "version specifiers: 'requests', 'django-*', 'numpy<3'); "

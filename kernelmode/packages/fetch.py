@@ -5,14 +5,21 @@ of the kernel: pip never builds, so no code of a package runs on the host. The k
 distributions (and those already in the session) go in as constraints, so the resolver either
 keeps them or fails; it never picks another ipykernel or tornado. The download is watched and
 pip stopped as soon as it passes ``max_download_mb``.
+
+pip also reads a requirement as a file of its working directory when one by that name exists
+(policy.parse_requirement refuses such names first): it runs in an empty private directory, as
+``python -I -m pip --isolated`` with no PIP_* variables and no per-user configuration, so nothing
+of the manager's directory, user or environment can steer it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,14 +43,21 @@ class FetchOptions:
 def pip_argv(dest: Path, requirements: list[str], target: KernelTarget, constraints: Path,
              options: FetchOptions) -> list[str]:
     """The pip command line (a pure function, tested on its own)."""
-    argv = [sys.executable, "-m", "pip", "download", "--dest", str(dest), "--no-input",
-            "--disable-pip-version-check", "--progress-bar", "off", "--no-color",
+    argv = [sys.executable, "-I", "-m", "pip", "download", "--isolated", "--no-cache-dir",
+            "--dest", str(dest), "--no-input", "--disable-pip-version-check", "--progress-bar", "off", "--no-color",
             *target.pip_args(), "--constraint", str(constraints)]
     if options.index_url:
         argv += ["--index-url", options.index_url]
     for url in options.extra_index_urls:
         argv += ["--extra-index-url", url]
     return [*argv, "--", *requirements]
+
+
+def pip_env() -> dict[str, str]:
+    """The manager's environment without PIP_* (a PIP_FIND_LINKS would steer pip past the
+    configured index; pip reads PIP_CONFIG_FILE even with --isolated). What is left of pip's
+    configuration is the host's own files (/etc/pip.conf, the venv's pip.conf): root's, not a user's."""
+    return {k: v for k, v in os.environ.items() if not k.upper().startswith("PIP_")}
 
 
 def _explain(stderr: str, target: KernelTarget) -> Exception:
@@ -69,10 +83,16 @@ async def download(dest: Path, requirements: list[str], target: KernelTarget, co
                    options: FetchOptions) -> list[Path]:
     """Run pip; return the wheels it put in ``dest``. Raises NoWheel, PackageRefused (a conflict,
     or the size cap) or PackageFetchFailed."""
+    with tempfile.TemporaryDirectory(prefix="kernelmode-pip-") as cwd:  # empty, mode 0700
+        return await _download(cwd, dest, requirements, target, constraints, options)
+
+
+async def _download(cwd: str, dest: Path, requirements: list[str], target: KernelTarget, constraints: Path,
+                    options: FetchOptions) -> list[Path]:
     argv = pip_argv(dest, requirements, target, constraints, options)
     proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
                                                 stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
+                                                stderr=asyncio.subprocess.PIPE, cwd=cwd, env=pip_env())
     assert proc.stdout is not None and proc.stderr is not None
     announced = 0
     over = False

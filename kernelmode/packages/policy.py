@@ -23,21 +23,48 @@ from ..errors import InvalidRequest, PackageRefused, QuotaExceeded
 
 MAX_REQUIREMENT_CHARS = 200
 _RULE = re.compile(r"^\s*([A-Za-z0-9*?._\[\]-]+)\s*(.*)$")
+INDEX_ONLY = "index_names_only"
+# pip opens a requirement as a FILE of its working directory when it ends like one of these
+# (pip's ARCHIVE_EXTENSIONS, compared without case) and such a file exists: it would then run
+# the archive's build backend on the host, --only-binary notwithstanding.
+ARCHIVE_SUFFIXES = (".whl", ".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz", ".txz",
+                    ".tlz", ".tar.lz", ".tar.lzma")
+# The same, anywhere a name could end (before extras, a specifier, a marker, a fragment...).
+_ARCHIVE_IN_TEXT = re.compile("(" + "|".join(re.escape(s) for s in ARCHIVE_SUFFIXES) + r")(?=$|[\s\[\];#=<>!~,()])",
+                              re.IGNORECASE)
+
+
+def _not_from_index(text: str, what: str) -> PackageRefused:
+    return PackageRefused(f"{text[:80]!r} could be read by pip as {what}: only package names from the "
+                          f"configured index can be installed (rule: {INDEX_ONLY}); ask for the name, "
+                          "like 'name', 'name==1.2' or 'name[extra]>=1,<2'",
+                          details={"rule": INDEX_ONLY, "package": text[:80]})
 
 
 def parse_requirement(text: str) -> Requirement:
-    """A requirement as pip reads it, but only from an index: no URLs, paths or options."""
+    """A requirement as pip reads it, but only from an index: a name, extras and version
+    specifiers; anything pip could take for an option, a path, a URL or an archive is refused
+    (PackageRefused, rule ``index_names_only``) before pip ever sees it."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_REQUIREMENT_CHARS:
         raise InvalidRequest(f"not a package requirement: {str(text)[:80]!r} (1-{MAX_REQUIREMENT_CHARS} "
                              "characters, like 'name', 'name==1.2' or 'name>=1,<2')")
     text = text.strip()
-    if text.startswith("-") or "://" in text or "@" in text or "/" in text or "\\" in text:
-        raise InvalidRequest(f"{text!r}: only names with versions from the configured index can be "
-                             "installed (no options, URLs or paths)")
+    if text.startswith("-"):
+        raise _not_from_index(text, "an option")
+    if text.startswith(".") or "/" in text or "\\" in text:
+        raise _not_from_index(text, "a path")
+    if ":" in text or "@" in text:
+        raise _not_from_index(text, "a URL")
+    if _ARCHIVE_IN_TEXT.search(text):
+        raise _not_from_index(text, "an archive file")
     try:
         req = Requirement(text)
     except InvalidRequirement as e:
         raise InvalidRequest(f"not a package requirement: {text!r} ({e})") from None
+    if req.url is not None:  # unreachable after the checks above; never trust it blindly
+        raise _not_from_index(text, "a URL")
+    if req.name.lower().endswith(ARCHIVE_SUFFIXES):
+        raise _not_from_index(text, "an archive file")
     if req.marker is not None:
         raise InvalidRequest(f"{text!r}: environment markers are not accepted")
     return req

@@ -353,13 +353,13 @@ class Kernel:
     async def answer_input(self, run_id: str, msg: Message, tool_calls: list[ToolCall]) -> None:
         """Answer an input_request of a run: a tool call from the preamble, else nothing."""
         broker, cap = self.env.broker, self.env.settings.tool_calls.max_recorded_calls
-        prompt = str(msg.get("content", {}).get("prompt", ""))
-        record: ToolCall | None
-        if msg.get("dropped"):  # too large to read: answered at once, the call fails in the kernel
-            reply, record = broker.refuse_unread(self.info.session_id, run_id, msg["dropped"])
-        elif prompt.startswith(MARKER):
-            reply, record = await broker.handle(self.info.session_id, run_id, self.info.tools,
-                                                prompt[len(MARKER):])
+        prompt, dropped = str(msg.get("content", {}).get("prompt", "")), msg.get("dropped")
+        del msg  # a call may wait minutes for approval: hold one copy of its request, not the message
+        if prompt.startswith(MARKER) and not dropped:
+            payload, prompt = prompt[len(MARKER):], ""
+            reply, record = await broker.handle(self.info.session_id, run_id, self.info.tools, payload)
+        elif dropped:  # too large to read: answered at once, the call fails in the kernel
+            reply, record = broker.refuse_unread(self.info.session_id, run_id, dropped)
         else:
             reply, record = "", None  # only a kernel that bypassed the preamble asks for typed input
         if record is not None and len(tool_calls) < cap:

@@ -8,7 +8,8 @@ one of these decides it:
   MCP client (mcp/elicit.py);
 - the timeout (``tool_calls.approval_timeout_seconds``): denied;
 - the run's end (interrupt, timeout, session closed): withdrawn, i.e. denied.
-Every request and decision is audited (what, who decided: rest | mcp | timeout | run_ended).
+A call over the bounds of approval_budget.py (per session and tenant, count and bytes) is denied
+at once (``by: bound``) and never parked. Every request and decision is audited (what, who decided: rest | mcp | timeout | run_ended).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from ..audit import audit
 from ..errors import ApprovalDecided, ApprovalNotFound
 from ..models import PendingApproval
+from .approval_budget import ApprovalBounds, ApprovalBudget
 
 log = logging.getLogger("kernelmode.tools")
 
@@ -148,13 +150,25 @@ class RunGate:
         return n
 
     async def request(self, call_id: str | None, tool: str, arguments: dict[str, Any],
-                      timeout: float) -> Decision:
-        """Park a call until it is decided (or ``timeout`` passes: denied)."""
+                      timeout: float, size: int = 0) -> Decision:
+        """Park a call (``size``: its request's bytes) until it is decided (or ``timeout``
+        passes: denied); a call over the approval bounds is denied at once (``by: bound``)."""
         if not self.enabled:
             decision = Decision(False, f"{tool} requires approval, which a one-shot run cannot wait "
                                 "for; run the code in a session", "run_ended")
             self.owner.record(self, call_id or uuid.uuid4().hex, tool, decision)
             return decision
+        refusal = self.owner.budget.take(self.session_id, self.tenant, size)
+        if refusal is not None:
+            decision = Decision(False, refusal, "bound")
+            self.owner.record(self, uuid.uuid4().hex, tool, decision)
+            return decision
+        try:
+            return await self._park(call_id, tool, arguments, timeout)
+        finally:
+            self.owner.budget.give(self.session_id, self.tenant, size)
+
+    async def _park(self, call_id: str | None, tool: str, arguments: dict[str, Any], timeout: float) -> Decision:
         if call_id is None or not _ID.match(call_id) or self.owner.known(call_id):
             call_id = uuid.uuid4().hex  # the kernel's id is forgeable: never trust it to be unique
         p = _Pending(PendingApproval(call_id=call_id, tool=tool, arguments=shown_arguments(arguments)),
@@ -192,7 +206,8 @@ class RunGate:
 class Approvals:
     """Every run's gate, and the decisions made (remembered a while, for a 409)."""
 
-    def __init__(self) -> None:
+    def __init__(self, bounds: ApprovalBounds | None = None) -> None:
+        self.budget = ApprovalBudget(bounds or ApprovalBounds())
         self._gates: dict[str, RunGate] = {}
         self._calls: dict[str, RunGate] = {}  # call id -> gate, while pending
         self._decided: OrderedDict[str, tuple[str, Decision]] = OrderedDict()  # call id -> (run, decision)

@@ -20,7 +20,8 @@ from ..errors import InvalidRequest, ToolFailed
 from ..gateway.frames import json_shape_error
 from ..kernel.preamble import PING, SEARCH
 from ..models import ToolCall
-from .approvals import Approvals
+from .approval_budget import ApprovalBounds
+from .approvals import Approvals, shown_arguments
 from .registry import ToolRegistry, allowed
 
 # A ToolFailed's details when a call needing approval was denied (by a person, the timeout, or
@@ -63,7 +64,9 @@ class ToolBroker:
     def __init__(self, registry: ToolRegistry, settings: ToolBrokerSettings) -> None:
         self.registry = registry
         self.settings = settings
-        self.approvals = Approvals()
+        self.approvals = Approvals(ApprovalBounds(
+            settings.max_pending_approvals_per_session, settings.max_pending_approvals_per_tenant,
+            settings.max_pending_approval_bytes_per_session, settings.max_pending_approval_bytes_per_tenant))
         self._limiters: dict[str, RateLimiter] = {}
         # Calls the manager answers itself (name -> handler(session_id, arguments)), e.g. the
         # preamble's %pip install; they are not tools, so no allow-list or tool rate applies.
@@ -123,7 +126,12 @@ class ToolBroker:
                 raise ToolFailed(f"rate limit: at most {self.settings.rate_per_second:g} tool calls "
                                  "per second in a session; batch the work into fewer calls")
             if self.registry.requires_approval(name):
-                await self._approve(session_id, run_id, call_id, name, arguments)
+                # While it waits (minutes), hold the request's text only: its parsed copies go
+                # now and it is read again once approved (approval_budget.py bounds the text).
+                shown = shown_arguments(arguments)
+                del arguments, request, data
+                await self._approve(session_id, run_id, call_id, name, shown, bytes_in)
+                arguments = json.loads(payload.encode("utf-8", errors="replace"))["arguments"]
             result = await tool.call(arguments, self.settings.call_timeout_seconds)
             try:
                 reply = json.dumps({"id": call_id, "ok": True, "result": result})
@@ -153,17 +161,20 @@ class ToolBroker:
         return json.dumps({"id": call_id, "ok": True, "result": [m.model_dump() for m in matches]})
 
     async def _approve(self, session_id: str, run_id: str, call_id: Any, name: str,
-                       arguments: dict[str, Any]) -> None:
-        """Wait for the call's approval (the gate of its run); unless approved, a ToolFailed that
-        the kernel raises as its ``ToolDenied``."""
+                       shown: dict[str, Any], size: int) -> None:
+        """Wait for the call's approval (the gate of its run; ``shown``: the arguments as listed,
+        ``size``: the request's bytes); unless approved, a ToolFailed that the kernel raises as its
+        ``ToolDenied``."""
         gate = self.approvals.gate(run_id)
         if gate is None or gate.session_id != session_id:
             audit("approval_decided", session_id=session_id, run_id=run_id, tool=name, approved=False,
                   by="no_gate", reason="a console cell cannot wait for approval")
             raise ToolFailed(f"{name} requires approval, which only a run started through REST or MCP "
                              "can wait for (not a console cell)", details=_DENIED)
-        decision = await gate.request(call_id if isinstance(call_id, str) else None, name, arguments,
-                                      self.settings.approval_timeout_seconds)
+        decision = await gate.request(call_id if isinstance(call_id, str) else None, name, shown,
+                                      self.settings.approval_timeout_seconds, size)
+        if decision.by == "bound":
+            raise ToolFailed(f"{name} was not put up for approval: {decision.reason}", details=_DENIED)
         if not decision.approved:
             raise ToolFailed(f"{name} was denied ({decision.by})"
                              + (f": {decision.reason}" if decision.reason else ""), details=_DENIED)

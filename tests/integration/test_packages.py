@@ -180,14 +180,21 @@ def test_the_download_cap_refuses_a_big_package(api, new_session) -> None:
 
 
 @pytest.mark.parametrize("body", [
-    {"packages": []}, {"packages": "kmtest-app"}, {"packages": ["-e ."]}, {"packages": ["kmtest-app @ http://127.0.0.1/x.whl"]},
-    {"packages": ["../etc"]}, {"packages": ["kmtest-app; python_version<'3'"]}, {"packages": [""]},
-    {"packages": ["x" * 300]}, {"packages": ["kmtest-app"], "extra": 1}, {},
+    {"packages": []}, {"packages": "kmtest-app"}, {"packages": ["kmtest-app; python_version<'3'"]},
+    {"packages": [""]}, {"packages": ["x" * 300]}, {"packages": ["kmtest-app"], "extra": 1}, {},
 ])
 def test_bad_requests_are_422(api, shared_sid, body) -> None:
     r = api.post(f"/v1/sessions/{shared_sid}/packages", json=body)
     assert r.status_code == 422, r.text
     assert r.json()["error"]["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize("text", ["-e .", "kmtest-app @ http://127.0.0.1/x.whl", "../etc", "kmtest-app-1.0.tar.gz"])
+def test_what_pip_could_read_as_a_file_is_403(api, shared_sid, text) -> None:
+    """(The canaries that prove nothing is built: security/test_packages.py.)"""
+    r = api.post(f"/v1/sessions/{shared_sid}/packages", json={"packages": [text]})
+    assert r.status_code == 403, r.text
+    assert r.json()["error"]["details"]["rule"] == "index_names_only"
 
 
 def test_unknown_session_is_404(api) -> None:
@@ -226,7 +233,7 @@ def test_a_session_created_with_packages(api, pkg_server) -> None:
     assert r.status_code == 403, r.text
     assert api.get("/v1/sessions/with-denied").status_code == 404  # not left half-made
     r = api.post("/v1/sessions", json={"packages": ["-r requirements.txt"]})
-    assert r.status_code == 422
+    assert r.status_code == 403 and r.json()["error"]["details"]["rule"] == "index_names_only"
 
 
 def test_client_install(pkg_server, index) -> None:
@@ -264,5 +271,7 @@ async def test_mcp_install_packages(pkg_server) -> None:
         assert not run.is_error and run.structured_content["result"] == "42"
         refused = await client.call_tool("install_packages", {"packages": ["kmtest-denied"]})
         assert refused.is_error and refused.structured_content["error"]["code"] == "package_refused"
+        as_file = await client.call_tool("install_packages", {"packages": ["kmtest-app-1.0.tar.gz"]})
+        assert as_file.is_error and as_file.structured_content["error"]["details"]["rule"] == "index_names_only"
         bad = await client.call_tool("install_packages", {"packages": []})
         assert bad.is_error

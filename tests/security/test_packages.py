@@ -6,7 +6,9 @@
 - one session's packages are not in another's kernel, and ``%pip`` installs only into the
   session whose channel asked (a request names no session);
 - nothing of a package runs on the host (an sdist is refused, its setup.py never runs), and a
-  wheel whose members climb out of the layer is refused before anything is written.
+  wheel whose members climb out of the layer is refused before anything is written;
+- no request pip could read as a file, a path, a URL or an option reaches pip, from any front
+  door: the server runs in a directory full of buildable canaries, and none is ever built.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import Server, start_server
-from tests.package_index import PackageIndex, index_env, temporary_index
+from tests.conftest import REPO, Server, start_server
+from tests.package_index import PackageIndex, index_env, plant_canaries, temporary_index
 
 from .conftest import report
 
@@ -30,7 +32,13 @@ def index() -> Iterator[PackageIndex]:
 
 @pytest.fixture(scope="module")
 def srv(index: PackageIndex) -> Iterator[Server]:
-    s = start_server({**index_env(index, index.tmp), "KERNELMODE_SESSIONS__POOL_SIZE": "0"})
+    """The server runs in a directory of canaries (what pip would build, were a request read as a
+    file of its working directory); its data dir and package cache get them too."""
+    plant_canaries(index.tmp / "cwd", index.tmp / "HOST-RAN-BACKEND")
+    s = start_server({**index_env(index, index.tmp), "KERNELMODE_SESSIONS__POOL_SIZE": "0",
+                      "PYTHONPATH": str(REPO)}, cwd=index.tmp / "cwd")
+    for d in (s.data_dir, s.data_dir / "package-cache"):
+        plant_canaries(d, index.tmp / "HOST-RAN-BACKEND")
     yield s
     s.discard()
 
@@ -124,3 +132,58 @@ def test_nothing_from_a_package_runs_on_the_host(api, two, index, srv) -> None:
     assert r.json()["error"]["details"]["rule"] == "wheel_format"
     assert not list(srv.data_dir.rglob("kmtest_escaped.py"))
     assert not list(srv.data_dir.rglob("kmtest_traversal.py"))  # nothing of it was installed
+
+
+def spellings(cwd: str) -> list[str]:
+    """Requests pip could read as a file, a path, a URL or an option (each canary is real)."""
+    return ["canary-1.0.tar.gz", "CANARY-1.0.TAR.GZ", "canary-1.0.tgz", "canary-1.0.zip", "Canary-1.0.Zip",
+            "canary-1.0-py3-none-any.whl", "canary-1.0.tar.gz[extra]", "canary-1.0.tar.gz[a,b]==1.0",
+            "canary-1.0.tar.gz; python_version > '3'", "canary-1.0.zip ; os_name == 'posix'",
+            "./canary-1.0.tar.gz", f"{cwd}/canary-1.0.tar.gz", "canary/", "./canary", ".", "..", ".[extra]",
+            "canary @ file:///" + cwd.lstrip("/") + "/canary-1.0.tar.gz", "canary@file:canary-1.0.tar.gz",
+            f"file://{cwd}/canary-1.0.tar.gz", "file:canary-1.0.tar.gz", "file:.", "canary-1.0.tar.gz#egg=canary",
+            "-e .", "-e", "--editable=.", "-r requirements.txt", "--index-url http://127.0.0.1:1/simple",
+            "--find-links=.", "canary\\..\\canary-1.0.tar.gz", "~/canary-1.0.tar.gz"]
+
+
+def refused(err: dict) -> bool:
+    return err.get("code") == "package_refused" and err.get("details", {}).get("rule") == "index_names_only"
+
+
+def test_no_request_is_read_as_a_file_and_no_backend_runs_on_the_host(api, srv, index) -> None:
+    cwd = str(index.tmp / "cwd")
+    sid = api.post("/v1/sessions", json={}).json()["session_id"]
+    try:
+        wrong = {}
+        for text in spellings(cwd):
+            r = api.post(f"/v1/sessions/{sid}/packages", json={"packages": [text]})
+            if r.status_code != 403 or not refused(r.json()["error"]):
+                wrong[text] = r.text[:200]
+            r = api.post("/v1/sessions", json={"packages": ["kmtest-lib", text]})
+            if r.status_code != 403 or not refused(r.json()["error"]):
+                wrong["create: " + text] = r.text[:200]
+        # From kernel code: %pip, and the preamble's request forged past %pip's own checks.
+        out = report(execute(api, sid, f"""
+import json, sys
+kp = sys.modules['kernelmode_preamble']
+errors = {{}}
+for text in {spellings(cwd)!r}:
+    try:
+        kp._bridge.call(kp.PIP, {{"packages": [text]}})
+        errors[text] = "installed"
+    except Exception as e:
+        errors[text] = str(e)
+    if " " not in text and not text.startswith("-"):
+        try:
+            get_ipython().run_line_magic("pip", "install " + text)
+            errors["%pip " + text] = "installed"
+        except Exception as e:
+            errors["%pip " + text] = str(e)
+print(json.dumps(errors))
+"""))
+    finally:
+        api.delete(f"/v1/sessions/{sid}")
+    assert not index.tmp.joinpath("HOST-RAN-BACKEND").exists(), "a build backend ran on the host"
+    assert not wrong, wrong
+    assert len(out) > len(spellings(cwd))
+    assert {k: v for k, v in out.items() if "package_refused" not in v or "index_names_only" not in v} == {}

@@ -11,6 +11,7 @@ import pytest
 from kernelmode.errors import ApprovalDecided, ApprovalNotFound, ConfigError
 from kernelmode.models import PendingApproval
 from kernelmode.policy import CodePolicy, PolicyDecision
+from kernelmode.tools.approval_budget import ApprovalBounds
 from kernelmode.tools.approvals import Approvals, shown_arguments
 
 CALL = "a" * 32
@@ -100,6 +101,38 @@ async def test_one_shot_gates_deny_at_once() -> None:
     gate = Approvals().open("r1", "s1", None, enabled=False)
     decision = await gate.request(CALL, "weather", {}, 60)
     assert not decision.approved and "one-shot" in (decision.reason or "")
+
+
+async def test_pending_calls_are_bounded_per_session_and_tenant_by_count_and_bytes() -> None:
+    """Over a bound: denied at once (``by: bound``, naming the setting), never parked; a decided
+    call gives its room back; another tenant's room is its own."""
+    approvals = Approvals(ApprovalBounds(per_session=2, per_tenant=3, bytes_per_session=100, bytes_per_tenant=150))
+    a1, a2, b = (approvals.open(r, s, t) for r, s, t in (("r1", "s1", "a"), ("r2", "s2", "a"), ("r3", "s3", "b")))
+    parked = [asyncio.create_task(a1.request(None, "t", {}, 60, 10)) for _ in range(2)]
+    await asyncio.sleep(0)
+    third = await a1.request(None, "t", {}, 60, 10)  # the session's count
+    assert (third.approved, third.by) == (False, "bound") and "max_pending_approvals_per_session" in third.reason
+    big = await a2.request(None, "t", {}, 60, 101)  # the session's bytes
+    assert big.by == "bound" and "max_pending_approval_bytes_per_session" in big.reason
+    parked.append(asyncio.create_task(a2.request(None, "t", {}, 60, 100)))
+    await asyncio.sleep(0)
+    over = await a2.request(None, "t", {}, 60, 1)  # the tenant's count (3 pending)
+    assert over.by == "bound" and "max_pending_approvals_per_tenant" in over.reason
+    assert approvals.budget.held("s2", "a") == {"session": 1, "session_bytes": 100, "tenant": 3, "tenant_bytes": 120}
+    other = asyncio.create_task(b.request(None, "t", {}, 60, 100))  # tenant b: unaffected
+    await asyncio.sleep(0)
+    assert len(b.pending) == 1
+    for call_id in list(a1.pending):
+        approvals.decide("r1", call_id, False, None, "rest")
+    await asyncio.gather(*parked[:2])
+    assert approvals.budget.held("s1", "a")["session"] == 0  # room given back
+    tenant_bytes = await a1.request(None, "t", {}, 60, 60)  # 100 + 60 > 150: the tenant's bytes
+    assert tenant_bytes.by == "bound" and "max_pending_approval_bytes_per_tenant" in tenant_bytes.reason
+    approvals.close("r2")
+    approvals.close("r3")
+    await asyncio.gather(parked[2], other)
+    assert approvals.budget.held("s2", "a") == {"session": 0, "session_bytes": 0, "tenant": 0, "tenant_bytes": 0}
+    assert not approvals.budget._count and not approvals.budget._bytes  # no key outlives its calls
 
 
 def test_large_arguments_are_cut_for_the_listing() -> None:

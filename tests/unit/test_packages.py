@@ -32,17 +32,26 @@ TARGET = KernelTarget("3.11", "cp", "cp311", ("manylinux_2_36_x86_64", "manylinu
                       {"tornado": ("tornado", "6.6.1")})
 
 
-@pytest.mark.parametrize("text", ["requests", "numpy==2.1", "pandas>=2,<3", "rich[jupyter]", "Foo_Bar"])
+@pytest.mark.parametrize("text", ["requests", "numpy==2.1", "pandas>=2,<3", "rich[jupyter]", "Foo_Bar",
+                                  "zope.interface~=5.0", "backports.tarfile", "foo.zip-utils"])
 def test_requirements_from_the_index_are_accepted(text: str) -> None:
     assert parse_requirement(text).name
 
 
-@pytest.mark.parametrize("text", ["", " ", "-e .", "--index-url=http://x", "x @ https://e.com/x.whl",
-                                  "./local", "/abs/path", "x; python_version<'3'", "a" * 201, "not valid!",
-                                  "C:\\x"])
+@pytest.mark.parametrize("text", ["", " ", "x; python_version<'3'", "a" * 201, "not valid!"])
 def test_anything_else_is_refused(text: str) -> None:
     with pytest.raises(InvalidRequest):
         parse_requirement(text)
+
+
+@pytest.mark.parametrize("text", ["-e .", "--index-url=http://x", "x @ https://e.com/x.whl", "./local", "/abs/path",
+                                  "C:\\x", ".", "..", "file:x", "x-1.0.tar.gz", "X-1.0.TGZ", "x-1.0.zip[a]",
+                                  "x-1.0-py3-none-any.whl", "x-1.0.tar.bz2==1", "x-1.0.tar#egg=x",
+                                  "x-1.0.tar.gz; os_name=='posix'"])
+def test_what_pip_could_read_as_a_path_url_option_or_archive_is_refused(text: str) -> None:
+    with pytest.raises(PackageRefused) as e:
+        parse_requirement(text)
+    assert e.value.details["rule"] == "index_names_only"
 
 
 def test_deny_by_name_glob_and_version() -> None:
@@ -79,7 +88,7 @@ def test_tenant_rate() -> None:
 def test_pip_downloads_wheels_for_the_kernels_target_only(tmp_path: Path) -> None:
     argv = pip_argv(tmp_path / "d", ["kmtest-app==1.0"], TARGET, tmp_path / "c.txt",
                     FetchOptions("http://127.0.0.1:1/simple", ("http://127.0.0.1:2/simple",), 10, 5))
-    assert argv[:4] == [sys.executable, "-m", "pip", "download"]
+    assert argv[:6] == [sys.executable, "-I", "-m", "pip", "download", "--isolated"]
     joined = " ".join(argv)
     assert "--only-binary :all:" in joined
     assert "--python-version 3.11" in joined and "--abi cp311" in joined and "--implementation cp" in joined

@@ -18,6 +18,14 @@ if env.get("KERNELMODE_GW_EVENT_LOOP", "asyncio") != "asyncio":
     else:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
+# The gateway relays the kernels' multi-MB messages too: freed, they go back to the OS (kernelmode/heap.py).
+try:
+    from kernelmode.heap import release_large_buffers
+except ImportError:
+    pass
+else:
+    release_large_buffers()
+
 # Reachable only by the manager: loopback, a random port, a random token.
 c.KernelGatewayApp.ip = "127.0.0.1"
 c.KernelGatewayApp.port = int(env["KERNELMODE_GW_PORT"])

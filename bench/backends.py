@@ -56,11 +56,11 @@ from harness import (
     run_stoppable,
     version,
 )
-from procfs import CLK_TCK, mem_kb, ptable, stat, tree_mem
 from servers import KmServer
 
 from kernelmode.config import SandboxSettings
 from kernelmode.sandbox.docker_backend import container_name, engine_status, server_id
+from tests.support.procfs import CLK_TCK, mem_kb, ptable, stat, tree_mem
 
 BACKENDS = ("bwrap", "docker")
 CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")  # cgroup v1; v2 handled below

@@ -303,14 +303,6 @@ def require_kernel_venv(p: argparse.ArgumentParser) -> None:
         p.error(f"{KERNEL_PYTHON} not found (run `make setup`)")
 
 
-def unmount_under(root: Path) -> None:
-    """Detach every mount below ``root`` (a killed manager cannot detach its workspace volumes)."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        mount_point = line.split()[4]
-        if mount_point.startswith(f"{root}/"):
-            subprocess.run(["umount", "-l", mount_point], check=False, capture_output=True)
-
-
 # -- a lean HTTP client --------------------------------------------------------------------------
 
 

@@ -63,7 +63,6 @@ from harness import (
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.factory import KernelProvisionerFactory
-from procfs import descendants, ptable, stat
 from servers import CpuMeter, KmServer, export, kernel_pid
 
 from kernelmode.gateway.exchange import execute_content
@@ -73,6 +72,7 @@ from kernelmode.sandbox import seccomp
 from kernelmode.sandbox.bwrap import BwrapProvisioner
 from kernelmode.sandbox.kernelspec import kernel_env_paths
 from kernelmode.sandbox.spec import WORKSPACE_MOUNT, KernelParams
+from tests.support.procfs import descendants, ptable, stat
 
 # bwrap binds the kernel environment read-only: the real folder, not a worktree's symlink.
 KPY = Path(os.path.realpath(REPO / ".kernel-venv")) / "bin" / "python"

@@ -64,10 +64,10 @@ from harness import (
     verdict,
     write_section,
 )
-from procfs import CLK_TCK, cpu_ticks, descendants, hwm_kb, reset_hwm, rss_kb
 from servers import KmServer
 
 from kernelmode.client import AsyncClient, AsyncSession
+from tests.support.procfs import CLK_TCK, cpu_ticks, descendants, hwm_kb, reset_hwm, rss_kb
 
 SECTION = "bench/load.py"
 MAX_OUTPUT_BYTES = 1024 * 1024  # the default cap per stream, set explicitly so the checks know it

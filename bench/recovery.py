@@ -67,10 +67,10 @@ from harness import (
     server_machine_info,
     verdict,
 )
-from procfs import machine_busy
 from servers import KmServer
 
 from kernelmode.config import GatewaySettings, SessionSettings
+from tests.support.procfs import machine_busy
 
 KILLS = {
     "exit": "import os; os._exit(3)",

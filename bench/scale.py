@@ -60,7 +60,9 @@ from harness import (
     server_machine_info,
     verdict,
 )
-from procfs import (
+from servers import KmServer
+
+from tests.support.procfs import (
     CLK_TCK,
     cpu_ticks,
     descendants,
@@ -71,7 +73,6 @@ from procfs import (
     tree_mem,
     uid_of,
 )
-from servers import KmServer
 
 GOAL_POOL = 3.0  # pool create + first execute <= 3x the warm execute round trip
 GOAL_MEM = 1.15  # memory per idle session <= 1.15x a bare ipykernel

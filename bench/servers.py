@@ -40,12 +40,19 @@ from harness import (
     Http,
     Stats,
     ms_since,
-    unmount_under,
 )
-from procfs import cmdline, cpu_ns, descendants, processes_mentioning, ptable, stat
 
 from kernelmode.config import SessionSettings
-from tests.conftest import Server, start_server
+from tests.support.procfs import (
+    cmdline,
+    cpu_ns,
+    descendants,
+    processes_mentioning,
+    ptable,
+    stat,
+    unmount_under,
+)
+from tests.support.server import Server, start_server
 
 _SESSIONS = SessionSettings()
 # start_server's settings for the tests that are not the service's defaults (the reaper every

@@ -11,22 +11,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import REPO, start_server
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    """Host pids whose command line or cwd mention ``text`` (the test's data dir)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            continue
-        if text in cmdline or text in cwd:
-            pids.append(int(entry.name))
-    return pids
+from tests.support.procfs import processes_mentioning, unmount_under
 
 
 def test_cap_shutdown_and_lost_sessions_after_restart():
@@ -44,12 +29,12 @@ def test_cap_shutdown_and_lost_sessions_after_restart():
             assert r.json()["error"]["code"] == "too_many_sessions"
             assert c.post("/v1/sessions/one/execute", json={"code": "x = 1"}).json()["status"] == "ok"
         # Kernels, sandboxes and the gateway all run with the data dir in their command line.
-        assert len(_processes_mentioning(str(data_dir))) >= 3
+        assert len(processes_mentioning(str(data_dir))) >= 3
         assert srv.stop() == 0
         deadline = time.monotonic() + 15
-        while _processes_mentioning(str(data_dir)) and time.monotonic() < deadline:
+        while processes_mentioning(str(data_dir)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _processes_mentioning(str(data_dir)) == []
+        assert processes_mentioning(str(data_dir)) == []
         mounts = Path("/proc/self/mountinfo").read_text()
         assert f"{data_dir}/" not in mounts  # workspace volumes are detached at shutdown
 
@@ -80,19 +65,12 @@ def test_sigkill_of_the_manager_leaves_no_kernel():
         srv.proc.kill()
         srv.proc.wait(10)
         deadline = time.monotonic() + 30
-        while _processes_mentioning(str(data_dir)) and time.monotonic() < deadline:
+        while processes_mentioning(str(data_dir)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _processes_mentioning(str(data_dir)) == []
+        assert processes_mentioning(str(data_dir)) == []
     finally:
-        _unmount_under(data_dir)  # a killed manager cannot detach its workspace volumes
+        unmount_under(data_dir)  # a killed manager cannot detach its workspace volumes
         shutil.rmtree(data_dir, ignore_errors=True)
-
-
-def _unmount_under(root: Path) -> None:
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        mount_point = line.split()[4]
-        if mount_point.startswith(f"{root}/"):
-            subprocess.run(["umount", "-l", mount_point], check=False, capture_output=True)
 
 
 def test_sandbox_none_must_be_asked_for_and_warns():

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import Server, start_server
-from tests.package_index import PackageIndex, index_env, temporary_index
+from tests.support.package_index import PackageIndex, index_env, temporary_index
 
 from .conftest import report
 

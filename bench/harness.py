@@ -2,7 +2,8 @@
 `kernelmode serve` processes themselves, and CPU per path in an A/B: bench/servers.py).
 
 - ``Http``: a lean keep-alive HTTP client for a `kernelmode serve`.
-- ``DirectKernel`` / ``BareKernels``: the floor, unsandboxed ipykernels driven with jupyter_client;
+- ``DirectKernel`` / ``BareKernels``: the floor, unsandboxed ipykernels driven with jupyter_client,
+  tuned like kernelmode's kernels (``tuned_kernel_args``; ``stock=True``: IPython's defaults);
   ``WsKernel``: a kernel driven over a Kernel Gateway's kernel websocket.
 - ``Stats``, ``verdict``, ``machine_info``, ``write_section`` / ``write_page`` (a benchmark's own
   marked section of a results file, without clobbering the others), ``run_stoppable``.
@@ -412,12 +413,26 @@ def stock_history_arg(ipython_dir: Path) -> str:
     return f"--HistoryManager.hist_file={ipython_dir / 'profile_default' / 'history.sqlite'}"
 
 
-class DirectKernel:
-    """An unsandboxed ipykernel (kernel-venv python) driven with jupyter_client."""
+def tuned_kernel_args() -> list[str]:
+    """What kernelmode's kernels run with, as a bare ipykernel's command line: the IPython config
+    every kernel environment gets (kernel-image/ipython_kernel_config.json: history in memory,
+    no sqlite write in a thread after each cell) and no 0.5 ms pause before each execute_reply
+    (ipykernel's ``_execute_sleep``, which kernelmode/kernel/preamble.py sets to 0). A direct
+    kernel tuned the same way is the reference of the goal ratios: REST / direct is then the
+    cost of the hops, not of the tuning."""
+    config = json.loads((REPO / "kernel-image" / "ipython_kernel_config.json").read_text())
+    args = [f"--{cls}.{name}={value}" for cls, traits in config.items() for name, value in traits.items()]
+    return [*args, "--IPythonKernel._execute_sleep=0"]
 
-    def __init__(self, tmp: Path, transport: str = "ipc") -> None:
+
+class DirectKernel:
+    """An unsandboxed ipykernel (kernel-venv python) driven with jupyter_client: tuned like
+    kernelmode's kernels (``tuned_kernel_args``) unless ``stock`` (IPython's defaults)."""
+
+    def __init__(self, tmp: Path, transport: str = "ipc", stock: bool = False) -> None:
         self.tmp = tmp
         self.transport = transport
+        self.stock = stock
         self.km: AsyncKernelManager | None = None
         self.kc: Any = None
         self.log_path = tmp / "direct-kernel.log"
@@ -429,11 +444,11 @@ class DirectKernel:
         self.home = Path(tempfile.mkdtemp(prefix="kmbench-home-", dir=_tmpfs_dir()))
         spec_dir = self.tmp / "kernels" / "kmbench-direct"
         spec_dir.mkdir(parents=True)
+        tuning = [stock_history_arg(self.home / ".ipython")] if self.stock else tuned_kernel_args()
         (spec_dir / "kernel.json").write_text(json.dumps({
             "display_name": "kmbench direct (kernel-venv)",
             "language": "python",
-            "argv": [str(KERNEL_PYTHON), "-m", "ipykernel_launcher", "-f", "{connection_file}",
-                     stock_history_arg(self.home / ".ipython")],
+            "argv": [str(KERNEL_PYTHON), "-m", "ipykernel_launcher", "-f", "{connection_file}", *tuning],
         }))
         ksm = KernelSpecManager(kernel_dirs=[str(self.tmp / "kernels")], ensure_native_kernel=False)
         runtime = self.tmp / "runtime"
@@ -495,10 +510,12 @@ class DirectKernel:
 
 
 class BareKernels:
-    """Unsandboxed ipykernels (kernel-venv python) via jupyter_client; all stopped at the end."""
+    """Unsandboxed ipykernels (kernel-venv python) via jupyter_client, tuned like kernelmode's
+    unless ``stock`` (``DirectKernel``); all stopped at the end."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, stock: bool = False) -> None:
         self.tmp = tmp
+        self.stock = stock
         self.count = 0
         self.alive: list[DirectKernel] = []
 
@@ -507,7 +524,7 @@ class BareKernels:
         self.count += 1
         d = self.tmp / f"bare-{self.count}"
         d.mkdir()
-        dk = DirectKernel(d, "ipc")
+        dk = DirectKernel(d, "ipc", self.stock)
         self.alive.append(dk)
         return dk
 

@@ -122,6 +122,7 @@ class WarmPool:
     async def drop(self, shutdown: bool = True) -> None:
         """Discard every waiting kernel (``shutdown`` False: the gateway is gone, and they with it)."""
         waiting, self._ready = self._ready, []
+        self.error = None  # a failure of the gateway that went: the next start says what is now
         for k in waiting:
             await k.discard(shutdown=shutdown)
 

@@ -48,10 +48,13 @@ REPO = BENCH.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-KERNEL_PYTHON = REPO / ".kernel-venv" / "bin" / "python"
+# The kernel environment's python: the checkout's .kernel-venv, or the one the service is told to
+# use (KERNELMODE_SANDBOX__KERNEL_PYTHON, as in a git worktree, which has no .kernel-venv of its own).
+_KVENV = os.environ.get("KERNELMODE_SANDBOX__KERNEL_PYTHON")
+KERNEL_PYTHON = Path(_KVENV) if _KVENV else REPO / ".kernel-venv" / "bin" / "python"
 # bwrap binds the kernel environment read-only and cannot follow a worktree's symlinked
 # .kernel-venv: the real folder (its python, not what that python links to)
-REAL_KERNEL_PYTHON = Path(os.path.realpath(REPO / ".kernel-venv")) / "bin" / "python"
+REAL_KERNEL_PYTHON = Path(os.path.realpath(KERNEL_PYTHON.parent.parent)) / "bin" / "python"
 CODE = "1+1"  # the warm round trip every benchmark times
 EXPECTED = "2"
 EXEC_BODY = json.dumps({"code": CODE}).encode()

@@ -3,7 +3,7 @@
 Run:  .venv/bin/python bench/load.py [--quick] [--no-write] [--sessions N] [--runs N]
 
 One `kernelmode serve` (Kernel Gateway + bubblewrap-sandboxed ipykernels; started with
-tests.conftest.start_server through bench/servers.py's KmServer), driven with kernelmode's own
+tests.support.server.start_server through bench/servers.py's KmServer), driven with kernelmode's own
 ``AsyncClient`` (httpx, one keep-alive connection per concurrent caller):
 
   0. floor  the warm round trip of the same small cell without load: an unsandboxed ipykernel

@@ -3,7 +3,7 @@
 Run:  .venv/bin/python bench/scale.py [--quick] [--no-write]
 
 Everything is measured in one run against real `kernelmode serve` processes (Kernel Gateway +
-bubblewrap-sandboxed ipykernels, started with tests.conftest.start_server) and, as the floor,
+bubblewrap-sandboxed ipykernels, started with tests.support.server.start_server) and, as the floor,
 unsandboxed ipykernels (the kernel-venv's python) driven with jupyter_client:
 
   1. create   session create until the first execute has run: from the warm pool (waits until

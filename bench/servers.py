@@ -1,6 +1,6 @@
 """`kernelmode serve` for the benchmarks, one or several side by side in one run (A/B).
 
-- ``KmServer``: start a real `kernelmode serve` (tests.conftest.start_server), from this checkout
+- ``KmServer``: start a real `kernelmode serve` (tests.support.server.start_server), from this checkout
   or another one (``checkout``; ``export`` / ``before_checkout`` put a git ref's code in a
   scratch folder), with extra settings, a config and arguments; its manager and gateway pids
   (``kernel_pid``: a session's ipykernel under the gateway); stop it with everything it left

@@ -43,10 +43,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from direct_kernels import BareKernels, DirectKernel
 from harness import (
     BENCH,
-    BareKernels,
-    DirectKernel,
     Stats,
     interleave,
     loadavg,

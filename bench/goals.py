@@ -7,7 +7,7 @@ bench/realistic.py as subprocesses (with --no-write, and --quick when given), re
 line each prints last, and prints one table: goal, figure, met / not met. Nothing is written;
 each benchmark writes its own section of bench/RESULTS.md when run on its own without
 --no-write. Every ratio is measured within one benchmark run (interleaved against its direct
-path: ipykernels tuned as kernelmode's are, harness.tuned_kernel_args, so that a ratio is the cost
+path: ipykernels tuned as kernelmode's are, direct_kernels.tuned_kernel_args, so that a ratio is the cost
 of the hops), so it is comparable across machines; the load average at the start and end is printed
 because on a shared 2-CPU machine other jobs weigh on the two extra hops more than on the
 direct path.

@@ -43,6 +43,7 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
+from direct_kernels import stock_history_arg, stop_kernel
 from harness import (
     CODE,
     EXPECTED,
@@ -56,8 +57,6 @@ from harness import (
     ms_since,
     run_stoppable,
     sampling_args,
-    stock_history_arg,
-    stop_kernel,
     write_section,
 )
 from jupyter_client.kernelspec import KernelSpecManager
@@ -136,7 +135,7 @@ class JcKernel:
                     "cgroups_mode": "auto" if self.cgroups else "off"}},
                 "kernelmode": {"ro_paths": kernel_env_paths(KPY)}}
             env = KernelParams(ws, Limits(), self.name).to_env()
-        else:  # like harness.DirectKernel: HOME (IPython's history) on tmpfs, as the sandbox's /tmp
+        else:  # like direct_kernels.DirectKernel: HOME (IPython's history) on tmpfs, as the sandbox's /tmp
             home = Path(tempfile.mkdtemp(prefix="kmbench-home-", dir="/dev/shm"))
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": str(home),
                    "IPYTHONDIR": str(home / ".ipython"), "JUPYTER_RUNTIME_DIR": str(runtime)}

@@ -51,10 +51,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from direct_kernels import DirectKernel
 from harness import (
     BENCH,
     CONCURRENCY,
-    DirectKernel,
     Stats,
     loadavg,
     ms_since,

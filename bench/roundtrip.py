@@ -8,7 +8,7 @@ rotates every round) so that machine noise hits all of them alike:
   direct    jupyter_client -> ipykernel (the kernel-venv's python, no sandbox, no gateway):
             execute_request until both execute_reply (shell) and status idle (iopub) arrived.
             This is the floor: the cost of the kernel itself plus ZMQ. Tuned like kernelmode's
-            kernels (harness.tuned_kernel_args: history in memory, no 0.5 ms pause before the
+            kernels (direct_kernels.tuned_kernel_args: history in memory, no 0.5 ms pause before the
             reply), so that rest / direct, the goal ratio, is the cost of the hops.
   stock_direct  the same with IPython's defaults (sqlite history, the pause): for context.
   rest      POST /v1/sessions/{id}/execute {"code": "1+1"} on a real `kernelmode serve`
@@ -52,12 +52,12 @@ from typing import Any
 import anyio
 import httpx
 import httpx2
+from direct_kernels import DirectKernel
 from harness import (
     CODE,
     EXPECTED,
     MSG_TIMEOUT,
     REPO,
-    DirectKernel,
     Stats,
     WsKernel,
     interleave,

@@ -143,7 +143,7 @@ the moment the last required message has arrived:
   IPYTHONDIR on tmpfs, as the sandbox's /tmp is), driven by `AsyncKernelClient`: `execute()`
   until the shell `execute_reply` **and** the iopub `status: idle` of that request have both
   arrived (and the `execute_result` is `'2'`). No gateway, no sandbox, no HTTP. Tuned as
-  kernelmode's kernels are (`harness.tuned_kernel_args`): kernel-image/ipython_kernel_config.json
+  kernelmode's kernels are (`direct_kernels.tuned_kernel_args`): kernel-image/ipython_kernel_config.json
   as command-line options (`--HistoryManager.hist_file=:memory:`) and
   `--IPythonKernel._execute_sleep=0` (kernelmode's preamble sets the attribute to 0).
 - **stock_direct** — the same kernel with IPython's defaults (sqlite history written by a thread

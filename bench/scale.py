@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from direct_kernels import BareKernels
 from harness import (
     BENCH,
     CONCURRENCY,
     KERNEL_PYTHON,
-    BareKernels,
     Stats,
     loadavg,
     ms_since,

@@ -2,7 +2,7 @@
 
 Run:  .venv/bin/python bench/backends.py [--quick] [--no-write]
 
-In one run, real `kernelmode serve` processes (tests.conftest.start_server) are started two at a
+In one run, real `kernelmode serve` processes (tests.support.server.start_server) are started two at a
 time, one per sandbox backend (env KERNELMODE_SANDBOX__BACKEND=bwrap and =docker, and
 `--sandbox`), and the two backends are measured alternately (round-robin, the order rotated every
 round) so that noise on the machine hits both alike:
@@ -43,10 +43,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from direct_kernels import BareKernels, DirectKernel
 from harness import (
     BENCH,
-    BareKernels,
-    DirectKernel,
     Stats,
     interleave,
     loadavg,
@@ -56,11 +55,11 @@ from harness import (
     run_stoppable,
     version,
 )
-from procfs import CLK_TCK, mem_kb, ptable, stat, tree_mem
 from servers import KmServer
 
 from kernelmode.config import SandboxSettings
 from kernelmode.sandbox.docker_backend import container_name, engine_status, server_id
+from tests.support.procfs import CLK_TCK, mem_kb, ptable, stat, tree_mem
 
 BACKENDS = ("bwrap", "docker")
 CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")  # cgroup v1; v2 handled below
@@ -581,7 +580,7 @@ stage shows where the slow samples lose their time.
 
 ## Method
 
-Four `kernelmode serve` processes, each started with `tests.conftest.start_server` and
+Four `kernelmode serve` processes, each started with `tests.support.server.start_server` and
 `KERNELMODE_SANDBOX__BACKEND=<backend>` + `--sandbox <backend>`, two at a time (one per backend);
 the REST client is the lean keep-alive HTTP/1.1 client of `bench/harness.py` (asyncio streams).
 The two backends are sampled alternately, round-robin with the order rotated every round, so that

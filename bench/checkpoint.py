@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from harness import BENCH, Stats, loadavg, machine_info, ms_since, run_stoppable, write_section
-from procfs import cmdline, processes_mentioning, rss_kb
 from servers import KmServer
+
+from tests.support.procfs import cmdline, processes_mentioning, rss_kb
 
 NAMESPACE = """
 import numpy as np, pandas as pd

@@ -43,9 +43,9 @@ from harness import (
 from serve_pair import POOL, clients_with_warm_session, execute_and_create
 from servers import KmServer
 
-from tests.cluster import eg as eg_mod
-from tests.cluster import rig as rig_mod
-from tests.conftest import Server
+from tests.support.cluster import eg as eg_mod
+from tests.support.cluster import rig as rig_mod
+from tests.support.server import Server
 
 SECTION = "cluster"
 FILES_SECTION = "cluster-files"
@@ -98,7 +98,7 @@ load average at the start {load}. The machine is shared and busy (other engineer
 absolute figures move, the ratios of the same run count. ``embedded``: `serve` with its own Kernel
 Gateway (bwrap kernels on this host). ``eg``: `serve` with gateway.url = EG 3.3.0 (patched, see
 deploy/kubernetes/images/enterprise-gateway/eg_patches.py) launching setpriv + bwrap kernels over SSH on two network-namespace
-nodes (tests/cluster/rig.py); the kernels' traffic crosses a veth bridge and the nodes' nftables.
+nodes (tests/support/cluster/rig.py); the kernels' traffic crosses a veth bridge and the nodes' nftables.
 
 | path | samples | median ms | p95 ms |
 |---|---|---|---|

@@ -40,13 +40,12 @@ from harness import (
     sampling_args,
     write_section,
 )
-from procfs import cmdline, cpu_ns, descendants, processes_mentioning
 from serve_pair import POOL, clients_with_warm_session, execute
 
-from tests.cluster import eg as eg_mod
-from tests.cluster import rig as rig_mod
-from tests.conftest import Server, start_server
-from tests.integration.test_lifecycle import _unmount_under
+from tests.support.cluster import eg as eg_mod
+from tests.support.cluster import rig as rig_mod
+from tests.support.procfs import cmdline, cpu_ns, descendants, processes_mentioning, unmount_under
+from tests.support.server import Server, start_server
 
 SECTION = "cluster-history"
 CONFIG = Path("etc") / "ipython" / "ipython_kernel_config.json"
@@ -140,7 +139,7 @@ async def run(args: argparse.Namespace) -> int:
             gw.stop()
         rig.down()
         for d in dirs:
-            _unmount_under(d)
+            unmount_under(d)
             shutil.rmtree(d, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
     per_run = {n: cpu[n] / stats[n].n / 1e6 for n in stats}

@@ -33,7 +33,7 @@ from harness import (
 from serve_pair import POOL, clients_with_warm_session, execute_and_create
 from servers import KmServer
 
-from tests.integration.external_gateway import start_external_gateway
+from tests.support.external_gateway import start_external_gateway
 
 SECTION = "external_gateway"
 

@@ -27,15 +27,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from harness import (
-    REPO,
-    DirectKernel,
-    Stats,
-    interleave,
-    loadavg,
-    sampling_main,
-    write_section,
-)
+from direct_kernels import DirectKernel
+from harness import REPO, Stats, interleave, loadavg, sampling_main, write_section
 from servers import CpuMeter, KmServer, before_checkout, kernel_pid
 
 SIDES = ("before", "after")

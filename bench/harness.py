@@ -2,8 +2,8 @@
 `kernelmode serve` processes themselves, and CPU per path in an A/B: bench/servers.py).
 
 - ``Http``: a lean keep-alive HTTP client for a `kernelmode serve`.
-- ``DirectKernel`` / ``BareKernels``: the floor, unsandboxed ipykernels driven with jupyter_client;
-  ``WsKernel``: a kernel driven over a Kernel Gateway's kernel websocket.
+- ``WsKernel``: a kernel driven over a Kernel Gateway's kernel websocket (the floor, unsandboxed
+  ipykernels driven with jupyter_client, is in direct_kernels.py).
 - ``Stats``, ``verdict``, ``machine_info``, ``write_section`` / ``write_page`` (a benchmark's own
   marked section of a results file, without clobbering the others), ``run_stoppable``.
 
@@ -21,12 +21,10 @@ import datetime as dt
 import json
 import os
 import platform
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -38,8 +36,6 @@ from urllib.parse import urlsplit
 
 import websockets
 from jupyter_client.jsonutil import json_default
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.session import Session as JupyterSession
 
 BENCH = Path(__file__).resolve().parent
@@ -47,10 +43,13 @@ REPO = BENCH.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-KERNEL_PYTHON = REPO / ".kernel-venv" / "bin" / "python"
+# The kernel environment's python: the checkout's .kernel-venv, or the one the service is told to
+# use (KERNELMODE_SANDBOX__KERNEL_PYTHON, as in a git worktree, which has no .kernel-venv of its own).
+_KVENV = os.environ.get("KERNELMODE_SANDBOX__KERNEL_PYTHON")
+KERNEL_PYTHON = Path(_KVENV) if _KVENV else REPO / ".kernel-venv" / "bin" / "python"
 # bwrap binds the kernel environment read-only and cannot follow a worktree's symlinked
 # .kernel-venv: the real folder (its python, not what that python links to)
-REAL_KERNEL_PYTHON = Path(os.path.realpath(REPO / ".kernel-venv")) / "bin" / "python"
+REAL_KERNEL_PYTHON = Path(os.path.realpath(KERNEL_PYTHON.parent.parent)) / "bin" / "python"
 CODE = "1+1"  # the warm round trip every benchmark times
 EXPECTED = "2"
 EXEC_BODY = json.dumps({"code": CODE}).encode()
@@ -303,14 +302,6 @@ def require_kernel_venv(p: argparse.ArgumentParser) -> None:
         p.error(f"{KERNEL_PYTHON} not found (run `make setup`)")
 
 
-def unmount_under(root: Path) -> None:
-    """Detach every mount below ``root`` (a killed manager cannot detach its workspace volumes)."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        mount_point = line.split()[4]
-        if mount_point.startswith(f"{root}/"):
-            subprocess.run(["umount", "-l", mount_point], check=False, capture_output=True)
-
-
 # -- a lean HTTP client --------------------------------------------------------------------------
 
 
@@ -388,171 +379,6 @@ class Http:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.writer.wait_closed(), 2)
         self.reader = self.writer = None
-
-
-# -- reference kernels: the floor ----------------------------------------------------------------
-
-
-def _tmpfs_dir() -> str | None:
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
-
-
-async def stop_kernel(km: AsyncKernelManager | None, kc: Any, home: Path | None) -> None:
-    """Stop a kernel started with jupyter_client (politely, then at once) and remove its HOME."""
-    if kc is not None:
-        with contextlib.suppress(Exception):
-            kc.stop_channels()
-    if km is not None and km.has_kernel:
-        try:
-            await asyncio.wait_for(km.shutdown_kernel(now=False), 15)
-        except Exception:
-            with contextlib.suppress(Exception):
-                await km.shutdown_kernel(now=True)
-    if home is not None:
-        shutil.rmtree(home, ignore_errors=True)
-
-
-def stock_history_arg(ipython_dir: Path) -> str:
-    """IPython's default history file, stated on a bare kernel's command line: the kernel venv's
-    own config (etc/ipython/ipython_kernel_config.json, from `kernelmode setup`) keeps history in
-    memory, and a bare ipykernel must stay stock (the command line wins over config files)."""
-    return f"--HistoryManager.hist_file={ipython_dir / 'profile_default' / 'history.sqlite'}"
-
-
-class DirectKernel:
-    """An unsandboxed ipykernel (kernel-venv python) driven with jupyter_client."""
-
-    def __init__(self, tmp: Path, transport: str = "ipc") -> None:
-        self.tmp = tmp
-        self.transport = transport
-        self.km: AsyncKernelManager | None = None
-        self.kc: Any = None
-        self.log_path = tmp / "direct-kernel.log"
-        self.home: Path | None = None
-
-    async def start(self) -> None:
-        # HOME (and so IPython's history database) on tmpfs when there is one, like the
-        # sandbox's /tmp: on disk, the history writes of every execution cost ~0.3 ms here.
-        self.home = Path(tempfile.mkdtemp(prefix="kmbench-home-", dir=_tmpfs_dir()))
-        spec_dir = self.tmp / "kernels" / "kmbench-direct"
-        spec_dir.mkdir(parents=True)
-        (spec_dir / "kernel.json").write_text(json.dumps({
-            "display_name": "kmbench direct (kernel-venv)",
-            "language": "python",
-            "argv": [str(KERNEL_PYTHON), "-m", "ipykernel_launcher", "-f", "{connection_file}",
-                     stock_history_arg(self.home / ".ipython")],
-        }))
-        ksm = KernelSpecManager(kernel_dirs=[str(self.tmp / "kernels")], ensure_native_kernel=False)
-        runtime = self.tmp / "runtime"
-        runtime.mkdir()
-        self.km = AsyncKernelManager(
-            kernel_name="kmbench-direct", kernel_spec_manager=ksm,
-            connection_file=str(runtime / "kernel-direct.json"), transport=self.transport,
-        )
-        if self.transport == "ipc":  # like kernelmode's gateway; the default tcp is on loopback
-            self.km.ip = str(runtime / "kernel-ipc")
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
-               "HOME": str(self.home), "IPYTHONDIR": str(self.home / ".ipython"),
-               "JUPYTER_RUNTIME_DIR": str(runtime)}
-        logf = self.log_path.open("wb")
-        try:
-            await self.km.start_kernel(env=env, stdout=logf, stderr=logf)
-        finally:
-            logf.close()  # the kernel has its own copy
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        await self.kc.wait_for_ready(timeout=60)
-
-    @property
-    def pid(self) -> int:
-        assert self.km is not None
-        return int(self.km.provisioner.pid)  # type: ignore[union-attr]
-
-    async def run_cell(self, code: str) -> tuple[float, str | None, str]:
-        """(ms until execute_reply and idle, text result, stdout) of one cell."""
-        kc = self.kc
-        t0 = time.perf_counter_ns()
-        msg_id = kc.execute(code)
-        result, out = None, []
-        while True:
-            msg = await kc.get_shell_msg(timeout=MSG_TIMEOUT)
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_reply":
-                break
-        while True:
-            msg = await kc.get_iopub_msg(timeout=MSG_TIMEOUT)
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind = msg["msg_type"]
-            if kind == "execute_result":
-                result = msg["content"]["data"].get("text/plain")
-            elif kind == "stream":
-                out.append(msg["content"]["text"])
-            elif kind == "status" and msg["content"]["execution_state"] == "idle":
-                break
-        return ms_since(t0), result, "".join(out)
-
-    async def roundtrip(self) -> float:
-        elapsed, result, _ = await self.run_cell(CODE)
-        if result != EXPECTED:
-            raise RuntimeError(f"direct kernel answered {result!r}, not {EXPECTED!r}")
-        return elapsed
-
-    async def stop(self) -> None:
-        await stop_kernel(self.km, self.kc, self.home)
-
-
-class BareKernels:
-    """Unsandboxed ipykernels (kernel-venv python) via jupyter_client; all stopped at the end."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.count = 0
-        self.alive: list[DirectKernel] = []
-
-    def new(self) -> DirectKernel:
-        """A kernel not started yet, in a folder of its own (stopped with the others)."""
-        self.count += 1
-        d = self.tmp / f"bare-{self.count}"
-        d.mkdir()
-        dk = DirectKernel(d, "ipc")
-        self.alive.append(dk)
-        return dk
-
-    async def cold_start(self) -> tuple[float, float, float]:
-        """(start until the first execute ran, start until ready, first execute) in ms."""
-        dk = self.new()
-        try:
-            t0 = time.perf_counter_ns()
-            await dk.start()
-            t_ready = ms_since(t0)
-            await dk.roundtrip()
-            total = ms_since(t0)
-        finally:
-            await self.stop([dk])
-        return total, t_ready, total - t_ready
-
-    async def start_many(self, n: int) -> list[DirectKernel]:
-        out: list[DirectKernel] = []
-        todo = iter(range(n))
-
-        async def worker() -> None:
-            for _ in todo:
-                dk = self.new()
-                await dk.start()
-                await dk.roundtrip()
-                out.append(dk)
-
-        await asyncio.gather(*(worker() for _ in range(min(CONCURRENCY, n))))
-        return out
-
-    async def stop(self, kernels: list[DirectKernel] | None = None) -> None:
-        kernels = list(self.alive) if kernels is None else kernels
-        await asyncio.gather(*(dk.stop() for dk in kernels), return_exceptions=True)
-        for dk in kernels:
-            if dk in self.alive:
-                self.alive.remove(dk)
-            shutil.rmtree(dk.tmp, ignore_errors=True)
 
 
 # -- a kernel behind a gateway's websocket ---------------------------------------------------------

@@ -41,7 +41,7 @@ from profile_rest import WsKernelV1
 from servers import RestSession
 
 from kernelmode.api.jupyter_api import kernel_id_of
-from tests.integration.test_jupyter_gateway import JUPYTER_TOKEN, start_jupyter_server
+from tests.support.jupyter_server import JUPYTER_TOKEN, start_jupyter_server
 
 SECTION = "jupyter_attach"
 PATHS = ("rest", "api_json", "api_v1", "via_jupyter")

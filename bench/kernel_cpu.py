@@ -43,6 +43,7 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
+from direct_kernels import stock_history_arg, stop_kernel
 from harness import (
     CODE,
     EXPECTED,
@@ -56,14 +57,11 @@ from harness import (
     ms_since,
     run_stoppable,
     sampling_args,
-    stock_history_arg,
-    stop_kernel,
     write_section,
 )
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.factory import KernelProvisionerFactory
-from procfs import descendants, ptable, stat
 from servers import CpuMeter, KmServer, export, kernel_pid
 
 from kernelmode.gateway.exchange import execute_content
@@ -73,6 +71,7 @@ from kernelmode.sandbox import seccomp
 from kernelmode.sandbox.bwrap import BwrapProvisioner
 from kernelmode.sandbox.kernelspec import kernel_env_paths
 from kernelmode.sandbox.spec import WORKSPACE_MOUNT, KernelParams
+from tests.support.procfs import descendants, ptable, stat
 
 # bwrap binds the kernel environment read-only: the real folder, not a worktree's symlink.
 KPY = Path(os.path.realpath(REPO / ".kernel-venv")) / "bin" / "python"
@@ -136,7 +135,7 @@ class JcKernel:
                     "cgroups_mode": "auto" if self.cgroups else "off"}},
                 "kernelmode": {"ro_paths": kernel_env_paths(KPY)}}
             env = KernelParams(ws, Limits(), self.name).to_env()
-        else:  # like harness.DirectKernel: HOME (IPython's history) on tmpfs, as the sandbox's /tmp
+        else:  # like direct_kernels.DirectKernel: HOME (IPython's history) on tmpfs, as the sandbox's /tmp
             home = Path(tempfile.mkdtemp(prefix="kmbench-home-", dir="/dev/shm"))
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": str(home),
                    "IPYTHONDIR": str(home / ".ipython"), "JUPYTER_RUNTIME_DIR": str(runtime)}

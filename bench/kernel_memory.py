@@ -23,9 +23,10 @@ import asyncio
 import sys
 
 from harness import BENCH, Stats, machine_info, require_kernel_venv, run_stoppable, write_section
-from procfs import mem_kb, tree_mem
 from scale import session_trees
 from servers import KmServer
+
+from tests.support.procfs import mem_kb, tree_mem
 
 SECTION = "kernel_memory"
 PHASES = (("idle", "1+1"), ("pandas", "import pandas, numpy"))

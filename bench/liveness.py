@@ -37,8 +37,8 @@ import httpx
 from harness import BENCH, loadavg, write_section
 from servers import KmServer
 
-from tests.conftest import Server
-from tests.integration.test_lifecycle import _processes_mentioning
+from tests.support.procfs import processes_mentioning
+from tests.support.server import Server
 
 DEFAULTS = {"KERNELMODE_GATEWAY__PROBE_INTERVAL_SECONDS": "5", "KERNELMODE_GATEWAY__PROBE_TIMEOUT_SECONDS": "10",
             "KERNELMODE_GATEWAY__PROBE_MISSES": "3"}
@@ -48,7 +48,7 @@ SLEEP = "import time\ntime.sleep(600)"
 
 
 def _signal(text: str, sig: int) -> None:
-    for pid in _processes_mentioning(text):
+    for pid in processes_mentioning(text):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
 
@@ -114,10 +114,10 @@ class Slowest(threading.Thread):
 
 
 def node_failure(how: str) -> dict[str, Any]:
-    from tests.cluster import eg as eg_mod
-    from tests.cluster import rig as rig_mod
-    from tests.cluster.test_node_failures import BLACKHOLE, node_of
-    from tests.cluster.test_node_failures import FAST as CLUSTER_FAST
+    from tests.support.cluster import eg as eg_mod
+    from tests.support.cluster import rig as rig_mod
+    from tests.support.cluster.failures import BLACKHOLE, node_of
+    from tests.support.cluster.failures import FAST as CLUSTER_FAST
 
     rig = rig_mod.claim()
     eg = km = None
@@ -180,8 +180,8 @@ def main() -> int:
               frozen_kernel("fast (1 s / 2 s / 2)", FAST, args.reps)]
     nodes: list[dict[str, Any]] = []
     if not args.no_cluster:
-        from tests.cluster import eg as eg_mod
-        from tests.cluster import rig as rig_mod
+        from tests.support.cluster import eg as eg_mod
+        from tests.support.cluster import rig as rig_mod
 
         why = rig_mod.missing() or eg_mod.missing()
         if why:

@@ -3,7 +3,7 @@
 Run:  .venv/bin/python bench/load.py [--quick] [--no-write] [--sessions N] [--runs N]
 
 One `kernelmode serve` (Kernel Gateway + bubblewrap-sandboxed ipykernels; started with
-tests.conftest.start_server through bench/servers.py's KmServer), driven with kernelmode's own
+tests.support.server.start_server through bench/servers.py's KmServer), driven with kernelmode's own
 ``AsyncClient`` (httpx, one keep-alive connection per concurrent caller):
 
   0. floor  the warm round trip of the same small cell without load: an unsandboxed ipykernel
@@ -51,10 +51,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from direct_kernels import DirectKernel
 from harness import (
     BENCH,
     CONCURRENCY,
-    DirectKernel,
     Stats,
     loadavg,
     ms_since,
@@ -64,10 +64,10 @@ from harness import (
     verdict,
     write_section,
 )
-from procfs import CLK_TCK, cpu_ticks, descendants, hwm_kb, reset_hwm, rss_kb
 from servers import KmServer
 
 from kernelmode.client import AsyncClient, AsyncSession
+from tests.support.procfs import CLK_TCK, cpu_ticks, descendants, hwm_kb, reset_hwm, rss_kb
 
 SECTION = "bench/load.py"
 MAX_OUTPUT_BYTES = 1024 * 1024  # the default cap per stream, set explicitly so the checks know it

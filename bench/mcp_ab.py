@@ -21,7 +21,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from harness import REPO, DirectKernel, Stats, interleave, loadavg, small_bench_main, write_section
+from direct_kernels import DirectKernel
+from harness import REPO, Stats, interleave, loadavg, small_bench_main, write_section
 from roundtrip import McpSession
 from servers import CpuMeter, RestSession
 

@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 
 import httpx
+from direct_kernels import BareKernels
 from harness import (
     BENCH,
     REAL_KERNEL_PYTHON,
     REPO,
-    BareKernels,
     Stats,
     ms_since,
     require_kernel_venv,

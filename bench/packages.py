@@ -1,5 +1,5 @@
 """What installing a package into a session costs (issue 16), on a real `kernelmode serve` with a
-real index on loopback (tests/package_index.py: wheels built here, no network).
+real index on loopback (tests/support/package_index.py: wheels built here, no network).
 
 Run:  .venv/bin/python bench/packages.py [--samples N] [--quick] [--sandbox bwrap|docker] [--no-write]
 
@@ -34,7 +34,7 @@ from harness import BENCH, Stats, machine_info, ms_since, small_bench_main, verd
 from servers import KmServer
 
 from kernelmode.packages.layer import PackageLayer
-from tests.package_index import build_all, build_wheel, serve_index, write_simple_index
+from tests.support.package_index import build_all, build_wheel, serve_index, write_simple_index
 
 SECTION = "packages"
 
@@ -153,7 +153,7 @@ def report(args: argparse.Namespace, s: dict[str, Stats]) -> None:
     body = f"""## Packages on demand: install into a session (bench/packages.py, {args.sandbox})
 
 {info['date']}, sandbox **{args.sandbox}**, {s['json'].n} samples per path interleaved; a local index
-on loopback (tests/package_index.py). The machine is shared by five engineers (2 cores, load
+on loopback (tests/support/package_index.py). The machine is shared by five engineers (2 cores, load
 varies): compare the figures of one run with each other, not across runs.
 
 | path | n | median ms | p90 ms |

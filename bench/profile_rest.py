@@ -49,17 +49,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from harness import (
-    CODE,
-    EXPECTED,
-    REPO,
-    DirectKernel,
-    Stats,
-    WsKernel,
-    interleave,
-    ms_since,
-    sampling_main,
-)
+from direct_kernels import DirectKernel
+from harness import CODE, EXPECTED, REPO, Stats, WsKernel, interleave, ms_since, sampling_main
 from servers import CpuMeter, RestSession, kernel_pid
 
 from kernelmode.config import GATEWAY_CONFIG_DIR, Settings, load_settings

@@ -33,15 +33,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from harness import (
-    REPO,
-    DirectKernel,
-    Stats,
-    interleave,
-    ms_since,
-    sampling_main,
-    write_section,
-)
+from direct_kernels import DirectKernel
+from harness import REPO, Stats, interleave, ms_since, sampling_main, write_section
 from servers import RestSession
 
 SETUP = ("import numpy as np, pandas as pd, matplotlib\nmatplotlib.use('Agg')\n"

@@ -7,9 +7,12 @@ rotates every round) so that machine noise hits all of them alike:
 
   direct    jupyter_client -> ipykernel (the kernel-venv's python, no sandbox, no gateway):
             execute_request until both execute_reply (shell) and status idle (iopub) arrived.
-            This is the floor: the cost of the kernel itself plus ZMQ.
+            This is the floor: the cost of the kernel itself plus ZMQ. Tuned like kernelmode's
+            kernels (direct_kernels.tuned_kernel_args: history in memory, no 0.5 ms pause before the
+            reply), so that rest / direct, the goal ratio, is the cost of the hops.
+  stock_direct  the same with IPython's defaults (sqlite history, the pause): for context.
   rest      POST /v1/sessions/{id}/execute {"code": "1+1"} on a real `kernelmode serve`
-            (tests.conftest.start_server: Kernel Gateway + bwrap-sandboxed kernel), one
+            (tests.support.server.start_server: Kernel Gateway + bwrap-sandboxed kernel), one
             keep-alive http.client.HTTPConnection. The server answers after execute_reply + idle, so this is
             the same round trip plus HTTP, the manager, the gateway websocket and the sandbox.
   rest_httpx  the same POST through a keep-alive httpx.Client.
@@ -49,31 +52,30 @@ from typing import Any
 import anyio
 import httpx
 import httpx2
+from direct_kernels import DirectKernel
 from harness import (
     CODE,
     EXPECTED,
     MSG_TIMEOUT,
     REPO,
-    DirectKernel,
     Stats,
     WsKernel,
     interleave,
-    loadavg,
-    machine_info,
     ms_since,
     sampling_main,
-    verdict,
-    version,
-    write_page,
 )
 from mcp.client.client import Client as McpClient
 from mcp.client.streamable_http import streamable_http_client
+from roundtrip_report import (
+    GOAL,
+    MCP_GOAL,
+    PATHS,
+    roundtrip_machine_info,
+    summary_line,
+    table,
+    write_markdown,
+)
 from servers import RestSession
-
-GOAL = 1.2  # the project's goal (issue 18): REST median <= 1.2x the direct round trip
-MCP_GOAL = 1.6  # and MCP run_python over streamable HTTP <= 1.6x direct
-PATHS = ("direct", "rest", "rest_httpx", "mcp", "stock_kg")
-
 
 # -- the paths ------------------------------------------------------------------------------------
 
@@ -260,181 +262,6 @@ class StockGateway:
             self.proc.wait(5)
 
 
-# -- reporting ------------------------------------------------------------------------------------------
-
-
-LABELS = {
-    "direct": "direct (jupyter_client -> ipykernel, unsandboxed)",
-    "rest": "rest (kernelmode REST API, bwrap sandbox)",
-    "rest_httpx": "rest_httpx (the same through httpx)",
-    "mcp": "mcp (MCP run_python over streamable HTTP, mcp SDK client)",
-    "stock_kg": "stock_kg (stock Kernel Gateway websocket, Nagle on)",
-}
-
-
-def table(stats: dict[str, Stats], markdown: bool) -> str:
-    direct = stats["direct"].median
-    head = ["path", "N", "median ms", "p95 ms", "p99 ms", "min ms", "mean ms", "median / direct"]
-    rows = []
-    for name in PATHS:
-        s = stats[name]
-        rows.append([LABELS[name] if markdown else name, str(s.n), f"{s.median:.3f}",
-                     f"{s.pct(95):.3f}", f"{s.pct(99):.3f}", f"{min(s.samples):.3f}",
-                     f"{s.mean:.3f}", f"{s.median / direct:.2f}x"])
-    if markdown:
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-        return "\n".join(lines)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    fmt = "  ".join(f"{{:{'<' if i == 0 else '>'}{w}}}" for i, w in enumerate(widths))
-    out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
-    out += [fmt.format(*r) for r in rows]
-    return "\n".join(out)
-
-
-def roundtrip_machine_info(rest: RestSession) -> dict[str, str]:
-    sandbox = rest.ready.get("sandbox", {}) if isinstance(rest.ready.get("sandbox"), dict) else {}
-    return {
-        **machine_info("direct and kernelmode kernels", "python (manager, gateways, stock kernel)"),
-        "jupyter_client": version("jupyter_client"),
-        "ipykernel (venv)": version("ipykernel"),
-        "jupyter_kernel_gateway": version("jupyter_kernel_gateway"),
-        "jupyter_server": version("jupyter_server"),
-        "tornado": version("tornado"),
-        "websockets": version("websockets"),
-        "httpx": version("httpx"),
-        "mcp (SDK: server in kernelmode, client here) / httpx2": f"{version('mcp')} / {version('httpx2')}",
-        "pyzmq": version("pyzmq"),
-        "load average (1, 5, 15 min) at the end": loadavg(),
-        "kernelmode sandbox backend": (
-            f"{rest.session_sandbox or sandbox.get('backend', '?')}"
-            + (f" ({sandbox.get('detail')}; limits: {sandbox.get('limits')})" if sandbox.get("detail") else "")
-        ),
-    }
-
-
-def _tool_table(s: Stats) -> str:
-    return ("| N | median ms | p95 ms | p99 ms | min ms | mean ms |\n|---|---|---|---|---|---|\n"
-            f"| {s.n} | {s.median:.3f} | {s.pct(95):.3f} | {s.pct(99):.3f} | {min(s.samples):.3f} | "
-            f"{s.mean:.3f} |")
-
-
-def summary_line(stats: dict[str, Stats]) -> str:
-    d, r, h, m, k = (stats[p].median for p in PATHS)
-    return (f"SUMMARY rest/direct={r / d:.2f}x rest_httpx/direct={h / d:.2f}x "
-            f"mcp/direct={m / d:.2f}x stock_kg/direct={k / d:.1f}x "
-            f"tool_call={stats['tool_call'].median:.3f}ms "
-            f"(median ms: direct={d:.3f} rest={r:.3f} rest_httpx={h:.3f} mcp={m:.3f} stock_kg={k:.3f})")
-
-
-# Other benchmarks keep sections of their own in RESULTS.md between a line starting with
-# SECTION_BEGIN and the matching SECTION_END line (bench/load.py): rewriting the file keeps them.
-def write_markdown(path: Path, stats: dict[str, Stats], info: dict[str, str],
-                   args: argparse.Namespace, wall_s: float) -> None:
-    d, r, h, m, k = (stats[p].median for p in PATHS)
-    ratio = r / d
-    machine = "\n".join(f"| {key} | {val} |" for key, val in info.items())
-    info_mcp = version("mcp")
-    text = f"""# Round-trip latency: kernelmode REST and MCP vs direct ipykernel
-
-Generated by `{' '.join(['bench/roundtrip.py', *sys.argv[1:]])}` on {info['date']},
-{stats['direct'].n} samples per path, interleaved in batches of {args.batch}, after {args.warmup}
-warm-up runs per path; wall time {wall_s:.0f} s.
-
-## Result
-
-{table(stats, markdown=True)}
-
-- **REST / direct (median): {ratio:.2f}x** — the project's goal is REST median <= {GOAL}x the direct
-  round trip: {verdict(ratio <= GOAL)} ({r - d:.3f} ms added per call on top of {d:.3f} ms).
-- the same REST call through httpx instead of http.client: {h / d:.2f}x (httpx spends ~0.5 ms
-  more CPU per request in the client; see bench/PROFILE.md).
-- the MCP tool call `run_python` from the mcp SDK's client: {m / d:.2f}x direct, {m / r:.2f}x REST
-  ({m - r:.3f} ms more than the REST call per round trip); goal <= {MCP_GOAL}x direct:
-  {verdict(m / d <= MCP_GOAL)}.
-- stock Kernel Gateway / direct (median): {k / d:.1f}x.
-
-### Tool calls from kernel code
-
-{_tool_table(stats['tool_call'])}
-
-Each sample is one call `tools.add(i, 1)` of a trivial Python host tool, timed with
-`time.perf_counter()` inside the sandboxed kernel, in cells of consecutive calls: the kernel's
-request travels as a stdin `input_request` through the gateway websocket to the manager, which
-validates it, runs the tool and answers with an `input_reply`. Goal: median <= 3 ms per call.
-
-`{summary_line(stats)}`
-
-Session creation (warm pool and cold), throughput with 1/5/20 sessions, memory per idle session
-and growth to 200 live sessions: [SCALE.md](SCALE.md) (`bench/scale.py`), with
-[a chart of latency against live sessions](growth.png). Many sessions executing at once, every
-reply checked, and the manager's memory under output floods: the Load section at the end of this
-file (`bench/load.py`).
-
-## Method
-
-Every sample is one warm execution of `{CODE}` in an already running kernel, timed with
-`time.perf_counter_ns()` in the benchmark process, from just before the request is built/sent to
-the moment the last required message has arrived:
-
-- **direct** — the floor. An unsandboxed ipykernel (`.kernel-venv/bin/python -m ipykernel_launcher`,
-  the same Python environment the sandboxed kernels use) started with jupyter_client's
-  `AsyncKernelManager` (ZMQ transport: {args.direct_transport}, as kernelmode's gateway uses; HOME and
-  IPYTHONDIR on tmpfs, as the sandbox's /tmp is), driven by `AsyncKernelClient`: `execute()`
-  until the shell `execute_reply` **and** the iopub `status: idle` of that request have both
-  arrived (and the `execute_result` is `'2'`). No gateway, no sandbox, no HTTP.
-- **rest** — `POST /v1/sessions/{{id}}/execute {{"code": "1+1"}}` on a real `kernelmode serve`
-  (started by `tests.conftest.start_server`, sandbox backend bwrap), through one persistent
-  keep-alive `http.client.HTTPConnection` (a lean client, so that the figure is the service's
-  cost rather than the client library's); `rest_httpx` is the same through a keep-alive
-  `httpx.Client`. Timed until the whole JSON response is read (status 200,
-  `result == '2'`). The server itself answers only after execute_reply + idle, so this is the direct
-  round trip plus: HTTP request parsing/auth/validation, the session manager (lock, output
-  collection, the SQLite run record), the manager -> gateway websocket (Nagle disabled by
-  `kernelmode/gateway/kg_extensions.py`), the gateway's websocket <-> ZMQ bridge (ipc transport),
-  and the bubblewrap sandbox around the kernel.
-- **mcp** — the MCP tool call `run_python {{"code": "1+1"}}` to the same `kernelmode serve` (same
-  process as `rest`) at `/mcp` over streamable HTTP, from the official mcp SDK's `Client`
-  (mcp {info_mcp}, HTTP through an `httpx2.AsyncClient`). The client asks for no progress and
-  declares no elicitation, so the server answers each call as one JSON body (`mcp.json_answers`;
-  the client keeps its TCP connection) on kernelmode's direct route for `run_python`
-  (`mcp.fast_calls`; `bench/mcp_ab.py` compares it with the SDK's route). Timed around
-  `await client.call_tool(...)` until the `CallToolResult` is back and parsed
-  (`structured_content["result"] == '2'`). The connection's own kernel session is created by the
-  first (warm-up) call. On top of the REST path's work: JSON-RPC framing and validation on both
-  ends, the client SDK's task plumbing (anyio memory streams between its tasks) and its HTTP
-  client, and the client's jsonschema check of `structured_content` against the tool's output
-  schema; the client's CPU (about 4 ms per call against 0.5 for REST's http.client) shares the
-  machine's CPUs with the server.
-- **stock_kg** — for context: a stock `python -m kernel_gateway` with default settings (only ip,
-  port, token set; minimal environment) and its default `python3` kernel (the venv's ipykernel),
-  driven with the `websockets` library over the kernel websocket until execute_reply + idle. Its
-  tornado websocket leaves Nagle's algorithm on, so a request answered by several messages waits
-  for the client's delayed ACK (~40 ms on Linux) — the pitfall kernelmode's gateway extension fixes.
-
-The paths run in one process, one after the other, round-robin in batches of {args.batch}
-samples with the order of the paths rotated each round, so that load and frequency changes on the
-machine fall on all paths alike. Percentiles are linear interpolation between closest ranks.
-
-What the numbers mean: `direct` is what executing code costs at all; `rest - direct` is
-kernelmode's own overhead per call (two extra hops — HTTP and the gateway websocket — plus the
-manager's bookkeeping); `mcp - rest` is what the MCP protocol layer (SDK on both ends) adds to
-the same execution; `stock_kg` shows what an untuned gateway costs for the same exchange.
-These are latencies of a mostly CPU-bound chain of Python processes: on a {info['nproc']}-CPU
-machine the client, the manager, the gateway and the kernel share the CPUs, so every hop's CPU
-time and wake-ups add up. Other work on the machine (load average in the table below) shifts all
-numbers; the interleaving keeps the ratios comparable. `bench/profile_rest.py` breaks the
-overhead down hop by hop, with CPU time per process (writes bench/PROFILE.md).
-
-## Machine
-
-| | |
-|---|---|
-{machine}
-"""
-    write_page(path, text)  # keeps the sections of other benchmarks (bench/load.py's, say)
-
-
 # -- main --------------------------------------------------------------------------------------------
 
 
@@ -442,24 +269,27 @@ async def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="kmbench-", dir="/tmp"))
     direct = DirectKernel(tmp / "direct", args.direct_transport)
-    (tmp / "direct").mkdir()
+    stock_direct = DirectKernel(tmp / "stock_direct", args.direct_transport, stock=True)
+    for d in ("direct", "stock_direct"):
+        (tmp / d).mkdir()
     rest = RestSession()
     mcp = McpSession(rest)
     stock = StockGateway(tmp)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, True)
         stack.push_async_callback(direct.stop)
+        stack.push_async_callback(stock_direct.stop)
         stack.push_async_callback(stock.stop)
         stack.push_async_callback(rest.stop)
 
-        print("starting: direct kernel, stock kernel gateway, kernelmode serve, MCP client ...", flush=True)
-        await asyncio.gather(direct.start(), stock.start())
+        print("starting: direct kernels (tuned, stock), stock kernel gateway, kernelmode serve, MCP client ...", flush=True)
+        await asyncio.gather(direct.start(), stock_direct.start(), stock.start())
         await rest.start()
         # Entered here, in this task, and left by the exit stack in this task too (before
         # rest.stop, so the MCP client disconnects and closes its session while the server runs).
         await stack.enter_async_context(mcp.connect())
         paths: dict[str, Callable[[], Awaitable[float]]] = {
-            "direct": direct.roundtrip, "rest": rest.roundtrip, "rest_httpx": rest.roundtrip_httpx,
+            "direct": direct.roundtrip, "stock_direct": stock_direct.roundtrip, "rest": rest.roundtrip, "rest_httpx": rest.roundtrip_httpx,
             "mcp": mcp.roundtrip, "stock_kg": stock.roundtrip,
         }
         stats = {name: Stats(name) for name in PATHS}
@@ -498,7 +328,9 @@ async def run(args: argparse.Namespace) -> int:
           f"(+{m - stats['rest'].median:.3f} ms per call over REST)")
     ratio = stats["rest"].median / stats["direct"].median
     print(f"goal MCP median <= {MCP_GOAL}x direct: {'met' if m / stats['direct'].median <= MCP_GOAL else 'NOT met'}")
-    print(f"goal REST median <= {GOAL}x direct: {'met' if ratio <= GOAL else 'NOT met'} ({ratio:.2f}x)")
+    print(f"goal REST median <= {GOAL}x direct (tuned like kernelmode's kernels): "
+          f"{'met' if ratio <= GOAL else 'NOT met'} ({ratio:.2f}x; "
+          f"{stats['rest'].median / stats['stock_direct'].median:.2f}x a stock ipykernel)")
     print(summary_line(stats), flush=True)
     return 0
 

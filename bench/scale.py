@@ -3,7 +3,7 @@
 Run:  .venv/bin/python bench/scale.py [--quick] [--no-write]
 
 Everything is measured in one run against real `kernelmode serve` processes (Kernel Gateway +
-bubblewrap-sandboxed ipykernels, started with tests.conftest.start_server) and, as the floor,
+bubblewrap-sandboxed ipykernels, started with tests.support.server.start_server) and, as the floor,
 unsandboxed ipykernels (the kernel-venv's python) driven with jupyter_client:
 
   1. create   session create until the first execute has run: from the warm pool (waits until
@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from direct_kernels import BareKernels
 from harness import (
     BENCH,
     CONCURRENCY,
     KERNEL_PYTHON,
-    BareKernels,
     Stats,
     loadavg,
     ms_since,
@@ -60,7 +60,9 @@ from harness import (
     server_machine_info,
     verdict,
 )
-from procfs import (
+from servers import KmServer
+
+from tests.support.procfs import (
     CLK_TCK,
     cpu_ticks,
     descendants,
@@ -71,7 +73,6 @@ from procfs import (
     tree_mem,
     uid_of,
 )
-from servers import KmServer
 
 GOAL_POOL = 3.0  # pool create + first execute <= 3x the warm execute round trip
 GOAL_MEM = 1.15  # memory per idle session <= 1.15x a bare ipykernel

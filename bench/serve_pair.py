@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import httpx
 from harness import Stats, interleave
 
-from tests.conftest import Server
+from tests.support.server import Server
 
 POOL = {"KERNELMODE_SESSIONS__POOL_SIZE": "1"}
 Probe = Callable[[], Awaitable[float]]

@@ -1,6 +1,6 @@
 """`kernelmode serve` for the benchmarks, one or several side by side in one run (A/B).
 
-- ``KmServer``: start a real `kernelmode serve` (tests.conftest.start_server), from this checkout
+- ``KmServer``: start a real `kernelmode serve` (tests.support.server.start_server), from this checkout
   or another one (``checkout``; ``export`` / ``before_checkout`` put a git ref's code in a
   scratch folder), with extra settings, a config and arguments; its manager and gateway pids
   (``kernel_pid``: a session's ipykernel under the gateway); stop it with everything it left
@@ -40,12 +40,19 @@ from harness import (
     Http,
     Stats,
     ms_since,
-    unmount_under,
 )
-from procfs import cmdline, cpu_ns, descendants, processes_mentioning, ptable, stat
 
 from kernelmode.config import SessionSettings
-from tests.conftest import Server, start_server
+from tests.support.procfs import (
+    cmdline,
+    cpu_ns,
+    descendants,
+    processes_mentioning,
+    ptable,
+    stat,
+    unmount_under,
+)
+from tests.support.server import Server, start_server
 
 _SESSIONS = SessionSettings()
 # start_server's settings for the tests that are not the service's defaults (the reaper every

@@ -44,7 +44,8 @@ from pathlib import Path
 
 import httpx
 from harness import REPO, Stats, loadavg, run_stoppable, write_section
-from procfs import cpu_ns
+
+from tests.support.procfs import cpu_ns
 
 SECTION = "store-start"
 

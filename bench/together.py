@@ -1,5 +1,5 @@
 """What a fork's packages cost (a fork unpacks its source's wheels from the cache into its own
-layer), on a real `kernelmode serve` with a real index on loopback (tests/package_index.py).
+layer), on a real `kernelmode serve` with a real index on loopback (tests/support/package_index.py).
 
 Run:  .venv/bin/python bench/together.py [--samples N] [--quick] [--sandbox bwrap|docker] [--no-write]
 
@@ -31,7 +31,7 @@ from harness import BENCH, Stats, machine_info, ms_since, small_bench_main, writ
 from packages import build_index
 from servers import KmServer
 
-from tests.package_index import serve_index
+from tests.support.package_index import serve_index
 
 SECTION = "together"
 PKGS = ["kmtest-app", "kmtest-many"]

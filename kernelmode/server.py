@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tornado import httpserver, web
 from tornado.netutil import bind_sockets
 
+from . import readiness
 from .api.handlers import NotFoundHandler, route_table
 from .api.jupyter_api import jupyter_routes
 from .artifacts.base import ArtifactStore
@@ -389,9 +390,9 @@ class KernelmodeApp:
             "artifacts": {"ok": getattr(self, "store_error", None) is None,
                           "store": self.settings.artifacts.store,
                           "error": getattr(self, "store_error", None)},
-            "workspace_quota": {"ok": True, "mechanism": getattr(getattr(self, "sessions", None), "quota", "")},
-            "pool": {"ok": True, "ready": self.sessions.pool_size if getattr(self, "sessions", None) else 0,
-                     "size": self.settings.sessions.pool_size},
+            "workspace_quota": readiness.workspace_quota(getattr(self, "sessions", None), self.data_dir),
+            "pool": readiness.pool(getattr(self, "sessions", None), self.settings.sessions.pool_size,
+                                   self.data_dir),
             "sandbox": {"ok": bool(self.sandbox_report), "backend": self.settings.sandbox.backend,
                         "detail": self.sandbox_report, "limits": getattr(self, "limits_mechanism", "")},
         }

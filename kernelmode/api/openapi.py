@@ -135,7 +135,7 @@ def openapi_document() -> dict[str, Any]:
     body = lambda name: {"required": False, "content": {"application/json": {"schema": _ref(name)}}}  # noqa: E731
     paths: dict[str, Any] = {
         "/healthz": {"get": {"summary": "Liveness", "security": [], "responses": {"200": _json("Health", "Up")}}},
-        "/readyz": {"get": {"summary": "Readiness (gateway up, sandbox usable)", "security": [],
+        "/readyz": {"get": {"summary": "Readiness (gateway up, sandbox usable, workspaces can be made, pool not failing)", "security": [],
                             "responses": {"200": _json("Health", "Ready"), "503": _json("Health", "Not ready")}}},
         "/openapi.json": {"get": {"summary": "This document",
                                   "responses": {"200": {"description": "OpenAPI 3.1",

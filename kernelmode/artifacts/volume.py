@@ -55,6 +55,8 @@ class WorkspaceVolumes:
         self.root = root
         self.enabled = False
         self.mode = mode
+        # Why the last workspace could not be made (None once one is): /readyz reports it.
+        self.error: str | None = None
 
     def start(self, keep: set[Path] | frozenset[Path] = frozenset()) -> str:
         """Unmount what a previous run left mounted (but ``keep``); decide whether volumes work here."""
@@ -93,9 +95,12 @@ class WorkspaceVolumes:
             _run("mount", "-o", "loop,nosuid,nodev", str(image), str(path))
             (path / "lost+found").rmdir()
             os.chmod(path, 0o700)
-        except BaseException:
+        except BaseException as e:
+            if isinstance(e, (KernelUnavailable, OSError)):
+                self.error = str(e)
             self.destroy(path)
             raise
+        self.error = None
 
     def sweep(self, keep: set[Path]) -> None:
         """At shutdown: detach every volume; remove those of no session (a pool kernel whose

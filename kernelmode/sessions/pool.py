@@ -27,6 +27,8 @@ class WarmPool:
         self._next: asyncio.Future[None] | None = None
         self._claimed = False
         self._stopping = False
+        # Why the last kernel start failed, None once one succeeds: /readyz reports it.
+        self.error: str | None = None
 
     @property
     def ready(self) -> int:
@@ -37,6 +39,16 @@ class WarmPool:
     def size(self) -> int:
         """The configured size."""
         return self.settings.sessions.pool_size
+
+    @property
+    def state(self) -> str:
+        """off (size 0), full (at its floor), refilling (kernels starting as they should) or
+        failing (the last start failed: ``error`` says why; retried with a backoff)."""
+        if self.size <= 0:
+            return "off"
+        if self.error is not None:
+            return "failing"
+        return "full" if len(self._ready) >= self.size else "refilling"
 
     def refill(self, delay: float = 0.0) -> None:
         if self._stopping or self.size <= 0:
@@ -58,8 +70,9 @@ class WarmPool:
             self._next = asyncio.get_running_loop().create_future()
             try:
                 self._ready.append(await self.kernels.new(placeholder))
-                backoff = 0.5
+                backoff, self.error = 0.5, None
             except KernelmodeError as e:
+                self.error = str(e)
                 self._started()
                 log.warning("warm pool: could not start a kernel (%s); retrying in %.1f s", e, backoff)
                 await asyncio.sleep(backoff)
@@ -109,6 +122,7 @@ class WarmPool:
     async def drop(self, shutdown: bool = True) -> None:
         """Discard every waiting kernel (``shutdown`` False: the gateway is gone, and they with it)."""
         waiting, self._ready = self._ready, []
+        self.error = None  # a failure of the gateway that went: the next start says what is now
         for k in waiting:
             await k.discard(shutdown=shutdown)
 

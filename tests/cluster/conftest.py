@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import eg as eg_mod
-from tests.cluster import rig as rig_mod
 from tests.conftest import Server, start_server
+from tests.support.cluster import eg as eg_mod
+from tests.support.cluster import rig as rig_mod
 
 SERVE_CONFIG = """
 tools:

@@ -9,7 +9,7 @@ import json
 import time
 from pathlib import Path
 
-from tests.cluster.rig import Rig
+from tests.support.cluster.rig import Rig
 
 WHERE = "import subprocess; subprocess.run(['hostname', '-I'], capture_output=True, text=True).stdout.split()[0]"
 
@@ -106,7 +106,7 @@ def test_the_managers_disk_holds_no_workspace(served):
 
 def test_a_restarted_gateway_is_noticed_and_the_lost_sessions_named(served, eg, rig):
     """Runs last in this module: it replaces the module's EG by a new one (same port, token)."""
-    from tests.cluster.eg import start
+    from tests.support.cluster.eg import start
 
     with served.client() as c:
         assert c.post("/v1/sessions", json={"session_id": "before"}).status_code == 201

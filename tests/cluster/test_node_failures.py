@@ -22,27 +22,11 @@ import httpx
 import pytest
 
 from tests import conftest
-from tests.cluster import eg as eg_mod
-from tests.cluster import rig as rig_mod
 from tests.cluster.conftest import SERVE_CONFIG
 from tests.conftest import Server, start_server
-
-WHERE = "import subprocess; subprocess.run(['hostname', '-I'], capture_output=True, text=True).stdout.split()[0]"
-# Liveness made quick for the test (the defaults are 5 s / 10 s / 3).
-FAST = {
-    "KERNELMODE_SESSIONS__POOL_SIZE": "0",
-    "KERNELMODE_GATEWAY__PROBE_INTERVAL_SECONDS": "1",
-    "KERNELMODE_GATEWAY__PROBE_TIMEOUT_SECONDS": "3",
-    "KERNELMODE_GATEWAY__PROBE_MISSES": "2",
-    "KERNELMODE_GATEWAY__LAUNCH_TIMEOUT_SECONDS": "30",
-    "KERNELMODE_GATEWAY__LAUNCH_ATTEMPTS": "3",
-    "KERNELMODE_GATEWAY__SHUTDOWN_TIMEOUT_SECONDS": "10",
-}
-BLACKHOLE = """table inet kmblackhole {
-    chain input { type filter hook input priority -10; policy drop; }
-    chain output { type filter hook output priority -10; policy drop; }
-}
-"""
+from tests.support.cluster import eg as eg_mod
+from tests.support.cluster import rig as rig_mod
+from tests.support.cluster.failures import BLACKHOLE, FAST, node_of, run
 
 
 @pytest.fixture()
@@ -69,20 +53,6 @@ def cluster() -> Iterator[tuple[rig_mod.Rig, eg_mod.EnterpriseGateway, Server]]:
         shutil.rmtree(data_dir, ignore_errors=True)
         for p in (cfg, data_dir.with_suffix(".log")):
             p.unlink(missing_ok=True)
-
-
-def run(c: httpx.Client, sid: str, code: str, **opts: object) -> dict[str, Any]:
-    r = c.post(f"/v1/sessions/{sid}/execute", json={"code": code, **opts}, timeout=300)
-    assert r.status_code in (200, 202), r.text
-    return dict(r.json())
-
-
-def node_of(c: httpx.Client, rig: rig_mod.Rig, sid: str) -> str:
-    r = run(c, sid, WHERE)
-    assert r["status"] == "ok", r
-    node = rig.node_of(json.loads(r["result"].replace("'", '"')))
-    assert node is not None, r
-    return node.name
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 240) -> Any:

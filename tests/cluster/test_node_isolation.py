@@ -19,9 +19,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.eg import KERNEL_NAME
-from tests.cluster.rig import Rig
 from tests.cluster.test_cluster import node_of, run
+from tests.support.cluster.eg import KERNEL_NAME
+from tests.support.cluster.rig import Rig
 
 PROBE = """
 import socket

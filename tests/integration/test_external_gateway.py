@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, Server, start_server
-from tests.integration.external_gateway import ExternalGateway, start_external_gateway
-from tests.integration.test_lifecycle import _unmount_under
+from tests.support.external_gateway import ExternalGateway, start_external_gateway
+from tests.support.procfs import unmount_under
 
 CONFIG = """
 tools:
@@ -40,7 +40,7 @@ def setup() -> Iterator[tuple[ExternalGateway, Server, Path]]:
     finally:
         srv.stop()
         gw.stop()
-        _unmount_under(data_dir)
+        unmount_under(data_dir)
         shutil.rmtree(data_dir, ignore_errors=True)
         for p in (cfg, data_dir.with_suffix(".log"), gw.log_path):
             p.unlink(missing_ok=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Server, start_server
-from tests.integration.external_gateway import start_external_gateway
-from tests.integration.test_lifecycle import _unmount_under
+from tests.support.external_gateway import start_external_gateway
+from tests.support.procfs import unmount_under
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def ext_server() -> Iterator[Server]:
     finally:
         srv.stop()
         gw.stop()
-        _unmount_under(data_dir)
+        unmount_under(data_dir)
         shutil.rmtree(data_dir, ignore_errors=True)
         for p in (data_dir.with_suffix(".log"), gw.log_path):
             p.unlink(missing_ok=True)

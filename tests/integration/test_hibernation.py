@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,14 +22,23 @@ WS_PROTOCOL = "v1.kernel.websocket.jupyter.org"
 CAPPED = secrets.token_urlsafe(18)  # a tenant that may hold 2 live sessions
 
 
+ENV = {"KERNELMODE_SESSIONS__HIBERNATE_AFTER_SECONDS": "2", "KERNELMODE_SESSIONS__HIBERNATED_TTL_SECONDS": "3600",
+       "KERNELMODE_SESSIONS__POOL_SIZE": "0",
+       "KERNELMODE_SERVER__TENANTS": f"[{{name: capped, token: '{CAPPED}', max_sessions: 2}}]"}
+
+
 @pytest.fixture(scope="module")
-def srv() -> Iterator[Server]:
-    s = start_server({"KERNELMODE_SESSIONS__HIBERNATE_AFTER_SECONDS": "2",
-                      "KERNELMODE_SESSIONS__HIBERNATED_TTL_SECONDS": "3600",
-                      "KERNELMODE_SESSIONS__POOL_SIZE": "0",
-                      "KERNELMODE_SERVER__TENANTS": f"[{{name: capped, token: '{CAPPED}', max_sessions: 2}}]"})
-    yield s
-    s.discard()
+def servers() -> Iterator[list[Server]]:
+    """The module's server (a list: the last test restarts it on the same data directory)."""
+    held = [start_server(ENV)]
+    yield held
+    for s in reversed(held):  # the running one first: both use one data directory
+        s.discard()
+
+
+@pytest.fixture(scope="module")
+def srv(servers: list[Server]) -> Server:
+    return servers[0]
 
 
 @pytest.fixture(scope="module")
@@ -147,29 +154,6 @@ def test_hibernated_sessions_are_deleted_after_their_ttl() -> None:
             assert log and not any(e.get("level") in ("error", "critical") for e in log)
     finally:
         s.discard()
-
-
-def test_hibernated_sessions_outlive_a_restart_of_the_server() -> None:
-    data_dir = Path(tempfile.mkdtemp(prefix="kmtest-", dir="/tmp"))
-    env = {"KERNELMODE_SESSIONS__HIBERNATE_AFTER_SECONDS": "1", "KERNELMODE_SESSIONS__POOL_SIZE": "0"}
-    first = start_server(env, data_dir=data_dir)
-    try:
-        with first.client() as api:
-            sid, _ = _hibernated_session(api, "open('/mnt/data/f.txt', 'w').write('disk')\nmemo = {'k': 'v'}")
-    finally:
-        first.stop()
-    second = start_server(env, data_dir=data_dir)
-    try:
-        with second.client() as api:
-            assert api.get(f"/v1/sessions/{sid}").json()["status"] == "hibernated"
-            r = api.post(f"/v1/sessions/{sid}/execute", json={"code": "memo['k'], open('/mnt/data/f.txt').read()"})
-            assert r.json()["result"] == "('v', 'disk')" and r.json()["state_lost"] is False
-            api.delete(f"/v1/sessions/{sid}")
-    finally:
-        second.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
-        for srv in (first, second):
-            srv.log_path.unlink(missing_ok=True)
 
 
 def test_a_run_sent_while_the_session_hibernates_wakes_it(api: httpx.Client) -> None:
@@ -332,3 +316,17 @@ def test_a_restart_during_a_consoles_restore_gives_it_a_fresh_kernel(srv: Server
         leave.set()
         worker.join(120)
     api.delete(f"/v1/sessions/{sid}")
+
+
+def test_hibernated_sessions_outlive_a_restart_of_the_server(servers: list[Server], api: httpx.Client) -> None:
+    """Last in this module: it restarts the module's server on its data directory."""
+    sid, _ = _hibernated_session(api, "open('/mnt/data/f.txt', 'w').write('disk')\nmemo = {'k': 'v'}")
+    first = servers[-1]
+    assert first.stop() == 0
+    second = start_server(ENV, data_dir=first.data_dir)
+    servers.append(second)
+    with second.client() as c:
+        assert c.get(f"/v1/sessions/{sid}").json()["status"] == "hibernated"
+        r = c.post(f"/v1/sessions/{sid}/execute", json={"code": "memo['k'], open('/mnt/data/f.txt').read()"})
+        assert r.json()["result"] == "('v', 'disk')" and r.json()["state_lost"] is False
+        c.delete(f"/v1/sessions/{sid}")

@@ -15,7 +15,7 @@ import pytest
 
 from kernelmode.api.jupyter_api import kernel_id_of
 from tests.conftest import REPO, Server, start_server
-from tests.integration.test_jupyter_gateway import ATTACHING, JUPYTER_TOKEN, start_jupyter_server
+from tests.support.jupyter_server import ATTACHING, JUPYTER_TOKEN, start_jupyter_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO / "test-artifacts"

@@ -11,22 +11,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import REPO, start_server
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    """Host pids whose command line or cwd mention ``text`` (the test's data dir)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            continue
-        if text in cmdline or text in cwd:
-            pids.append(int(entry.name))
-    return pids
+from tests.support.procfs import processes_mentioning, unmount_under
 
 
 def test_cap_shutdown_and_lost_sessions_after_restart():
@@ -35,7 +20,8 @@ def test_cap_shutdown_and_lost_sessions_after_restart():
                        data_dir=data_dir)
     try:
         with srv.client() as c:
-            assert c.get("/readyz").json()["checks"]["pool"] == {"ok": True, "ready": 0, "size": 0}
+            assert c.get("/readyz").json()["checks"]["pool"] == {"ok": True, "state": "off", "ready": 0, "size": 0,
+                                                                  "error": None}
             for sid in ("one", "two"):
                 r = c.post("/v1/sessions", json={"session_id": sid})
                 assert r.status_code == 201 and r.json()["from_pool"] is False
@@ -44,12 +30,12 @@ def test_cap_shutdown_and_lost_sessions_after_restart():
             assert r.json()["error"]["code"] == "too_many_sessions"
             assert c.post("/v1/sessions/one/execute", json={"code": "x = 1"}).json()["status"] == "ok"
         # Kernels, sandboxes and the gateway all run with the data dir in their command line.
-        assert len(_processes_mentioning(str(data_dir))) >= 3
+        assert len(processes_mentioning(str(data_dir))) >= 3
         assert srv.stop() == 0
         deadline = time.monotonic() + 15
-        while _processes_mentioning(str(data_dir)) and time.monotonic() < deadline:
+        while processes_mentioning(str(data_dir)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _processes_mentioning(str(data_dir)) == []
+        assert processes_mentioning(str(data_dir)) == []
         mounts = Path("/proc/self/mountinfo").read_text()
         assert f"{data_dir}/" not in mounts  # workspace volumes are detached at shutdown
 
@@ -80,19 +66,12 @@ def test_sigkill_of_the_manager_leaves_no_kernel():
         srv.proc.kill()
         srv.proc.wait(10)
         deadline = time.monotonic() + 30
-        while _processes_mentioning(str(data_dir)) and time.monotonic() < deadline:
+        while processes_mentioning(str(data_dir)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _processes_mentioning(str(data_dir)) == []
+        assert processes_mentioning(str(data_dir)) == []
     finally:
-        _unmount_under(data_dir)  # a killed manager cannot detach its workspace volumes
+        unmount_under(data_dir)  # a killed manager cannot detach its workspace volumes
         shutil.rmtree(data_dir, ignore_errors=True)
-
-
-def _unmount_under(root: Path) -> None:
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        mount_point = line.split()[4]
-        if mount_point.startswith(f"{root}/"):
-            subprocess.run(["umount", "-l", mount_point], check=False, capture_output=True)
 
 
 def test_sandbox_none_must_be_asked_for_and_warns():

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from tests.conftest import Server, start_server, wait_for
-from tests.integration.test_lifecycle import _processes_mentioning, _unmount_under
 from tests.integration.test_recovery import _gateway_pid
+from tests.support.procfs import processes_mentioning, unmount_under
 
 FAST = {
     "KERNELMODE_SESSIONS__POOL_SIZE": "1",
@@ -38,7 +38,7 @@ def srv() -> Iterator[Server]:
         with contextlib.suppress(AssertionError):
             os.kill(_gateway_pid(server.data_dir), signal.SIGCONT)
         server.stop()
-        _unmount_under(server.data_dir)
+        unmount_under(server.data_dir)
         if os.environ.get("KM_KEEP_LOGS") is None:
             server.discard()
 
@@ -47,7 +47,7 @@ _wait_for: Callable[..., Any] = wait_for
 
 
 def _signal_kernel(kernel_id: str, sig: int) -> list[int]:
-    pids = _processes_mentioning(kernel_id)
+    pids = processes_mentioning(kernel_id)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
@@ -108,7 +108,7 @@ def test_a_frozen_kernel_ends_its_run_as_lost_and_the_session_comes_back(srv: Se
         finally:
             _signal_kernel(old_kernel, signal.SIGCONT)
         # (The workspace keeps the first kernel's id; the old kernel's own files are run/<id>.)
-        _wait_for(lambda: not _processes_mentioning(f"run/{old_kernel}"), "the frozen kernel's processes to go", 60)
+        _wait_for(lambda: not processes_mentioning(f"run/{old_kernel}"), "the frozen kernel's processes to go", 60)
     events = {e["event"] for e in _events(srv)}
     assert "kernel_lost" in events
 

@@ -12,9 +12,9 @@ import threading
 
 import httpx
 
-from bench.procfs import hwm_kb, reset_hwm, rss_kb
 from kernelmode.client import AsyncClient, AsyncSession
 from tests.conftest import Server
+from tests.support.procfs import hwm_kb, reset_hwm, rss_kb
 
 SESSIONS, RUNS = 8, 25
 CAP = 1024 * 1024  # the default max_output_bytes per stream, which the session fixture's server uses

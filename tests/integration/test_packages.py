@@ -1,5 +1,5 @@
 """Packages on demand, through every front door, on a real server with a real index on loopback
-(tests/package_index.py): the host downloads wheels for the kernel's target, the session's kernel
+(tests/support/package_index.py): the host downloads wheels for the kernel's target, the session's kernel
 imports them; refusals name their rule; the kernel's own packages are never replaced."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from kernelmode.client import Client
 from kernelmode.errors import NoWheel, PackageRefused
 from tests.conftest import Server, start_server
-from tests.package_index import PackageIndex, index_env, temporary_index
+from tests.support.package_index import PackageIndex, index_env, temporary_index
 
 
 @pytest.fixture(scope="module")

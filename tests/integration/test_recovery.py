@@ -14,11 +14,11 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import BACKEND, start_server, wait_for
-from tests.integration.test_lifecycle import _processes_mentioning, _unmount_under
+from tests.support.procfs import processes_mentioning, unmount_under
 
 
 def _gateway_pid(data_dir: Path) -> int:
-    for pid in _processes_mentioning(str(data_dir)):
+    for pid in processes_mentioning(str(data_dir)):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
@@ -51,7 +51,7 @@ def test_gateway_death_is_noticed_sessions_marked_and_gateway_restarted():
             assert c.post("/v1/sessions/a/execute", json={"code": "x = 1"}).json()["status"] == "ok"
             old_kernel = c.get("/v1/sessions/a").json()["kernel_id"]
             old_gateway = _gateway_pid(data_dir)
-            assert _processes_mentioning(old_kernel) or BACKEND == "docker"  # what is checked below
+            assert processes_mentioning(old_kernel) or BACKEND == "docker"  # what is checked below
             if BACKEND == "docker":
                 assert _containers_of(old_kernel)
             os.kill(old_gateway, signal.SIGKILL)
@@ -62,7 +62,7 @@ def test_gateway_death_is_noticed_sessions_marked_and_gateway_restarted():
             assert ready["checks"]["gateway"] == {"ok": True, "restarts": 1, "mode": "embedded"}
             assert _gateway_pid(data_dir) != old_gateway
             # Nothing of the old kernel is left (its sandbox died with the gateway).
-            _wait_for(lambda: not _processes_mentioning(old_kernel), "the old kernel's processes to end", 30)
+            _wait_for(lambda: not processes_mentioning(old_kernel), "the old kernel's processes to end", 30)
             if BACKEND == "docker":
                 _wait_for(lambda: not _containers_of(old_kernel), "the old kernel's container to go", 30)
             # The session goes on with a fresh kernel on its workspace, and says its state is lost.
@@ -80,10 +80,10 @@ def test_gateway_death_is_noticed_sessions_marked_and_gateway_restarted():
         events = [json.loads(x)["event"] for x in srv.log().splitlines() if x.startswith('{"ts"')]
         assert "gateway_died" in events and "gateway_restarted" in events
         assert srv.stop() == 0
-        _wait_for(lambda: not _processes_mentioning(str(data_dir)), "every process to end", 30)
+        _wait_for(lambda: not processes_mentioning(str(data_dir)), "every process to end", 30)
     finally:
         srv.stop()
-        _unmount_under(data_dir)
+        unmount_under(data_dir)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
@@ -140,14 +140,14 @@ def test_manager_sigkill_then_restart_adopts_kernels_with_their_variables():
         events = [json.loads(x) for x in srv2.log().splitlines() if x.startswith('{"ts"')]
         assert {e["session_id"] for e in events if e["event"] == "session_adopted"} == {"keep", "busy"}
         assert srv2.stop() == 0
-        _wait_for(lambda: not _processes_mentioning(str(data_dir)), "every process to end", 30)
+        _wait_for(lambda: not processes_mentioning(str(data_dir)), "every process to end", 30)
         assert not (data_dir / "gateway" / "gateway.json").exists()
     finally:
         for s in (srv, srv2):
             if s is not None and s.proc.poll() is None:
                 s.stop()
-        if _processes_mentioning(str(data_dir)):
+        if processes_mentioning(str(data_dir)):
             with contextlib.suppress(ProcessLookupError, AssertionError):
                 os.killpg(_gateway_pid(data_dir), signal.SIGKILL)
-        _unmount_under(data_dir)
+        unmount_under(data_dir)
         shutil.rmtree(data_dir, ignore_errors=True)

@@ -288,8 +288,8 @@ def test_idle_session_is_reaped_after_ttl(server, api, session_factory, run):
     from pathlib import Path
 
     from tests.conftest import BACKEND
-    from tests.integration.test_lifecycle import _processes_mentioning
     from tests.integration.test_recovery import _containers_of
+    from tests.support.procfs import processes_mentioning
 
     sid = session_factory(ttl_seconds=10)
     r = run(sid, "import subprocess\n"
@@ -319,11 +319,11 @@ def test_idle_session_is_reaped_after_ttl(server, api, session_factory, run):
         time.sleep(0.5)
     assert api.get(f"/v1/sessions/{sid}").status_code == 404
     deadline = time.monotonic() + 15  # the kernel's shutdown may take a moment after the 404
-    while time.monotonic() < deadline and (workspace.exists() or _processes_mentioning(kernel_id)
+    while time.monotonic() < deadline and (workspace.exists() or processes_mentioning(kernel_id)
                                            or (uid != 0 and processes_of_uid())):
         time.sleep(0.2)
     assert not workspace.exists() and not workspace.with_name(kernel_id + ".img").exists()
-    assert _processes_mentioning(kernel_id) == []
+    assert processes_mentioning(kernel_id) == []
     if uid != 0:
         assert processes_of_uid() == []  # not even the detached `sleep`
     assert str(workspace) not in Path("/proc/self/mountinfo").read_text()

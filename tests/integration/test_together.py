@@ -19,7 +19,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from kernelmode.api.jupyter_api import kernel_id_of
 from tests.conftest import Server, start_server
-from tests.package_index import PackageIndex, index_env, temporary_index
+from tests.support.package_index import PackageIndex, index_env, temporary_index
 
 CONFIG = """
 tools:

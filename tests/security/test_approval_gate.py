@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.procfs import rss_kb
 from tests.conftest import Server, start_server, wait_for
+from tests.support.procfs import rss_kb
 
 OTHER = secrets.token_urlsafe(16)
 CONFIG = """

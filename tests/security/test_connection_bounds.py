@@ -32,9 +32,9 @@ from jupyter_server.services.kernels.connection.base import (
     serialize_msg_to_ws_v1,
 )
 
-from bench.procfs import hwm_kb, reset_hwm, rss_kb
 from kernelmode.gateway.client import WS_PROTOCOL
 from tests.conftest import Server, start_server
+from tests.support.procfs import hwm_kb, reset_hwm, rss_kb
 
 MB = 1024 * 1024
 DISPLAY = "from IPython.display import display\ndisplay({{'text/plain': {ch!r} * 8_000_000}}, raw=True)\n"

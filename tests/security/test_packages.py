@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, Server, start_server
-from tests.package_index import PackageIndex, index_env, plant_canaries, temporary_index
+from tests.support.package_index import PackageIndex, index_env, plant_canaries, temporary_index
 
 from .conftest import report
 

@@ -142,3 +142,52 @@ def test_the_core_imports_no_front_door() -> None:
         assert not [t for t in graph[room] if t.startswith(doors)], room
         if room != "kernelmode.sessions.manager":
             assert "kernelmode.sessions.manager" not in runtime[room], room
+
+
+REPO = PACKAGE.parent
+BENCH_SCRIPTS = {p.stem for p in (REPO / "bench").glob("*.py")}  # scripts import each other: `import harness`
+
+
+def _top_imports(path: Path) -> set[str]:
+    """The absolute module names ``path`` imports (relative imports and TYPE_CHECKING ones too)."""
+    names: set[str] = set()
+    for node in _imports(ast.parse(path.read_text(), str(path)).body, type_checking=True):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif node.module and not node.level:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def _is_support(name: str) -> bool:
+    return name == "tests.support" or name.startswith("tests.support.")
+
+
+def test_bench_imports_only_the_support_package_of_tests() -> None:
+    """bench/ shares tests/support with the tests, and nothing else of tests/ (a benchmark that
+    imported a test module ran its fixtures' module code and broke when a test was renamed)."""
+    files = [p for p in (REPO / "bench").rglob("*.py")]
+    assert any(p.name == "servers.py" for p in files)
+    for path in files:
+        bad = sorted(n for n in _top_imports(path)
+                     if (n == "tests" or n.startswith("tests.")) and not _is_support(n))
+        assert not bad, f"{path.relative_to(REPO)} imports {bad}: move what it needs to tests/support"
+
+
+def test_tests_import_nothing_of_bench() -> None:
+    """The tests never import a benchmark (neither ``bench.x`` nor a script's ``import harness``);
+    what both need lives in tests/support, the benchmarks' own tests in bench/selftest."""
+    assert {"harness", "servers"} <= BENCH_SCRIPTS
+    for path in (REPO / "tests").rglob("*.py"):
+        bad = sorted(n for n in _top_imports(path)
+                     if n.split(".")[0] == "bench" or (n.split(".")[0] in BENCH_SCRIPTS and "." not in n))
+        assert not bad, f"{path.relative_to(REPO)} imports {bad} of bench/"
+
+
+def test_the_support_package_imports_no_test_module() -> None:
+    """tests/support is what bench/ may import: it must not pull test modules or conftest in."""
+    support = REPO / "tests" / "support"
+    assert (support / "server.py").is_file()
+    for path in support.rglob("*.py"):
+        bad = sorted(n for n in _top_imports(path) if n.startswith("tests.") and not _is_support(n))
+        assert not bad, f"{path.relative_to(REPO)} imports {bad}"

@@ -13,7 +13,7 @@ import pytest
 
 from kernelmode.errors import SetupFailed
 from kernelmode.setup_env import _fingerprint, _run, extra_install_argv
-from tests.package_index import local_index
+from tests.support.package_index import local_index
 
 
 def test_the_extras_change_the_fingerprint(tmp_path: Path) -> None:

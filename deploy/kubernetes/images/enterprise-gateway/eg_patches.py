@@ -1,6 +1,6 @@
 """Config-time patches for Enterprise Gateway 3.3.0, applied by EG's config file (so they run
 inside EG's own virtualenv, before EG serves anything): the Kubernetes image's
-(deploy/kubernetes/images/enterprise-gateway/Dockerfile) and the test rig's (tests/cluster/eg.py).
+(deploy/kubernetes/images/enterprise-gateway/Dockerfile) and the test rig's (tests/support/cluster/eg.py).
 Each fixes a fault measured on this kind of machine (../shared/GATEWAY-NOTES.md, "Enterprise
 Gateway"); the SSH ones matter only to DistributedProcessProxy, the rest to every process proxy:
 

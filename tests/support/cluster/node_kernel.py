@@ -23,7 +23,7 @@ import sys
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
 from kernelmode.sandbox import seccomp  # noqa: E402

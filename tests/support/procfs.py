@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 from pathlib import Path
 
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -153,3 +154,11 @@ def mem_available_mb() -> float:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def unmount_under(root: Path) -> None:
+    """Detach every mount below ``root`` (a killed manager cannot detach its workspace volumes)."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mount_point = line.split()[4]
+        if mount_point.startswith(f"{root}/"):
+            subprocess.run(["umount", "-l", mount_point], check=False, capture_output=True)

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-BENCH = str(Path(__file__).parents[2] / "bench")
-if BENCH not in sys.path:
-    sys.path.append(BENCH)  # the benchmarks import each other as scripts do: `import procfs`
-
-import harness  # noqa: E402
+import harness
 
 
 def test_the_page_head_is_replaced_and_everything_after_it_kept(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Two simulated nodes for Enterprise Gateway: network namespaces on a host bridge, an sshd in
 each, nftables locking each node to the gateway's address.
 
-``python -m tests.cluster.rig up|down [SLOT]`` does the same by hand. A rig is a *slot*: slot 0
+``python -m tests.support.cluster.rig up|down [SLOT]`` does the same by hand. A rig is a *slot*: slot 0
 is ``kmnode-a``/``kmnode-b`` on 10.247.19.0/24 behind bridge ``kmbr0``; a second rig on the
 same machine (another engineer's run) takes slot 1 (``kmnode1-a``..., 10.247.20.0/24). A slot
 is claimed by creating its first namespace (``ip netns add`` fails if it exists), so two runs
@@ -260,7 +260,7 @@ def claim(slot: int | None = None) -> Rig:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[1] not in ("up", "down"):
-        print("usage: python -m tests.cluster.rig up|down [SLOT]", file=sys.stderr)
+        print("usage: python -m tests.support.cluster.rig up|down [SLOT]", file=sys.stderr)
         return 2
     slot = int(argv[2]) if len(argv) > 2 else None
     if argv[1] == "up":

@@ -8,16 +8,10 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-BENCH = str(Path(__file__).parents[2] / "bench")
-if BENCH not in sys.path:
-    sys.path.append(BENCH)  # the benchmarks import each other as scripts do: `import procfs`
-
-from harness import Stats, interleave  # noqa: E402
-from servers import CpuMeter, KmServer, before_checkout, git, is_checkout  # noqa: E402
+from harness import BENCH, Stats, interleave
+from servers import CpuMeter, KmServer, before_checkout, git, is_checkout
 
 
 @pytest.fixture
@@ -54,14 +48,14 @@ def test_cpu_meter_counts_each_paths_processes_over_its_own_batches(busy_and_idl
 
 
 def test_another_refs_code_is_exported_to_run_a_server_from() -> None:
-    if subprocess.run(["git", "-C", BENCH, "rev-parse", "HEAD"], capture_output=True).returncode:
+    if subprocess.run(["git", "-C", str(BENCH), "rev-parse", "HEAD"], capture_output=True).returncode:
         pytest.skip("not a git checkout: the A/B benchmarks export the before code with git")
     tmp, before, after = before_checkout("HEAD", "kmtest-export-")
     try:
         assert before == after == git("rev-parse", "--short", "HEAD")
         assert is_checkout(tmp / "before") and not is_checkout(tmp)
         assert (tmp / "before" / "kernelmode" / "cli.py").read_bytes() == \
-            subprocess.run(["git", "-C", BENCH, "show", "HEAD:kernelmode/cli.py"], check=True,
+            subprocess.run(["git", "-C", str(BENCH), "show", "HEAD:kernelmode/cli.py"], check=True,
                            capture_output=True).stdout
         km = KmServer("before", {}, checkout=tmp / "before")
         assert km.env["PYTHONPATH"] == str(tmp / "before")  # its code, not this checkout's

@@ -23,10 +23,10 @@ from typing import Any
 
 import httpx
 
-from tests.cluster.node_kernel import __file__ as NODE_KERNEL
-from tests.cluster.rig import Rig
+from tests.support.cluster.node_kernel import __file__ as NODE_KERNEL
+from tests.support.cluster.rig import Rig
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EG_VENV = REPO / ".eg-venv"
 LAUNCHER = EG_VENV / "share" / "eg-launchers" / "launch_ipykernel.py"
 KERNEL_NAME = "kernelmode-remote"

@@ -38,7 +38,7 @@ WORKSPACES = (0, 10, 100, 1000)  # files, in 10 folders
 
 
 def load_agent(path: Path, name: str) -> Any:
-    """kernel/files.py of one checkout as a module of its own (stdlib only, as in a kernel)."""
+    """kernel/file_agent.py of one checkout as a module of its own (stdlib only, as in a kernel)."""
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
@@ -46,11 +46,17 @@ def load_agent(path: Path, name: str) -> Any:
     return mod
 
 
+def agent_file(checkout: Path) -> Path:
+    """The file agent of a checkout (kernel/files.py before it was named file_agent.py)."""
+    kernel = checkout / "kernelmode" / "kernel"
+    return kernel / "file_agent.py" if (kernel / "file_agent.py").is_file() else kernel / "files.py"
+
+
 def note_costs(before: Path, scratch: Path) -> dict[int, dict[str, float]]:
     """Microseconds of CPU the file agent spends per run on its change note when nothing changed
     (walk, comparison, JSON), by files in the workspace: the best of 15 rounds of 40, interleaved."""
-    agents = {"before": load_agent(before / "kernelmode" / "kernel" / "files.py", "km_files_before"),
-              "after": load_agent(REPO / "kernelmode" / "kernel" / "files.py", "km_files_after")}
+    agents = {"before": load_agent(agent_file(before), "km_files_before"),
+              "after": load_agent(agent_file(REPO), "km_files_after")}
     out: dict[int, dict[str, float]] = {}
     for n in WORKSPACES:
         ws = scratch / f"ws{n}"

@@ -30,13 +30,13 @@ from .artifacts.harvester import Harvester
 from .artifacts.local import LocalStore
 from .audit import audit
 from .banner import TokenSource, startup_block
+from .code_policy import CodePolicy
 from .config import Settings
 from .errors import ConfigError, KernelmodeError, SandboxUnavailable, StoreError
 from .gateway.client import GatewayClient, message_limit
 from .gateway.process import GatewayProcess, raise_open_files_limit
 from .gateway.remote import connect_external
 from .heap import release_large_buffers
-from .policy import CodePolicy
 from .sandbox import cgroups
 from .sandbox.docker_backend import server_id
 from .sandbox.kernelspec import check_bwrap, install_kernelspec
@@ -48,8 +48,8 @@ from .tools.broker import ToolBroker
 from .tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
+    from .mcp.app import KernelmodeMCP
     from .mcp.http import McpHttp
-    from .mcp.server import KernelmodeMCP
 
 log = logging.getLogger("kernelmode")
 
@@ -167,7 +167,7 @@ class KernelmodeApp:
         """The MCP server of this service (one for /mcp and stdio), made on first use; its tool
         list and instructions need only the tools (``start_tools``), its tools wait for ``start``."""
         if self.mcp is None:
-            from .mcp.server import KernelmodeMCP
+            from .mcp.app import KernelmodeMCP
 
             self.mcp = KernelmodeMCP(self.settings, self.tools, self.started)
         return self.mcp

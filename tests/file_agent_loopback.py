@@ -1,4 +1,4 @@
-"""The kernel's file agent (kernel/files.py) driven in-process, behind a KernelConnection-shaped
+"""The kernel's file agent (kernel/file_agent.py) driven in-process, behind a KernelConnection-shaped
 loopback: FileChannel and the harvester run against the real agent code on a real directory,
 without a kernel. A test may swap the agent's answers (``tamper``) to act as a lying kernel."""
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kernelmode.kernel import files as agent
+from kernelmode.kernel import file_agent as agent
 
 Reply = tuple[dict[str, Any], list[bytes]]
 

@@ -2,7 +2,7 @@
 
 The manager shares no disk with kernels (they may run on other nodes, behind Enterprise
 Gateway): listings, uploads, downloads, deletes and harvests are requests to the file agent in
-the kernel (kernel/files.py, which documents the protocol), one comm per operation, with file
+the kernel (kernel/file_agent.py, which documents the protocol), one comm per operation, with file
 bytes as the messages' binary buffers (the v1 websocket protocol).
 
 The kernel is untrusted. Everything it answers is checked here: the reply's shape, each path
@@ -44,7 +44,7 @@ from ..errors import (
 from ..gateway.client import KernelConnection, next_message
 from ..gateway.exchange import DISCONNECTED_EVENT, KERNEL_STATUS_EVENT
 from ..gateway.frames import json_shape_error
-from ..kernel.files import TARGET
+from ..kernel.file_agent import TARGET
 from ..sandbox.spec import WORKSPACE_MOUNT
 from .workspace import SCAN_MAX_ENTRIES, FileEntry, Listing
 

@@ -52,7 +52,7 @@ class Harvester:
         """Keep in ``result.artifacts`` the files the run created or changed and its rich outputs.
 
         ``note``: the kernel's own list of changed files, carried by the run's execute_reply
-        (kernel/files.py's post-run note); without it the kernel is asked (one round trip).
+        (kernel/file_agent.py's post-run note); without it the kernel is asked (one round trip).
         Only those files are then read, through the kernel's channels.
 
         Never raises: whatever goes wrong (the store, the kernel's answers) is said in

@@ -3,7 +3,7 @@ host-side view.
 
 The manager never reads or writes a workspace on its own disk: uploads, listings, downloads,
 deletes, harvests and checkpoints go through the kernel's own channels (artifacts/channel.py
-and the file agent kernel/files.py, which walks and opens files by the rules below). The host
+and the file agent kernel/file_agent.py, which walks and opens files by the rules below). The host
 keeps only the workspace's volume (artifacts/volume.py: quota, mounted into the sandbox).
 
 Kernel code controls everything in here, so nothing is trusted: paths are validated as text,

@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ..kernel.files import CHANGES_COMM, NOTE_KEY
+from ..kernel.file_agent import CHANGES_COMM, NOTE_KEY
 from ..models import RunError, RunResult, RunStatus
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -40,7 +40,7 @@ class OutputCollector:
         self.execution_count: int | None = None
         self.truncated = False
         self.reply_status: str | None = None
-        # The file agent's note of the files the cell changed (kernel/files.py): its JSON, from
+        # The file agent's note of the files the cell changed (kernel/file_agent.py): its JSON, from
         # the execute_reply's metadata (or, for a large note, a comm_msg's buffer).
         self.file_changes: bytes | None = None
 

@@ -468,10 +468,10 @@ def boot_code(specs: list[dict[str, Any]], files_config: dict[str, Any] | None =
     files_config = files_config or {}
     with open(__file__, encoding="utf-8") as f:
         source = f.read()
-    # The file agent (kernel/files.py) and the error hints (kernel/hints.py) once per kernel
+    # The file agent (kernel/file_agent.py) and the error hints (kernel/hints.py) once per kernel
     # process: the agent's baseline must survive a new set of tools.
     here = os.path.dirname(__file__)
-    with open(os.path.join(here, "files.py"), encoding="utf-8") as f:
+    with open(os.path.join(here, "file_agent.py"), encoding="utf-8") as f:
         files_source = f.read()
     with open(os.path.join(here, "hints.py"), encoding="utf-8") as f:
         hints_source = f.read()

@@ -31,11 +31,11 @@ from ..api.handlers import BaseHandler
 from ..errors import PayloadTooLarge
 from ..services import Services
 from . import oversize
+from .app import KernelmodeMCP
 from .connections import SESSION_HEADER, TENANT_HEADER
 from .fastcall import FastCall, FastCalls
 from .open_connections import OpenConnections
 from .plain import plain_client, sse_answer, wants_stream
-from .server import KernelmodeMCP
 
 log = logging.getLogger("kernelmode.mcp")
 

@@ -22,8 +22,8 @@ from typing import Any
 from jupyter_client.session import Session as JupyterSession
 
 from ..audit import audit
+from ..code_policy import CodePolicy
 from ..config import ADMIN_TENANT
-from ..policy import CodePolicy
 
 POLICY_ERROR = "PolicyDenied"
 

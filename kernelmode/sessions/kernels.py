@@ -334,7 +334,7 @@ class Kernel:
         assert self.conn is not None
         collector = self.env.collector()
         exchange = ExecuteExchange(collector, on_input=lambda msg: self.answer_input("preamble", msg, []))
-        files_config = {"root": WORKSPACE_MOUNT,  # the file agent (kernel/files.py)
+        files_config = {"root": WORKSPACE_MOUNT,  # the file agent (kernel/file_agent.py)
                         "max_changes": self.env.settings.artifacts.max_artifacts_per_run}
         hints = {"installs": self.env.settings.packages.allow != [],  # kernel/hints.py
                  "memory_mb": self.info.limits.memory_mb}

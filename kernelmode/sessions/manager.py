@@ -23,6 +23,7 @@ from ..artifacts.channel import Download
 from ..artifacts.harvester import Harvester
 from ..artifacts.volume import WorkspaceVolumes
 from ..audit import audit
+from ..code_policy import CodePolicy
 from ..config import ADMIN_TENANT, Settings
 from ..errors import (
     KernelmodeError,
@@ -50,7 +51,6 @@ from ..models import (
 )
 from ..packages.policy import parse_requirement
 from ..packages.service import PackageService
-from ..policy import CodePolicy
 from ..sandbox import cgroups
 from ..tenants import ADMIN, Principal
 from ..tools.broker import ToolBroker

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from ..artifacts.channel import file_channel
 from ..artifacts.harvester import Harvester
 from ..audit import audit
+from ..code_policy import CodePolicy
 from ..config import ADMIN_TENANT, Settings
 from ..errors import InvalidRequest, KernelmodeError, PayloadTooLarge, SessionNotFound
 from ..gateway.client import KERNEL_DEAD
@@ -28,7 +29,6 @@ from ..gateway.frames import refuse_lone_surrogates
 from ..kernel.hints import memory_hint
 from ..metrics import Metrics
 from ..models import DeathCause, RunError, RunResult, RunStatus, ToolCall
-from ..policy import CodePolicy
 from ..tools.approvals import Approvals
 from .kernels import Kernel
 from .live import LiveSession

@@ -1,4 +1,4 @@
-"""Workspace files through the kernel's own channels (artifacts/channel.py <-> kernel/files.py):
+"""Workspace files through the kernel's own channels (artifacts/channel.py <-> kernel/file_agent.py):
 delete, a 100 MB round trip in bounded manager memory, names that are not UTF-8, and the
 client's delete_file. Real server, real kernels."""
 
@@ -18,7 +18,7 @@ from kernelmode.client import Client
 from kernelmode.errors import KernelmodeError
 from kernelmode.gateway.client import WS_PROTOCOL
 from kernelmode.gateway.frames import Bounds, decode_frame, encode_frame
-from kernelmode.kernel.files import NOTE_KEY
+from kernelmode.kernel.file_agent import NOTE_KEY
 
 MB = 1_000_000
 

@@ -1,5 +1,5 @@
 """The approval gate's bookkeeping (tools/approvals.py) and the code policy's loading and
-answers (policy.py), without a kernel: what the end-to-end tests cannot time or provoke."""
+answers (code_policy.py), without a kernel: what the end-to-end tests cannot time or provoke."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from kernelmode.code_policy import CodePolicy, PolicyDecision
 from kernelmode.errors import ApprovalDecided, ApprovalNotFound, ConfigError
 from kernelmode.models import PendingApproval
-from kernelmode.policy import CodePolicy, PolicyDecision
 from kernelmode.tools.approval_budget import ApprovalBounds
 from kernelmode.tools.approvals import Approvals, shown_arguments
 

@@ -1,4 +1,4 @@
-"""The file agent's post-run change note rides in the cell's own execute_reply (kernel/files.py),
+"""The file agent's post-run change note rides in the cell's own execute_reply (kernel/file_agent.py),
 so a run brings the manager no message more than a bare kernel's. A real ipykernel: first bare,
 then with the file agent installed in it as the boot code installs it."""
 
@@ -15,7 +15,7 @@ import pytest_asyncio
 from kernelmode.artifacts.channel import changes_buffer
 from kernelmode.gateway.exchange import ExecuteExchange, Message, execute_content
 from kernelmode.gateway.execution import OutputCollector
-from kernelmode.kernel import files
+from kernelmode.kernel import file_agent as files
 from tests.unit.test_exchange import LONG, KernelChannels, bare_kernel
 
 INSTALL = """

@@ -92,7 +92,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_the_package() -> None:
     graph = import_graph()
-    assert "kernelmode.server" in graph and "kernelmode.mcp.server" in graph
+    assert "kernelmode.server" in graph and "kernelmode.mcp.app" in graph
     assert "kernelmode.errors" in graph["kernelmode.api.handlers"]  # relative imports resolved
     assert "kernelmode.sessions" in graph["kernelmode.server"]
     assert "kernelmode.mcp.http" in graph["kernelmode.server"]  # deferred into a function: still an edge

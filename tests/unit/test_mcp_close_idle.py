@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from kernelmode.config import Settings
+from kernelmode.mcp.app import KernelmodeMCP
 from kernelmode.mcp.http import McpHttp, tenant_user
-from kernelmode.mcp.server import KernelmodeMCP
 from kernelmode.tools.registry import ToolRegistry
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {

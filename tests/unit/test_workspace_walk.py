@@ -1,5 +1,5 @@
 """The workspace walk (listings, harvests, upload accounting) of the kernel's file agent
-(kernel/files.py, run in-process behind a loopback) on a real directory: bounded,
+(kernel/file_agent.py, run in-process behind a loopback) on a real directory: bounded,
 iterative, indifferent to what kernel code does to the tree meanwhile, and safe with names that
 are not UTF-8. The end-to-end attacks are in tests/security/test_workspace_abuse.py."""
 
@@ -20,7 +20,7 @@ from kernelmode.artifacts.local import LocalStore
 from kernelmode.artifacts.workspace import Listing, shown
 from kernelmode.config import ArtifactSettings
 from kernelmode.errors import WorkspaceChanged
-from kernelmode.kernel import files as agent
+from kernelmode.kernel import file_agent as agent
 from kernelmode.models import RunResult
 from tests.file_agent_loopback import Loopback
 

@@ -1,6 +1,6 @@
 """Generate the documentation pages that must not drift from their sources.
 
-- docs/reference/settings.md from the pydantic settings models (kernelmode/config/sections.py):
+- docs/reference/settings.md from the pydantic settings models (kernelmode/config/):
   every key, its type, default, range, environment variable and description;
 - docs/performance.md from bench/RESULTS.md, the benchmarks' recorded figures.
 
@@ -131,7 +131,7 @@ def _section(model: type[BaseModel], path: str, env: str | None, out: list[str])
 
 
 def settings_page() -> str:
-    out = [GENERATED.format(source="kernelmode/config/sections.py"), "",
+    out = [GENERATED.format(source="kernelmode/config/ (sections.py, features.py)"), "",
            "# Configuration reference", "",
            "Every key of `kernelmode.yaml`, generated from the settings models, so it cannot drift "
            "from the code. What each section is for, how settings combine and the pitfalls: "

@@ -1,43 +1,24 @@
-"""One thin handler per URL; the route table is at the foot of this module."""
+"""One thin handler per URL; the route table is at the foot of this module (the base handler is
+base.py's, the file routes' handlers file_handlers.py's)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import json
-import logging
-import tempfile
-from typing import Any, BinaryIO, TypeVar, cast
-from urllib.parse import quote, unquote
+from typing import Any
 
-from pydantic import BaseModel
-from pydantic import ValidationError as PydanticValidationError
 from tornado import web
-from tornado.http1connection import HTTP1Connection
-from tornado.iostream import StreamClosedError
 
-from ..artifacts.local import LocalStore
 from ..errors import (
-    BadJSON,
     Forbidden,
     InvalidRequest,
-    KernelmodeError,
-    NotFound,
-    PayloadTooLarge,
     SessionNotFound,
-    StoreError,
-    Unauthorized,
-    from_wire,
 )
-from ..gateway.frames import refuse_lone_surrogates
 from ..models import (
     SESSION_ID_PATTERN,
     ApprovalRequest,
-    ArtifactList,
     CheckpointList,
     ExecuteRequest,
-    FileDeleted,
     Health,
     OneShotRequest,
     PackagesRequest,
@@ -47,153 +28,18 @@ from ..models import (
 )
 from ..services import Services
 from ..sessions.listing import page_limit
-from ..tenants import ADMIN, Principal
 from ..tools.search import tool_limit
+from .base import SID, BaseHandler
+from .file_handlers import (
+    ArtifactsHandler,
+    FileHandler,
+    FilesHandler,
+    NotebookHandler,
+    PublicArtifactHandler,
+)
 from .openapi import openapi_document
 
-log = logging.getLogger("kernelmode.api")
-M = TypeVar("M", bound=BaseModel)
-SID = SESSION_ID_PATTERN.strip("^$")
-
-
-# Every handler streams its body, so that the token is checked before any of the body is read
-# (a buffered handler gets the body whole, and form bodies parsed, before ``prepare``). A refusal
-# made before the body is read would make tornado hang up on the unread bytes; the kernel then
-# resets the connection, and the reset can destroy the answer before the client reads it (the MCP
-# SDK saw a bare ReadError instead of its 401). So a refused body of up to this size is read and
-# dropped first; a bigger one is cut off unread.
-DRAIN_BEFORE_REJECTING = 1 << 20
-
-
-@web.stream_request_body
-class BaseHandler(web.RequestHandler):
-    """JSON in, JSON out, bearer token, errors as ``{"error": {"code", "message"}}``.
-
-    Subclasses check their headers in ``prepare_body``; the body is buffered (``body``) unless
-    a subclass streams it elsewhere by overriding ``data_received``.
-    """
-
-    public = False
-    principal: Principal = ADMIN  # who sent the request (set by prepare from the token)
-    rejected = False  # refused before its body was read: the body is dropped
-    _body_chunks: list[bytes]
-
-    services: Services
-
-    def initialize(self, services: Services) -> None:
-        """``services``: from the route table's third element (``route_table``)."""
-        self.services = services
-
-    def set_default_headers(self) -> None:
-        self.set_header("Content-Type", "application/json")
-        self.set_header("Cache-Control", "no-store")
-
-    def prepare(self) -> None:
-        self._body_chunks = []
-        try:
-            self.authenticate()
-            self.prepare_body()
-        except (KernelmodeError, web.HTTPError) as e:
-            status = e.http_status if isinstance(e, KernelmodeError) else e.status_code
-            if status >= 500 or not self._drain_then_answer(e):
-                raise
-
-    def authenticate(self) -> None:
-        if self.public:
-            return
-        principal = self.services.tenants.from_authorization(self.request.headers.get("Authorization", ""))
-        if principal is None:
-            raise Unauthorized("missing or wrong bearer token (send `Authorization: Bearer <token>`)")
-        self.principal = principal
-
-    def prepare_body(self) -> None:
-        """Check the headers and set up what the body will stream into."""
-
-    def data_received(self, chunk: bytes) -> None:
-        if not self.rejected:  # the server's max_body_bytes caps the total
-            self._body_chunks.append(chunk)
-
-    @property
-    def body(self) -> bytes:
-        return b"".join(self._body_chunks)
-
-    def _drain_then_answer(self, error: Exception) -> bool:
-        length = self.request.headers.get("Content-Length", "0") or "0"
-        conn = self.request.connection
-        if not length.isdigit() or int(length) > DRAIN_BEFORE_REJECTING or not isinstance(conn, HTTP1Connection):
-            return False
-        conn.set_max_body_size(DRAIN_BEFORE_REJECTING)
-        self.rejected = True
-
-        def answer(*_args: Any, **_kwargs: Any) -> None:
-            raise error
-
-        # tornado looks the verb's method up on the instance once the body is in: whichever verb
-        # this was, no handler code runs for the refused request.
-        setattr(self, self.request.method.lower(), answer)
-        return True
-
-    def own(self, session_id: str) -> str:
-        """The id, if the caller may use that session (another tenant's is a 404 like an unknown id)."""
-        self.services.sessions.authorize(self.principal, session_id)
-        return session_id
-
-    def body_model(self, model: type[M]) -> M:
-        raw = self.body or b"{}"
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BadJSON(f"the request body is not valid JSON: {e}") from e
-        except RecursionError as e:
-            raise BadJSON("the request body is nested too deeply") from e
-        if not isinstance(data, dict):
-            raise InvalidRequest("the request body must be a JSON object")
-        if b"\\u" in raw:  # only an escape makes a lone surrogate
-            refuse_lone_surrogates(data, "the request body")
-        try:
-            return model.model_validate(data)
-        except PydanticValidationError as e:
-            errors = [
-                {"field": ".".join(str(p) for p in err["loc"]), "message": err["msg"]}
-                for err in e.errors(include_url=False, include_input=False)
-            ]
-            summary = "; ".join(f"{x['field'] or 'body'}: {x['message']}" for x in errors)
-            raise InvalidRequest(f"invalid request: {summary}", details=errors) from e
-
-    def send(self, payload: BaseModel | dict[str, Any], status: int = 200) -> None:
-        self.set_status(status)
-        if isinstance(payload, BaseModel):
-            self.finish(payload.model_dump_json())
-        else:
-            self.finish(json.dumps(payload))
-
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        """REST's and the Jupyter API's one translation point (tornado's refusals: ``from_wire``)."""
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, web.HTTPError):
-            exc = from_wire(exc.log_message or self._reason, status=exc.status_code)
-        error = exc if isinstance(exc, KernelmodeError) else KernelmodeError("internal server error (see the server log)")
-        status = error.http_status
-        self.clear()
-        self.set_default_headers()
-        self.set_header("Content-Type", "application/json")  # also where defaults are not JSON (/mcp)
-        if status == 401:
-            self.set_header("WWW-Authenticate", 'Bearer realm="kernelmode"')
-        if status == 429:  # when to come back: the error's own figure, else its class's hint
-            details = error.details if isinstance(error.details, dict) else {}
-            retry: Any = details.get("retry_after_seconds") or getattr(error, "retry_after_seconds", 1)
-            self.set_header("Retry-After", str(max(1, int(retry))))
-        self.set_status(status)
-        self.finish(json.dumps(self.error_document(error.to_dict())))
-
-    def error_document(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The error's JSON document (the Jupyter API adds Jupyter's own keys)."""
-        return {"error": body}
-
-    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
-        if isinstance(value, KernelmodeError) and value.http_status < 500:
-            return  # a client error, answered as such
-        super().log_exception(typ, value, tb)
+__all__ = ["BaseHandler", "NotFoundHandler", "all_routes", "route_table"]
 
 
 class HealthHandler(BaseHandler):
@@ -347,134 +193,6 @@ class ToolsHandler(BaseHandler):
             self.send(ToolList(tools=self.services.tools.infos()))
             return
         self.send(ToolMatches(tools=self.services.tools.search(query, tool_limit(limit))))
-
-
-# Types a browser would render (and run scripts in): always downloaded, never sniffed.
-_ACTIVE_TYPES = {"text/html", "image/svg+xml", "application/xhtml+xml", "text/xml", "application/xml"}
-
-
-class FilesHandler(BaseHandler):
-    async def get(self, session_id: str) -> None:
-        self.send(await self.services.sessions.list_files(self.own(session_id)))
-
-
-class FileHandler(BaseHandler):
-    """Uploads stream to a spool file (not memory) under their own size cap."""
-
-    _spool: Any = None
-    _received = 0
-
-    def prepare_body(self) -> None:
-        if self.request.method != "PUT":
-            return
-        cap = self.services.settings.artifacts.max_upload_bytes
-        length = int(self.request.headers.get("Content-Length", "0") or 0)
-        if length > cap:
-            raise PayloadTooLarge(f"the upload is {length} bytes, over this server's limit of {cap}")
-        conn = self.request.connection
-        if isinstance(conn, HTTP1Connection):
-            conn.set_max_body_size(cap + 1)
-        self._spool = tempfile.SpooledTemporaryFile(max_size=1 << 20)  # noqa: SIM115
-
-    def data_received(self, chunk: bytes) -> None:
-        self._received += len(chunk)
-        if self._spool is not None and not self.rejected \
-                and self._received <= self.services.settings.artifacts.max_upload_bytes:
-            self._spool.write(chunk)
-
-    def on_finish(self) -> None:
-        if self._spool is not None:
-            self._spool.close()
-
-    async def put(self, session_id: str, path: str) -> None:
-        cap = self.services.settings.artifacts.max_upload_bytes
-        if self._received > cap:
-            raise PayloadTooLarge(f"the upload is over this server's limit of {cap} bytes")
-        overwrite = self.get_query_argument("overwrite", "false").lower() in ("1", "true", "yes")
-        self._spool.seek(0)
-        result = await self.services.sessions.upload(self.own(session_id), path, self._spool, self._received,
-                                                overwrite)
-        self.send(result, 201)
-
-    async def get(self, session_id: str, path: str) -> None:
-        # Streamed from the kernel's file agent chunk by chunk (artifacts/channel.py): the
-        # manager holds two chunks, never the file. The length is the kernel's announcement;
-        # a kernel that then sends more or less fails the transfer (the connection is cut).
-        download, mime = await self.services.sessions.open_file(self.own(session_id), path)
-        self.set_header("Content-Type", mime)
-        self.set_header("Content-Length", str(download.size))
-        self.set_header("X-Content-Type-Options", "nosniff")
-        name = path.rsplit("/", 1)[-1]
-        if mime in _ACTIVE_TYPES:
-            self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(name)}")
-        chunks = download.chunks()
-        try:
-            self.write(await anext(chunks, b""))  # errors before the first byte answer as JSON
-            async for chunk in chunks:
-                self.write(chunk)
-                await self.flush()
-        except (KernelmodeError, StreamClosedError) as e:
-            if not self._headers_written:
-                raise
-            log.warning("download of %s from session %s failed midway: %s", name, session_id, e)
-            self.request.connection.close()  # type: ignore[union-attr]
-            return
-        finally:
-            await chunks.aclose()  # the kernel's side of the transfer is closed too
-        self.finish()
-
-    async def delete(self, session_id: str, path: str) -> None:
-        self.send(FileDeleted(path=await self.services.sessions.delete_file(self.own(session_id), path)))
-
-
-class ArtifactsHandler(BaseHandler):
-    async def get(self, session_id: str) -> None:
-        self.send(ArtifactList(artifacts=await self.services.sessions.artifacts(self.own(session_id))))
-
-
-class NotebookHandler(BaseHandler):
-    """The session's runs as an .ipynb (console runs included; also after the session is gone)."""
-
-    async def get(self, session_id: str) -> None:
-        # Written run by run to a spool (on disk past 1 MiB), then sent in chunks: a long history
-        # with big outputs never sits in memory whole.
-        with tempfile.SpooledTemporaryFile(max_size=1 << 20) as spool:
-            await asyncio.to_thread(self.services.sessions.notebook, self.own(session_id), cast(BinaryIO, spool))
-            self.set_header("Content-Type", "application/x-ipynb+json")
-            self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(session_id)}.ipynb")
-            self.set_header("X-Content-Type-Options", "nosniff")
-            self.set_header("Content-Length", str(spool.tell()))
-            spool.seek(0)
-            while chunk := await asyncio.to_thread(spool.read, 1 << 20):
-                self.write(chunk)
-                await self.flush()
-        self.finish()
-
-
-class PublicArtifactHandler(BaseHandler):
-    """Local-store download links: signed and expiring, so they need no bearer token."""
-
-    public = True
-
-    async def get(self, key: str) -> None:
-        store = self.services.artifact_store
-        if not isinstance(store, LocalStore):
-            raise web.HTTPError(404, "artifacts are served by the S3 store's own links")
-        key = unquote(key)
-        if not store.verify(key, self.get_query_argument("expires", ""), self.get_query_argument("sig", "")):
-            raise Forbidden("this download link is invalid or has expired: ask for a fresh one "
-                            "(GET /v1/sessions/{id}/artifacts)")
-        try:
-            data = await store.get(key)
-        except StoreError as e:
-            raise NotFound(str(e)) from e
-        mime = store.content_type(key)
-        self.set_header("Content-Type", mime)
-        self.set_header("X-Content-Type-Options", "nosniff")
-        name = key.rsplit("/", 1)[-1]
-        if mime in _ACTIVE_TYPES:
-            self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(name)}")
-        self.finish(data)
 
 
 class NotFoundHandler(BaseHandler):

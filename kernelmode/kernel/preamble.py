@@ -382,7 +382,7 @@ def install(specs_json: str, namespace: dict[str, Any]) -> None:
     _install_pip(shell)
 
 
-_OUTSTREAM_STATE = ("_flush_pending", "_subprocess_flush_pending", "_buffers", "_buffer_lock", "echo")
+_OUTSTREAM_STATE = ("_flush_buffers", "_flush_pending", "_subprocess_flush_pending", "_buffers", "_buffer_lock", "echo")
 
 
 def lean_flush(stream: Any) -> None:
@@ -391,14 +391,34 @@ def lean_flush(stream: Any) -> None:
     ipykernel flushes stdout and stderr twice per cell that shows a result (before the
     execute_result, before the execute_reply), and each flush is a round trip to the IOPub
     thread (two events through its pipe, then a wait) even with nothing written: CPU on every
-    run (bench/kernel_cpu.py, issue 18). With nothing buffered and no flush pending, the round
-    trip only waits for messages already queued to the IOPub thread, which sends them in order
-    before anything queued later (so IOPub's order, and the idle status last, are unchanged).
+    run (bench/kernel_cpu.py, issue 18). With nothing buffered, no flush pending and no send in
+    progress on the IOPub thread, the round trip only waits for messages already queued to the
+    IOPub thread, which sends them in order before anything queued later (so IOPub's order, and
+    the idle status last, are unchanged).
+
+    The send in progress matters (issue 32): the IOPub thread's timed flush takes the buffer
+    first and queues its stream message after; a cell ending in between (a starved IOPub thread)
+    saw nothing to send, and its idle status went out before its output, which a client that
+    ends the run at idle never saw. So taking the buffers (``_flush_buffers``, a generator that
+    ``_flush`` exhausts once its last message is queued) marks the stream until then, and a
+    flush that sees the mark waits for that send. Wrapped there, not around ``_flush``: a flush
+    timer set before this install still looks ``_flush_buffers`` up when it fires.
     A stream of another kind, or an ipykernel without these fields, is left alone."""
     if not all(hasattr(stream, name) for name in _OUTSTREAM_STATE):
         return
     flush = stream.flush
     flush = getattr(flush, "__wrapped__", flush)  # a second install wraps the original once
+    take = stream._flush_buffers
+    take = getattr(take, "__wrapped__", take)
+    if not hasattr(stream, "_kernelmode_sending"):
+        stream._kernelmode_sending = 0
+
+    def marked_take() -> Any:
+        stream._kernelmode_sending += 1  # before the buffers are taken (the first next())
+        try:
+            yield from take()
+        finally:
+            stream._kernelmode_sending -= 1
 
     def lean() -> None:
         if stream._flush_pending or stream._subprocess_flush_pending or stream.echo is not None:
@@ -406,10 +426,13 @@ def lean_flush(stream: Any) -> None:
             return
         with stream._buffer_lock:
             empty = not stream._buffers
-        if not empty:
+        # Read after the buffers: a send that took them is marked until its message is queued.
+        if not empty or stream._kernelmode_sending:
             flush()
 
+    marked_take.__wrapped__ = take  # type: ignore[attr-defined]
     lean.__wrapped__ = flush  # type: ignore[attr-defined]
+    stream._flush_buffers = marked_take
     stream.flush = lean
 
 

@@ -194,7 +194,7 @@ def _running(data_dir: Path) -> list[str]:
         import docker
 
         containers = docker.from_env().containers.list(
-            all=True, filters={"label": f"kernelmode.data_dir={data_dir}"})
+            all=True, filters={"label": f"kernelmode.data_dir={data_dir}"}, ignore_removed=True)
         left += [f"container {c.name} ({c.status})" for c in containers]
     return left
 
@@ -252,7 +252,7 @@ def _remove_left(data_dir: Path) -> None:
     if BACKEND == "docker":
         import docker
 
-        for c in docker.from_env().containers.list(all=True, filters={"label": f"kernelmode.data_dir={data_dir}"}):
+        for c in docker.from_env().containers.list(all=True, filters={"label": f"kernelmode.data_dir={data_dir}"}, ignore_removed=True):
             with contextlib.suppress(Exception):
                 c.remove(force=True)
     _unmount_under(data_dir)

@@ -392,26 +392,17 @@ def lean_flush(stream: Any) -> None:
     execute_result, before the execute_reply), and each flush is a round trip to the IOPub
     thread (two events through its pipe, then a wait) even with nothing written: CPU on every
     run (bench/kernel_cpu.py, issue 18). With nothing buffered, no flush pending and no send in
-    progress on the IOPub thread, the round trip only waits for messages already queued to the
-    IOPub thread, which sends them in order before anything queued later (so IOPub's order, and
-    the idle status last, are unchanged).
-
-    The send in progress matters (issue 32): the IOPub thread's timed flush takes the buffer
-    first and queues its stream message after; a cell ending in between (a starved IOPub thread)
-    saw nothing to send, and its idle status went out before its output, which a client that
-    ends the run at idle never saw. So taking the buffers (``_flush_buffers``, a generator that
-    ``_flush`` exhausts once its last message is queued) marks the stream until then, and a
-    flush that sees the mark waits for that send. Wrapped there, not around ``_flush``: a flush
-    timer set before this install still looks ``_flush_buffers`` up when it fires.
-    A stream of another kind, or an ipykernel without these fields, is left alone."""
+    progress, the round trip only waits for messages already queued to the IOPub thread, which
+    sends them in order before anything queued later (IOPub's order, idle last, is unchanged).
+    Issue 32: a cell ending while a starved IOPub thread's timed flush held the buffers it took,
+    not yet queued, sent its idle status first (a run ends at idle: output lost). So taking them
+    (``_flush_buffers``, looked up when a flush runs) marks the stream until ``_flush`` has
+    queued their messages, and a flush that sees the mark waits. Other streams: left alone."""
     if not all(hasattr(stream, name) for name in _OUTSTREAM_STATE):
         return
-    flush = stream.flush
-    flush = getattr(flush, "__wrapped__", flush)  # a second install wraps the original once
-    take = stream._flush_buffers
-    take = getattr(take, "__wrapped__", take)
-    if not hasattr(stream, "_kernelmode_sending"):
-        stream._kernelmode_sending = 0
+    flush = getattr(stream.flush, "__wrapped__", stream.flush)  # a second install wraps once
+    take = getattr(stream._flush_buffers, "__wrapped__", stream._flush_buffers)
+    stream._kernelmode_sending = getattr(stream, "_kernelmode_sending", 0)
 
     def marked_take() -> Any:
         stream._kernelmode_sending += 1  # before the buffers are taken (the first next())
@@ -426,14 +417,12 @@ def lean_flush(stream: Any) -> None:
             return
         with stream._buffer_lock:
             empty = not stream._buffers
-        # Read after the buffers: a send that took them is marked until its message is queued.
-        if not empty or stream._kernelmode_sending:
+        if not empty or stream._kernelmode_sending:  # read after the buffers, set before they go
             flush()
 
     marked_take.__wrapped__ = take  # type: ignore[attr-defined]
     lean.__wrapped__ = flush  # type: ignore[attr-defined]
-    stream._flush_buffers = marked_take
-    stream.flush = lean
+    stream._flush_buffers, stream.flush = marked_take, lean
 
 
 def _install_pip(shell: Any) -> None:

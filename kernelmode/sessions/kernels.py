@@ -185,21 +185,8 @@ class Kernels:
 
     async def launch(self, k: Kernel) -> None:
         """Start ``k`` (its id) in the gateway and connect to it."""
-        start = asyncio.ensure_future(self.gateway.start_kernel(k.kernel_id, k.start_env(), self.start_timeout))
-        try:
-            await asyncio.shield(start)
-        except asyncio.CancelledError:
-            # The gateway goes on starting it: wait for its answer, so that the DELETE which
-            # follows finds the kernel (one still starting is unknown there, and left running).
-            with contextlib.suppress(Exception):
-                await start
-            raise
+        await self.gateway.start_kernel(k.kernel_id, k.start_env(), self.start_timeout)
         await k.connect(self.start_timeout)
-
-    async def settle(self, timeout: float) -> None:
-        """Until the background DELETEs are answered (at shutdown, before the gateway stops)."""
-        if self.retiring:
-            await asyncio.wait(set(self.retiring), timeout=timeout)
 
 
 class Kernel:

@@ -118,9 +118,9 @@ class WarmPool:
 
     async def stop(self) -> None:
         """Stop filling and discard the waiting kernels, all at once. A start in flight is
-        cancelled once the gateway has answered it (``Kernels.launch``), and its DELETE is
-        answered before this returns (``Kernels.settle``): the gateway is stopped next, and a
-        kernel it has not registered yet would outlive it."""
+        cancelled once the gateway has answered it (``GatewayClient.start_kernel``), and its
+        DELETE (``Kernels.retire``) is answered before this returns: the gateway is stopped next,
+        and a kernel it has not registered yet would outlive it."""
         self.halt()
         if self._task is not None:
             self._task.cancel()
@@ -128,4 +128,5 @@ class WarmPool:
                 await self._task
         waiting, self._ready = self._ready, []
         await asyncio.gather(*(k.discard() for k in waiting), return_exceptions=True)
-        await self.kernels.settle(self.settings.gateway.shutdown_timeout_seconds + 2)
+        if self.kernels.retiring:
+            await asyncio.wait(set(self.kernels.retiring), timeout=self.settings.gateway.shutdown_timeout_seconds + 2)

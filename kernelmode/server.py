@@ -417,6 +417,12 @@ class KernelmodeApp:
             await self.sessions.stop(keep_sessions=bool(self.settings.gateway.url))
         if self.gateway_process is not None:
             await self.gateway_process.stop()
+            if self.settings.sandbox.backend == "docker":
+                # Our gateway and its kernels are gone: no container of this server may run on
+                # (a launcher SIGKILLed with the gateway's group cannot remove its own).
+                from .sandbox.docker_backend import remove_orphans
+
+                await asyncio.to_thread(remove_orphans, server_id(self.data_dir))
         await self.tools.stop()
         if getattr(self, "artifact_store", None) is not None:
             await self.artifact_store.stop()

@@ -139,7 +139,15 @@ class GatewayClient:
         """Start a kernel under an id of our choosing (it names the kernel's workspace too)."""
         # "env" must be present: without it the gateway gives the kernel its whole environment.
         body = {"name": self.kernel_name, "kernel_id": kernel_id, "env": env}
-        model = await self._request("POST", "/api/kernels", body, timeout)
+        post = asyncio.ensure_future(self._request("POST", "/api/kernels", body, timeout))
+        try:
+            model = await asyncio.shield(post)
+        except asyncio.CancelledError:
+            # The gateway goes on starting it: wait for its answer, so that the DELETE which
+            # follows finds the kernel (one still starting is unknown there, and left running).
+            with contextlib.suppress(Exception):
+                await post
+            raise
         if model.get("id") != kernel_id:
             raise GatewayError(f"the gateway started kernel {model.get('id')} instead of {kernel_id}")
 

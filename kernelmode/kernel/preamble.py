@@ -382,7 +382,7 @@ def install(specs_json: str, namespace: dict[str, Any]) -> None:
     _install_pip(shell)
 
 
-_OUTSTREAM_STATE = ("_flush_pending", "_subprocess_flush_pending", "_buffers", "_buffer_lock", "echo")
+_OUTSTREAM_STATE = ("_flush_buffers", "_flush_pending", "_subprocess_flush_pending", "_buffers", "_buffer_lock", "echo")
 
 
 def lean_flush(stream: Any) -> None:
@@ -391,14 +391,25 @@ def lean_flush(stream: Any) -> None:
     ipykernel flushes stdout and stderr twice per cell that shows a result (before the
     execute_result, before the execute_reply), and each flush is a round trip to the IOPub
     thread (two events through its pipe, then a wait) even with nothing written: CPU on every
-    run (bench/kernel_cpu.py, issue 18). With nothing buffered and no flush pending, the round
-    trip only waits for messages already queued to the IOPub thread, which sends them in order
-    before anything queued later (so IOPub's order, and the idle status last, are unchanged).
-    A stream of another kind, or an ipykernel without these fields, is left alone."""
+    run (bench/kernel_cpu.py, issue 18). With nothing buffered, no flush pending and no send in
+    progress, the round trip only waits for messages already queued to the IOPub thread, which
+    sends them in order before anything queued later (IOPub's order, idle last, is unchanged).
+    Issue 32: a cell ending while a starved IOPub thread's timed flush held the buffers it took,
+    not yet queued, sent its idle status first (a run ends at idle: output lost). So taking them
+    (``_flush_buffers``, looked up when a flush runs) marks the stream until ``_flush`` has
+    queued their messages, and a flush that sees the mark waits. Other streams: left alone."""
     if not all(hasattr(stream, name) for name in _OUTSTREAM_STATE):
         return
-    flush = stream.flush
-    flush = getattr(flush, "__wrapped__", flush)  # a second install wraps the original once
+    flush = getattr(stream.flush, "__wrapped__", stream.flush)  # a second install wraps once
+    take = getattr(stream._flush_buffers, "__wrapped__", stream._flush_buffers)
+    stream._kernelmode_sending = getattr(stream, "_kernelmode_sending", 0)
+
+    def marked_take() -> Any:
+        stream._kernelmode_sending += 1  # before the buffers are taken (the first next())
+        try:
+            yield from take()
+        finally:
+            stream._kernelmode_sending -= 1
 
     def lean() -> None:
         if stream._flush_pending or stream._subprocess_flush_pending or stream.echo is not None:
@@ -406,11 +417,12 @@ def lean_flush(stream: Any) -> None:
             return
         with stream._buffer_lock:
             empty = not stream._buffers
-        if not empty:
+        if not empty or stream._kernelmode_sending:  # read after the buffers, set before they go
             flush()
 
+    marked_take.__wrapped__ = take  # type: ignore[attr-defined]
     lean.__wrapped__ = flush  # type: ignore[attr-defined]
-    stream.flush = lean
+    stream._flush_buffers, stream.flush = marked_take, lean
 
 
 def _install_pip(shell: Any) -> None:

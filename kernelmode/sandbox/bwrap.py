@@ -125,6 +125,7 @@ class BwrapProvisioner(KernelmodeProvisioner):
         spec: dict[str, object] = {
             # Docker's default seccomp profile plus our denials (seccomp.py), compiled once.
             "seccomp": str(seccomp.bpf_file(self.runtime_dir)),
+            "parent_pid": os.getpid(),  # the gateway: the launcher dies with it (launcher.py)
             "rlimits": {
                 "cpu": limits.cpu_seconds,
                 "fsize": limits.disk_mb * 1024 * 1024,

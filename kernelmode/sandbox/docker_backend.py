@@ -142,6 +142,7 @@ class DockerProvisioner(KernelmodeProvisioner):
             "auto_remove": False,  # kept until cleanup: its OOMKilled state says why it died
         }
         spec = {"name": container_name(self.kernel_id), "create": create,
+                "parent_pid": os.getpid(),  # the gateway: the launcher dies with it (docker_launcher.py)
                 "log_cap_bytes": LOG_CAP_MB * 1024 * 1024, "status_file": str(self.status_path),
                 # Docker's default seccomp profile plus our denials (seccomp.py): the launcher
                 # adds it to security_opt (a file, not ~20 KB of JSON on a command line).

@@ -7,11 +7,18 @@ the uid is dropped so that the sandbox (bwrap) runs as an unprivileged host user
 the pid, so the gateway still sees bwrap's exit status as the kernel's. When the spec names a
 compiled seccomp filter, it is opened here and its descriptor handed to bwrap: the command's
 ``--seccomp SECCOMP_FD`` placeholder becomes ``--seccomp N`` (bwrap reads the filter from fd N).
+
+The launcher dies with the gateway that started it (``die_with_parent``): a start the gateway
+never finished (it was stopped meanwhile) must not leave a sandbox running. The signal is set
+after the uid drop (a change of credentials clears it) and kept across the exec; bwrap's own
+``--die-with-parent`` then takes the sandbox down with it.
 """
 
+import ctypes
 import json
 import os
 import resource
+import signal
 import sys
 
 SECCOMP_FD = "{seccomp_fd}"  # placeholder in the command, replaced by the filter's descriptor
@@ -68,12 +75,25 @@ def pass_seccomp(spec: dict, command: list) -> list:
     return [*command[: i + 1], str(fd), *command[i + 2:]]
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent_pid: object) -> None:
+    """SIGKILL when the gateway (``parent_pid``) dies; exit now if it already has."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise SystemExit(f"kernelmode launcher: prctl: {os.strerror(ctypes.get_errno())}")
+    if isinstance(parent_pid, int) and os.getppid() != parent_pid:
+        raise SystemExit("kernelmode launcher: the gateway that started this kernel is gone")
+
+
 def main(argv: list) -> None:
     if len(argv) < 4 or argv[2] != "--":
         raise SystemExit("usage: launcher.py SPEC_JSON -- COMMAND...")
     spec = json.loads(argv[1])
     command = pass_seccomp(spec, argv[3:])
     apply(spec)
+    die_with_parent(spec.get("parent_pid"))
     os.execvp(command[0], command)
 
 

@@ -65,6 +65,7 @@ class Lifecycle:
         """``keep_sessions``: their kernels outlive this manager (an external gateway keeps them),
         so they stay adoptable by the next `serve` instead of being marked lost."""
         m, store = self.m, self.m.store
+        m.pool.halt()  # first: the steps below may free or evict kernels, which would refill
         await m.reaper.stop()
         await m.liveness.stop()
         if self._strays is not None:

@@ -126,12 +126,21 @@ class WarmPool:
         for k in waiting:
             await k.discard(shutdown=shutdown)
 
-    async def stop(self) -> None:
-        """Stop filling and discard the waiting kernels, all at once."""
+    def halt(self) -> None:
+        """No refill from now on (shutdown's first step: nothing new starts while it stops)."""
         self._stopping = True
+
+    async def stop(self) -> None:
+        """Stop filling and discard the waiting kernels, all at once. A start in flight is
+        cancelled once the gateway has answered it (``GatewayClient.start_kernel``), and its
+        DELETE (``Kernels.retire``) is answered before this returns: the gateway is stopped next,
+        and a kernel it has not registered yet would outlive it."""
+        self.halt()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         waiting, self._ready = self._ready, []
         await asyncio.gather(*(k.discard() for k in waiting), return_exceptions=True)
+        if self.kernels.retiring:
+            await asyncio.wait(set(self.kernels.retiring), timeout=self.settings.gateway.shutdown_timeout_seconds + 2)

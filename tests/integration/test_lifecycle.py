@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tests.conftest import REPO, start_server
+from tests.conftest import BACKEND, REPO, start_server, wait_for
 from tests.support.procfs import processes_mentioning, unmount_under
 
 
@@ -148,3 +151,110 @@ def test_a_second_serve_on_the_same_data_dir_is_refused():
     # No volume outlives the server (a cancelled start used to mount its volume after the sweep).
     assert str(data_dir) not in Path("/proc/self/mountinfo").read_text()
     shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _left_behind(data_dir: Path) -> list[str]:
+    """What of a stopped server's kernels still exists: processes (launchers, bwrap, kernels,
+    the gateway), Docker containers, mounts and loop devices of its workspace images."""
+    left = _running(data_dir)
+    left += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
+             if line.split()[4].startswith(f"{data_dir}/")]
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            if str(data_dir) in (image := backing.read_text().strip()):
+                left.append(f"{backing.parent.parent.name} on {image}")
+    return left
+
+
+def _running(data_dir: Path) -> list[str]:
+    """Processes and containers of the server of ``data_dir``."""
+    left = [f"pid {pid}: {_cmdline(pid)[:160]}" for pid in processes_mentioning(str(data_dir))]
+    if BACKEND == "docker":
+        import docker
+
+        containers = docker.from_env().containers.list(
+            all=True, filters={"label": f"kernelmode.data_dir={data_dir}"}, ignore_removed=True)
+        left += [f"container {c.name} ({c.status})" for c in containers]
+    return left
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return ""
+
+
+# Where the warm pool's first kernel start is when SIGTERM comes, one stage per stop: its volume
+# being made (right at "serving on"), the gateway's provisioner at work (the kernel's directory),
+# the launcher started (the kernel's log), the kernel up and binding its sockets.
+_REFILL_STAGES = (
+    lambda run: True,
+    lambda run: any(p.is_dir() for p in run.iterdir()),
+    lambda run: any(run.glob("*.log")),
+    lambda run: any(run.glob("*/k-*")),
+)
+
+
+def test_sigterm_during_pool_refills_leaves_no_kernel_behind():
+    """Issue 32: one stop in six left a pool kernel that was being started running (its launcher
+    orphaned, a loop device on a deleted image). Shutdown stops the refills, waits for the start
+    in flight, and a launcher dies with its gateway: after each stop nothing is left."""
+    stops = 8
+    for i in range(stops):
+        stage = i % len(_REFILL_STAGES)
+        assert _stop_during_refill(stage) == [], f"stop {i + 1} of {stops}, at stage {stage}"
+
+
+def _stop_during_refill(stage: int) -> list[str]:
+    """Start a server with a warm pool, SIGTERM it at ``stage`` of its first refill: what is left."""
+    data_dir = Path(tempfile.mkdtemp(prefix="kmpoolstop-", dir="/tmp"))
+    srv = start_server({"KERNELMODE_SESSIONS__POOL_SIZE": "2"}, data_dir=data_dir)
+    try:
+        run = data_dir / "run"
+        wait_for(lambda: _REFILL_STAGES[stage](run), f"refill stage {stage}", timeout=60, every=0.01)
+        assert srv.stop(timeout=60) == 0, srv.log()[-3000:]
+        # What the server started goes with it (a launcher that dies with its parent takes a
+        # moment), not at the next start.
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: not _left_behind(data_dir), "nothing left", timeout=20)
+        return _left_behind(data_dir)
+    finally:
+        srv.discard()
+        _remove_left(data_dir)
+
+
+def _remove_left(data_dir: Path) -> None:
+    """Clean what a failing stop left, so that one failure does not leak into other tests."""
+    for pid in processes_mentioning(str(data_dir)):
+        with contextlib.suppress(OSError):
+            os.kill(pid, 9)
+    if BACKEND == "docker":
+        import docker
+
+        for c in docker.from_env().containers.list(all=True, filters={"label": f"kernelmode.data_dir={data_dir}"}, ignore_removed=True):
+            with contextlib.suppress(Exception):
+                c.remove(force=True)
+    unmount_under(data_dir)
+    shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_a_launcher_dies_with_its_gateway():
+    """Whatever ends the gateway (here SIGKILL, after its manager's), the kernels' launchers die
+    with it and take their sandboxes along (Docker: the container is removed): before, on
+    Docker, they ran on until the next `serve` on the data dir removed them."""
+    data_dir = Path(tempfile.mkdtemp(prefix="kmgwkill-", dir="/tmp"))
+    srv = start_server({"KERNELMODE_SESSIONS__POOL_SIZE": "0"}, data_dir=data_dir)
+    try:
+        with srv.client() as c:
+            sid = c.post("/v1/sessions", json={}).json()["session_id"]
+            assert c.post(f"/v1/sessions/{sid}/execute", json={"code": "x = 1"}).json()["status"] == "ok"
+        gateway = json.loads((data_dir / "gateway" / "gateway.json").read_text())["pid"]
+        srv.proc.kill()  # no manager left to clean up after the gateway
+        srv.proc.wait(30)
+        os.kill(gateway, signal.SIGKILL)
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: not _running(data_dir), "the kernel gone", timeout=20)
+        assert _running(data_dir) == []
+    finally:
+        srv.discard()
+        _remove_left(data_dir)

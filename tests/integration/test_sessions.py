@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kernelmode.client import Client
+from tests.unit.test_lean_flush import STARVED_IOPUB
 
 
 def test_variables_imports_and_files_persist(session_factory, run):
@@ -58,6 +59,18 @@ def test_stdout_stderr_and_rich_outputs(session_factory, run):
     assert r["stdout"] == "out\n"
     assert r["stderr"] == "err\n"
     assert r["outputs"][0]["data"]["text/html"] == "<b>hi</b>"
+
+
+def test_output_of_a_cell_ending_while_iopub_is_starved_is_not_lost(session_factory, run):
+    """Issue 32: under load, `print('ok')` answered ok with stdout empty. The kernel's IOPub
+    thread took the output and was starved before queueing it; the cell's idle status went out
+    first and the run ended without it. Made certain here (the reproduction holds the IOPub
+    thread in that window until the cell's end has queued something behind it)."""
+    sid = session_factory()
+    r = run(sid, STARVED_IOPUB)
+    assert r["status"] == "ok", r
+    assert r["stdout"] == "ok\n", r
+    assert run(sid, "print('next')")["stdout"] == "next\n"
 
 
 def test_matplotlib_figure_is_a_png_output(session_factory, run):

@@ -87,6 +87,39 @@ def _iopub(msgs: list[Message]) -> list[str]:
     return out
 
 
+# A starved IOPub thread (issue 32: a run's output lost under load), made certain: the thread's
+# timed flush of print('ok') takes the buffer, then is held until the cell's end has queued its
+# idle status or a flush of stdout behind it; only then is the stream message queued. The cell
+# waits until the buffer is taken, so the end of the cell always falls in that window.
+STARVED_IOPUB = """
+import sys, threading, time
+_k, _out = get_ipython().kernel, sys.stdout
+_pub, _taken, _idle = _out.pub_thread, threading.Event(), threading.Event()
+_status = _k._publish_status
+def _publish_status(status, channel, parent=None):
+    _status(status, channel, parent)
+    if status == 'idle':
+        del _k._publish_status
+        _idle.set()
+_rotate = _out._flush_buffers
+def _starved():
+    _out._flush_buffers = _rotate
+    taking = _rotate()
+    first = next(taking, None)  # the buffer is taken; its message not queued yet
+    _taken.set()
+    for _ in range(6000):  # bounded: 30 s
+        if _idle.is_set() or any(f == _out._flush for f in list(_pub._events)):
+            break
+        time.sleep(0.005)
+    if first is not None:
+        yield first
+        yield from taking
+_k._publish_status, _out._flush_buffers = _publish_status, _starved
+print('ok')
+_taken.wait(30)
+"""
+
+
 async def _empty_flush_events(ch: KernelChannels) -> dict[str, int]:
     return json.loads(_stdout(await _messages(ch, COUNT)))  # type: ignore[no-any-return]
 
@@ -118,3 +151,13 @@ async def test_an_empty_flush_costs_no_round_trip_and_output_keeps_its_order(cha
 
 def _reply(msgs: list[Message]) -> Message:
     return next(m for m in msgs if m["msg_type"] == "execute_reply")
+
+
+async def test_output_is_not_lost_when_the_iopub_thread_is_starved(channels: KernelChannels) -> None:
+    """The cell ends while the IOPub thread holds its output between taking and queueing it:
+    the lean flush waits for that send, so the output still comes before the idle status."""
+    install = INSTALL.format(source=PREAMBLE_SOURCE)
+    assert _reply(await _messages(channels, install))["content"]["status"] == "ok"
+    msgs = await _messages(channels, STARVED_IOPUB)
+    assert _reply(msgs)["content"]["status"] == "ok"
+    assert _stdout(msgs) == "ok\n"  # read up to the idle status, as a run is

@@ -65,12 +65,13 @@ from jupyter_client.provisioning.factory import KernelProvisionerFactory
 from servers import CpuMeter, KmServer, export, kernel_pid
 
 from kernelmode.gateway.exchange import execute_content
-from kernelmode.kernel.preamble import MARKER, PING, boot_code
+from kernelmode.kernel.preamble import MARKER, PING
 from kernelmode.models import Limits
 from kernelmode.sandbox import seccomp
 from kernelmode.sandbox.bwrap import BwrapProvisioner
 from kernelmode.sandbox.kernelspec import kernel_env_paths
 from kernelmode.sandbox.spec import WORKSPACE_MOUNT, KernelParams
+from kernelmode.sessions.boot import boot_code
 from tests.support.procfs import descendants, ptable, stat
 
 # bwrap binds the kernel environment read-only: the real folder, not a worktree's symlink.

@@ -1,7 +1,7 @@
 """kernelmode's file agent: runs INSIDE every kernel and serves its workspace over a comm.
 
 Standard library only, and nothing from the rest of kernelmode (sent with the preamble, see
-preamble.boot_code). The manager never touches a kernel's disk: uploads, listings, downloads,
+sessions/boot.py). The manager never touches a kernel's disk: uploads, listings, downloads,
 deletes and harvests are requests on the comm target TARGET, answered on the same comm, with
 file bytes as the Jupyter message's binary buffers (never JSON/base64):
 

@@ -27,13 +27,14 @@ from ..gateway.client import KERNEL_DEAD, GatewayClient, KernelConnection
 from ..gateway.exchange import KERNEL_STATUS_EVENT, ExecuteExchange, Message, Outcome
 from ..gateway.execution import OutputCollector
 from ..gateway.launch import SAFE_VALUE, launch_env
-from ..kernel.preamble import MARKER, boot_code
+from ..kernel.preamble import MARKER
 from ..models import DeathCause, SessionInfo, ToolCall
 from ..packages.layer import PackageLayer
 from ..packages.service import PackageService
-from ..sandbox.spec import ENV_SESSION, WORKSPACE_MOUNT, KernelParams, pop_death_record
+from ..sandbox.spec import ENV_SESSION, KernelParams, pop_death_record
 from ..tools.base import ToolInfo
 from ..tools.broker import ToolBroker
+from .boot import kernel_boot
 
 log = logging.getLogger("kernelmode.sessions")
 REMOTE_ATTEMPT_SECONDS = 5.0  # a remote kernel's websocket that does not answer is replaced
@@ -334,11 +335,7 @@ class Kernel:
         assert self.conn is not None
         collector = self.env.collector()
         exchange = ExecuteExchange(collector, on_input=lambda msg: self.answer_input("preamble", msg, []))
-        files_config = {"root": WORKSPACE_MOUNT,  # the file agent (kernel/file_agent.py)
-                        "max_changes": self.env.settings.artifacts.max_artifacts_per_run}
-        hints = {"installs": self.env.settings.packages.allow != [],  # kernel/hints.py
-                 "memory_mb": self.info.limits.memory_mb}
-        await exchange.send(self.conn, boot_code(specs, files_config, hints), silent=True)
+        await exchange.send(self.conn, kernel_boot(specs, self.env.settings, self.info.limits), silent=True)
         try:
             outcome = await exchange.collect(deadline)
             if outcome == "timeout":

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kernelmode.kernel import preamble
+from kernelmode.sessions.boot import boot_code
 
 SPECS = [
     {"name": "add", "description": "Add.", "signature": "add(a: int, b: int = 0) -> int",
@@ -85,7 +86,7 @@ def test_the_module_imports_only_the_standard_library():
 
 def test_boot_code_carries_data_as_literals():
     tricky = [{**SPECS[0], "description": "'''\"\"\"\\n); import os; os._exit(1) #"}]
-    code = preamble.boot_code(tricky)
+    code = boot_code(tricky)
     ast.parse(code)  # valid Python whatever the data holds
     call = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call)
             and getattr(n.func, "id", "") == "__kernelmode_boot"][0]

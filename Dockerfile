@@ -17,7 +17,8 @@ FROM ${BASE_IMAGE} AS build
 # pip installs with --no-index. Empty (the default): the package index, as before.
 ARG WHEELHOUSE=
 # Its own layer, before the source: a code change reinstalls kernelmode, not its dependencies.
-# (With WHEELHOUSE empty this copies pyproject.toml alone, unused.)
+# (With WHEELHOUSE empty this copies pyproject.toml alone, unused.) A kernelmode wheel in it
+# (`pip wheel . -w DIR` makes one) is dropped: it would go stale, /src is built below.
 COPY pyproject.toml ${WHEELHOUSE} /tmp/wheelhouse/
 RUN set -eux; \
     if [ -n "$WHEELHOUSE" ]; then \
@@ -27,6 +28,7 @@ RUN set -eux; \
             exit 1; \
         fi; \
         python3 -m venv --without-pip /opt/kernelmode-venv; \
+        rm -f /tmp/wheelhouse/kernelmode-*.whl; \
         /opt/kernelmode-venv/bin/python "$pip_whl/pip" install --no-index --find-links /tmp/wheelhouse \
             --no-cache-dir --disable-pip-version-check --no-input /tmp/wheelhouse/*.whl; \
     else \

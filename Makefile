@@ -11,7 +11,7 @@ KVENV := .kernel-venv
 PIP_FLAGS ?= -q --disable-pip-version-check
 ARGS ?=
 
-.PHONY: setup setup-run run test lint docs docs-gen bench bench-quick bench-goals clean docker-setup docker-test setup-cluster bench-cluster k8s-check
+.PHONY: setup setup-run run test lint docs docs-gen bench bench-quick bench-goals clean docker-setup docker-test setup-cluster bench-cluster k8s-check wheelhouse
 
 # Everything: the service, test tools, agent-framework adapters, the kernel environment.
 setup: .stamp-system .stamp-system-test $(VENV)/.stamp $(KVENV)/.stamp .stamp-cluster
@@ -109,6 +109,11 @@ bench-goals: setup
 # Idempotent; a no-op in well under a second when all is there (scripts/docker-setup.sh).
 docker-setup:
 	bash scripts/docker-setup.sh
+
+# Every dependency of the service image as a wheel in wheelhouse/ (scripts/wheelhouse.sh), made
+# where an index is reachable; then the image builds with none: build arg WHEELHOUSE=wheelhouse.
+wheelhouse:
+	bash scripts/wheelhouse.sh
 
 # The Kubernetes images (deploy/kubernetes/images), built on the local kernel image, and checked as
 # their pods run them; no cluster needed, not part of `make test` (the builds fetch from PyPI).

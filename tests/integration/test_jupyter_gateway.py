@@ -146,7 +146,11 @@ def test_kernelspecs_and_the_agents_session_through_jupyter_server(
     kid = kernel_id_of(agent_sid)
     attach(jupyter, kid)
     model = jupyter.get(f"/api/kernels/{kid}").json()
-    assert model["id"] == kid and model["name"] == name and model["execution_state"] in ("idle", "busy")
+    # JupyterLab labels a kernel by its model's name: AttachingKernelManager names it after the
+    # session and tenant; kernelmode's own Jupyter API keeps the kernelspec's name.
+    assert model["id"] == kid and model["name"] == f"{agent_sid} · alpha"
+    assert model["execution_state"] in ("idle", "busy")
+    assert alpha.get(f"/api/kernels/{kid}").json()["name"] == name
 
 
 def test_a_person_runs_cells_next_to_the_agent(

@@ -31,6 +31,9 @@ async def test_mcp_errors_say_what_to_do_next(mcp_connect: Connect) -> None:
         assert r.is_error
         assert "no network by design" in _text(r) and "tools.help()" in _text(r), _text(r)
 
+        r = await client.call_tool("run_python", {"code": "raise MemoryError()"})
+        assert r.is_error and "MiB (limits.memory_mb)" in _text(r), _text(r)  # names the session's limit
+
         r = await client.call_tool("run_python", {"code": "raise ValueError('plain')"})
         assert r.is_error and "ValueError: plain" in _text(r) and "kernelmode:" not in _text(r), _text(r)
         # The session is untouched by any of it.

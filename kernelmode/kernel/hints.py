@@ -53,7 +53,8 @@ def network_failure(exc: BaseException) -> OSError | None:
         seen.add(id(e))
         if isinstance(e, socket.gaierror) or (isinstance(e, OSError) and e.errno in NETWORK_ERRNOS):
             return e
-        todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *getattr(e, "args", ())]
+        # a few args only: an exception's args are whatever the code raised (a huge tuple, too)
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *tuple(getattr(e, "args", ()))[:8]]
     return None
 
 

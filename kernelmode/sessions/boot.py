@@ -5,6 +5,7 @@ repr() and json.dumps, never pasted into code."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,13 @@ if TYPE_CHECKING:
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernel"  # what runs inside kernels
 
 
+@functools.cache
+def _source_literal(name: str) -> str:
+    """An in-kernel module's source as a Python literal: read and quoted once per process, not at
+    every kernel start and every change of a session's tools."""
+    return repr((KERNEL_DIR / name).read_text(encoding="utf-8"))
+
+
 def boot_code(specs: list[dict[str, Any]], files_config: dict[str, Any] | None = None,
               hints_config: dict[str, Any] | None = None) -> str:
     """The code the manager runs in a kernel: this module, loaded as its own module (so that
@@ -25,11 +33,9 @@ def boot_code(specs: list[dict[str, Any]], files_config: dict[str, Any] | None =
     literals made by repr(), never pasted into code. ``files_config``: the file agent's bounds;
     ``hints_config``: what the error hints (kernel/hints.py) say."""
     files_config = files_config or {}
-    source = (KERNEL_DIR / "preamble.py").read_text(encoding="utf-8")
     # The file agent (kernel/file_agent.py) and the error hints (kernel/hints.py) once per kernel
     # process: the agent's baseline must survive a new set of tools.
-    files_source = (KERNEL_DIR / "file_agent.py").read_text(encoding="utf-8")
-    hints_source = (KERNEL_DIR / "hints.py").read_text(encoding="utf-8")
+    source, files_source, hints_source = (_source_literal(n) for n in ("preamble.py", "file_agent.py", "hints.py"))
     return (
         "def __kernelmode_boot(source, specs, files_source, files_config, hints_source, hints_config):\n"
         "    import json, sys, types\n"
@@ -48,8 +54,8 @@ def boot_code(specs: list[dict[str, Any]], files_config: dict[str, Any] | None =
         "        sys.modules['kernelmode_hints'] = hints\n"
         "        hints.install(get_ipython(), json.loads(hints_config))\n"
         "    mod.ping()\n"
-        f"__kernelmode_boot({source!r}, {json.dumps(specs)!r}, {files_source!r}, {json.dumps(files_config)!r}, "
-        f"{hints_source!r}, {json.dumps(hints_config or {})!r})\n"
+        f"__kernelmode_boot({source}, {json.dumps(specs)!r}, {files_source}, {json.dumps(files_config)!r}, "
+        f"{hints_source}, {json.dumps(hints_config or {})!r})\n"
         "del __kernelmode_boot\n"
     )
 

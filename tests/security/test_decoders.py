@@ -21,6 +21,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from kernelmode.gateway.frames import encode_frame
 from tests.conftest import Server
+from tests.support.mcp_raw import MCP_HEADERS, initialize, rpc_answer
 
 WS_PROTOCOL = "v1.kernel.websocket.jupyter.org"
 MB = 1024 * 1024
@@ -258,34 +259,21 @@ def test_a_lone_surrogate_in_session_fields_is_a_clear_error(body: bytes, api: h
     assert r.json()["error"]["code"]
 
 
-MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-
-
-def _rpc_answer(r: httpx.Response) -> dict:
-    """The JSON-RPC message of an MCP answer (plain JSON or one server-sent event)."""
-    if r.headers.get("content-type", "").startswith("text/event-stream"):
-        data = [line[5:].strip() for line in r.text.splitlines() if line.startswith("data:")]
-        return dict(json.loads(data[-1]))
-    return dict(r.json())
 
 
 def test_a_lone_surrogate_in_mcp_run_python_is_answered(server: Server) -> None:
     headers = {**MCP_HEADERS, "Authorization": f"Bearer {server.token}"}
     with httpx.Client(base_url=server.url, headers=headers, timeout=120) as c:
-        r = c.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
-        assert r.status_code == 200, r.text
-        sess = {"Mcp-Session-Id": r.headers["mcp-session-id"]}
-        c.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=sess)
+        sess = initialize(c)
         body = (b'{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "run_python", '
                 b'"arguments": {"code": "x = \'\\udcff\'\\nprint(len(x))"}}}')
         r = c.post("/mcp", content=body, headers=sess)
         assert r.status_code < 500, r.text
-        answer = _rpc_answer(r)
+        answer = rpc_answer(r)
         # The SDK parses the body itself: it answers a JSON-RPC parse error (pydantic refuses
         # lone surrogates), or runs the code; either way an answer, and the connection goes on.
         assert answer.get("id") == 2 or answer["error"]["code"] == -32700, answer
         r = c.post("/mcp", json={"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
             "name": "run_python", "arguments": {"code": "print('after')"}}}, headers=sess)
-        assert r.status_code == 200 and "after" in json.dumps(_rpc_answer(r)), r.text
+        assert r.status_code == 200 and "after" in json.dumps(rpc_answer(r)), r.text
         c.delete("/mcp", headers=sess)

@@ -19,6 +19,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from kernelmode.api.jupyter_api import kernel_id_of
 from tests.conftest import Server
+from tests.support.mcp_raw import MCP_HEADERS, initialize, rpc_answer
 
 V1 = "v1.kernel.websocket.jupyter.org"
 JSON = {"Content-Type": "application/json"}
@@ -64,24 +65,13 @@ def test_one_shot_execute_refuses_a_lone_surrogate(api: httpx.Client) -> None:
                 if s["session_id"].startswith("oneshot-")]  # no kernel taken for it
 
 
-def _rpc_answer(r: httpx.Response) -> dict:
-    if r.headers.get("content-type", "").startswith("text/event-stream"):
-        data = [line[5:].strip() for line in r.text.splitlines() if line.startswith("data:")]
-        return dict(json.loads(data[-1]))
-    return dict(r.json())
-
-
 def test_mcp_run_python_refuses_a_lone_surrogate(server: Server, api: httpx.Client, kept: str) -> None:
-    headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {server.token}", **JSON}
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {server.token}"}
     with httpx.Client(base_url=server.url, headers=headers, timeout=120) as c:
-        r = c.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
-        assert r.status_code == 200, r.text
-        sess = {"Mcp-Session-Id": r.headers["mcp-session-id"]}
-        c.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=sess)
+        sess = initialize(c)
         body = (b'{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "run_python", '
                 b'"arguments": {"code": "# \\ud800", "session_id": "' + kept.encode() + b'"}}}')
-        answer = _rpc_answer(c.post("/mcp", content=body, headers=sess))
+        answer = rpc_answer(c.post("/mcp", content=body, headers=sess))
         # The SDK's parser may refuse the body itself (-32700); kernelmode's direct route answers
         # an isError result naming the problem. Never a run left hanging.
         if "error" in answer:

@@ -94,6 +94,7 @@ class Console:
     def __init__(self, ws: Any) -> None:
         self.ws = ws
         self.session = JupyterSession(key=b"", username="attacker")
+        self.backlog: list[dict[str, Any]] = []  # frames read but not yet looked for
 
     async def send(self, channel: str, kind: str, content: dict[str, Any]) -> str:
         msg = self.session.msg(kind, content)
@@ -106,15 +107,30 @@ class Console:
             "allow_stdin": False, "stop_on_error": False})
 
     async def until(self, predicate: Any, timeout: float = 120) -> dict[str, Any]:
-        """Read frames until one whose (channel, msg_type, parent msg_id) matches."""
+        """The first frame whose (channel, msg_type, parent msg_id) matches, among those read
+        before and not taken yet, else read on. Shell and IOPub are separate sockets: a cell's
+        execute_reply may come before the stream its cell printed, so a frame read while waiting
+        for another is kept, never lost."""
+        def matches(msg: dict[str, Any]) -> bool:
+            return bool(predicate(msg["channel"], msg["msg_type"], msg["parent_header"].get("msg_id")))
+
+        for i, msg in enumerate(self.backlog):
+            if matches(msg):
+                return self.backlog.pop(i)
+
         async def read() -> dict[str, Any]:
             while True:
-                raw = await self.ws.recv()
-                msg = decode(raw)
-                if predicate(msg["channel"], msg["msg_type"], msg["parent_header"].get("msg_id")):
+                msg = decode(await self.ws.recv())
+                if matches(msg):
                     return msg
+                self.backlog.append(msg)
+                del self.backlog[:-256]  # the newest are what a test looks for
 
-        return await asyncio.wait_for(read(), timeout)
+        try:
+            return await asyncio.wait_for(read(), timeout)
+        except TimeoutError:
+            seen = [(m["channel"], m["msg_type"]) for m in self.backlog[-20:]]
+            raise AssertionError(f"no such frame in {timeout} s; the last ones read: {seen}") from None
 
 
 @contextlib.asynccontextmanager

@@ -107,8 +107,9 @@ def test_a_checkpoint_cut_short_by_a_delete_leaves_no_object_in_s3(s3_server: S3
     try:
         with srv.client() as c:
             sid = c.post("/v1/sessions", json={}).json()["session_id"]
-            c.post(f"/v1/sessions/{sid}/execute", json={"code": (
-                "open('/mnt/data/slow.bin', 'wb').write(b'x')\nv = 1\n" + _replace_agent(SILENT_AGENT))})
+            # The file first (its run's harvest reads it), then the agent that never answers for it
+            c.post(f"/v1/sessions/{sid}/execute", json={"code": "open('/mnt/data/slow.bin', 'wb').write(b'x')\nv = 1"})
+            c.post(f"/v1/sessions/{sid}/execute", json={"code": _replace_agent(SILENT_AGENT)})
             answer: dict[str, httpx.Response] = {}
             taker = threading.Thread(target=lambda: answer.update(r=c.post(f"/v1/sessions/{sid}/checkpoint")))
             taker.start()

@@ -181,8 +181,9 @@ def test_deleting_a_session_while_its_checkpoint_is_written_leaves_nothing_store
     sid = _session(alpha)
     deleted = False
     try:
-        _run(alpha, sid, "open('/mnt/data/slow.bin', 'wb').write(b'x' * 1000)\nv = list(range(1000))\n"
-                         + _replace_agent(SILENT_AGENT))
+        # The file first (its run's harvest reads it), then the agent that never answers for it
+        _run(alpha, sid, "open('/mnt/data/slow.bin', 'wb').write(b'x' * 1000)\nv = list(range(1000))")
+        _run(alpha, sid, _replace_agent(SILENT_AGENT))
         before = _folders(tenant_server)
         answer: dict[str, httpx.Response] = {}
         taker = threading.Thread(target=lambda: answer.update(r=alpha.post(f"/v1/sessions/{sid}/checkpoint")))

@@ -1,0 +1,59 @@
+"""PostgreSQL migrations (sessions/store/migrations.py): managers starting together on a fresh
+database migrate it once, without an error; a database from a newer kernelmode is refused; a
+server that cannot be reached is said in words naming store.url, without the password."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import psycopg
+import pytest
+
+from kernelmode.errors import ConfigError
+from kernelmode.sessions.store.migrations import MIGRATIONS
+from kernelmode.sessions.store.postgres import PostgresStore
+from tests.support.postgres import PgCluster
+
+MANAGERS = 4
+
+
+def _open_at_once(url: str, start: threading.Barrier) -> None:
+    start.wait(timeout=60)
+    PostgresStore(url).close()
+
+
+def test_managers_starting_together_migrate_a_fresh_database_once(pg_cluster: PgCluster) -> None:
+    ctx = multiprocessing.get_context("fork")
+    for round_ in range(3):  # each round a fresh database, every manager opening it at once
+        url = pg_cluster.create_database(f"migrate_race_{round_}")
+        start = ctx.Barrier(MANAGERS)
+        procs = [ctx.Process(target=_open_at_once, args=(url, start)) for _ in range(MANAGERS)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+        assert [p.exitcode for p in procs] == [0] * MANAGERS  # a failed open exits 1 (traceback)
+        with psycopg.connect(url) as conn:
+            assert [r[0] for r in conn.execute("SELECT version FROM kernelmode_schema ORDER BY version")] \
+                == list(range(1, len(MIGRATIONS) + 1))
+            tables = {r[0] for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")}
+        assert tables == {"kernelmode_schema", "sessions", "runs", "owners", "session_files", "checkpoints",
+                          "leases"}
+
+
+def test_a_database_of_a_newer_kernelmode_is_refused(pg_cluster: PgCluster) -> None:
+    url = pg_cluster.create_database("newer")
+    PostgresStore(url).close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO kernelmode_schema (version) VALUES (%s)", (len(MIGRATIONS) + 1,))
+    with pytest.raises(ConfigError, match="newer than this kernelmode's"):
+        PostgresStore(url)
+
+
+def test_an_unreachable_server_is_named_without_its_password(pg_cluster: PgCluster) -> None:
+    url = f"postgresql://km:s3cret-pw@/nodb?host={pg_cluster.root}/nowhere&connect_timeout=2"
+    with pytest.raises(ConfigError, match="store.url: cannot connect to PostgreSQL at km@") as e:
+        PostgresStore(url)
+    assert "s3cret-pw" not in str(e.value)

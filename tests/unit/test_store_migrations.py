@@ -1,6 +1,7 @@
-"""PostgreSQL migrations (sessions/store/migrations.py): managers starting together on a fresh
-database migrate it once, without an error; a database from a newer kernelmode is refused; a
-server that cannot be reached is said in words naming store.url, without the password."""
+"""The PostgreSQL store's own: migrations (sessions/store/migrations.py), managers starting
+together on a fresh database migrate it once, without an error; a database from a newer
+kernelmode is refused; a server that cannot be reached is said in words naming store.url, without
+the password; a connection cut under the store costs one call (503), not the manager."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import threading
 import psycopg
 import pytest
 
-from kernelmode.errors import ConfigError
+from kernelmode.errors import ConfigError, SessionStoreUnavailable
 from kernelmode.sessions.store.migrations import MIGRATIONS
 from kernelmode.sessions.store.postgres import PostgresStore
 from tests.support.postgres import PgCluster
@@ -57,3 +58,18 @@ def test_an_unreachable_server_is_named_without_its_password(pg_cluster: PgClust
     with pytest.raises(ConfigError, match="store.url: cannot connect to PostgreSQL at km@") as e:
         PostgresStore(url)
     assert "s3cret-pw" not in str(e.value)
+
+
+def test_a_cut_connection_fails_one_call_and_the_next_connects_again(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    try:
+        store.take_id("s", "acme")
+        with psycopg.connect(pg_url, autocommit=True) as admin:  # as a server restart would
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        with pytest.raises(SessionStoreUnavailable, match="did not answer.*retry") as e:
+            store.owner("s")
+        assert e.value.http_status == 503
+        assert store.owner("s") == "acme"
+    finally:
+        store.close()

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from ...errors import ConfigError
+from ...errors import ConfigError, SessionStoreUnavailable
 from ...models import Artifact, RunResult, SessionInfo
 from .base import Args, SessionStore, micros
 from .leases import PostgresLeases
@@ -81,14 +81,22 @@ class PostgresStore(SessionStore):
                 conn = self._conn
         return conn
 
+    def _cursor(self, sql: str, args: Args) -> psycopg.Cursor[tuple[Any, ...]]:
+        try:
+            return self._live().execute(_pg(sql), args)
+        except (psycopg.OperationalError, ConfigError) as e:  # down, cut, or over statement_timeout
+            raise SessionStoreUnavailable(
+                f"the session store (PostgreSQL at {describe(self._url)}) did not answer: "
+                f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; retry in a moment") from e
+
     def _rows(self, sql: str, args: Args = ()) -> list[tuple[Any, ...]]:
-        return self._live().execute(_pg(sql), args).fetchall()
+        return self._cursor(sql, args).fetchall()
 
     def _row(self, sql: str, args: Args = ()) -> tuple[Any, ...] | None:
-        return self._live().execute(_pg(sql), args).fetchone()
+        return self._cursor(sql, args).fetchone()
 
     def _run(self, sql: str, args: Args = ()) -> None:
-        self._live().execute(_pg(sql), args)
+        self._cursor(sql, args)
 
     def close(self) -> None:
         self._conn.close()

@@ -13,7 +13,7 @@ import pytest
 
 from kernelmode.errors import ConfigError, SessionStoreUnavailable
 from kernelmode.sessions.store.migrations import MIGRATIONS
-from kernelmode.sessions.store.postgres import PostgresStore
+from kernelmode.sessions.store.postgres import PostgresStore, probe
 from tests.support.postgres import PgCluster
 
 MANAGERS = 4
@@ -47,10 +47,13 @@ def test_managers_starting_together_migrate_a_fresh_database_once(pg_cluster: Pg
 def test_a_database_of_a_newer_kernelmode_is_refused(pg_cluster: PgCluster) -> None:
     url = pg_cluster.create_database("newer")
     PostgresStore(url).close()
+    assert probe(url).endswith(f"schema version {len(MIGRATIONS)} (current)")  # what doctor says
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("INSERT INTO kernelmode_schema (version) VALUES (%s)", (len(MIGRATIONS) + 1,))
     with pytest.raises(ConfigError, match="newer than this kernelmode's"):
         PostgresStore(url)
+    with pytest.raises(ConfigError, match="newer than this kernelmode's"):
+        probe(url)
 
 
 def test_an_unreachable_server_is_named_without_its_password(pg_cluster: PgCluster) -> None:

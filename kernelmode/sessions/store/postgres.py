@@ -42,6 +42,25 @@ def describe(url: str) -> str:
     return f"{user}{host}:{parts.get('port') or 5432}/{parts.get('dbname') or ''}"
 
 
+def probe(url: str) -> str:
+    """What a manager would find at ``url``, changing nothing (`kernelmode doctor`): the schema's
+    version, or that the first `serve` will create it. ConfigError when it cannot connect or the
+    schema is newer than this kernelmode's."""
+    from .migrations import MIGRATIONS
+
+    with PostgresStore._open(url) as conn:
+        exists = conn.execute("SELECT to_regclass('kernelmode_schema') IS NOT NULL").fetchone()
+        if not (exists and exists[0]):
+            return f"PostgreSQL {describe(url)}: no kernelmode tables yet (the first serve creates them)"
+        row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM kernelmode_schema").fetchone()
+    version = int(row[0]) if row else 0
+    if version > len(MIGRATIONS):
+        raise ConfigError(f"store.url: the database's schema is version {version}, newer than this "
+                          f"kernelmode's ({len(MIGRATIONS)}): upgrade kernelmode, or use another database")
+    state = "current" if version == len(MIGRATIONS) else f"serve migrates it to {len(MIGRATIONS)}"
+    return f"PostgreSQL {describe(url)}: schema version {version} ({state})"
+
+
 @functools.lru_cache(maxsize=512)
 def _pg(sql: str) -> str:
     """The shared SQL's ``?`` placeholders as psycopg's ``%s`` (and a literal ``%`` escaped)."""
@@ -63,11 +82,15 @@ class PostgresStore(SessionStore):
         self.leases = PostgresLeases(self._rows)
 
     def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
+        return self._open(self._url)
+
+    @staticmethod
+    def _open(url: str) -> psycopg.Connection[tuple[Any, ...]]:
         try:
-            return psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            return psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
                                    options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}")
         except psycopg.OperationalError as e:  # translated once, here: say where and what
-            raise ConfigError(f"store.url: cannot connect to PostgreSQL at {describe(self._url)}: "
+            raise ConfigError(f"store.url: cannot connect to PostgreSQL at {describe(url)}: "
                               f"{str(e).strip()}") from e
 
     def _live(self) -> psycopg.Connection[tuple[Any, ...]]:

@@ -18,6 +18,7 @@ from kernelmode.models import Limits, SessionInfo
 from kernelmode.sessions.listing import page, page_from
 from kernelmode.sessions.store import SessionStore, SqliteStore
 from kernelmode.tenants import ADMIN, Principal
+from tests.support.postgres import PgCluster
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 ACME, OTHER = Principal("acme"), Principal("other")
@@ -178,3 +179,24 @@ def test_a_store_made_before_the_listing_columns_opens_and_lists(tmp_path: Path)
         assert again.hibernated() == [] and again.status_counts() == {"lost": 10}
     finally:
         again.close()
+
+
+def test_pages_keep_byte_order_on_a_database_with_a_language_collation(pg_cluster: PgCluster) -> None:
+    # An ICU en-US database sorts "a" before "B" and ignores "-" and "_" at first; the store's
+    # ids are in byte order still (as SQLite's and Python's), so pages match the reference.
+    import psycopg
+
+    from kernelmode.sessions.store.postgres import PostgresStore
+
+    with psycopg.connect(pg_cluster.url(), autocommit=True) as conn:
+        conn.execute('DROP DATABASE IF EXISTS "en_us"')
+        conn.execute("CREATE DATABASE \"en_us\" TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' "
+                     "LOCALE 'C.utf8'")
+    store = PostgresStore(pg_cluster.url("en_us"))
+    try:
+        infos = [_info(sid, "acme", 1) for sid in ("B", "a", "a-b", "a_b", "ab", "A", "_x", "-y", "Z9")]
+        _fill(store, infos)
+        for newest_first in (False, True):
+            assert _walk(store, ACME, 2, newest_first) == _walk(infos, ACME, 2, newest_first)
+    finally:
+        store.close()

@@ -21,7 +21,9 @@ MIGRATIONS: tuple[str, ...] = (
     # 1: sessions, runs, owners, session files, checkpoints and leases.
     """
     CREATE TABLE sessions (
-        session_id TEXT PRIMARY KEY,
+        -- Byte order, as SQLite's and Python's: pages and their cursors sort ids the same
+        -- whatever the database's default collation.
+        session_id TEXT COLLATE "C" PRIMARY KEY,
         kernel_id TEXT,
         workspace TEXT,
         info TEXT NOT NULL,              -- the SessionInfo record (JSON, validated by pydantic)
@@ -66,7 +68,7 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX checkpoints_by_session ON checkpoints (session_id, created);
     CREATE TABLE leases (
-        session_id TEXT PRIMARY KEY,
+        session_id TEXT COLLATE "C" PRIMARY KEY,  -- expired() sorts as Python does
         manager_id TEXT NOT NULL,
         expires_at TIMESTAMPTZ NOT NULL
     );

@@ -33,7 +33,7 @@ from harness import REPO, Stats, interleave, loadavg, run_stoppable, write_secti
 from servers import AS_DEPLOYED, CpuMeter, KmServer, is_checkout
 
 from kernelmode.models import Limits, SessionInfo
-from kernelmode.sessions.store import SessionStore
+from kernelmode.sessions.store import SqliteStore
 
 SECTION = "listing-index"
 PROBES = ("first page", "deep page", "kernels")
@@ -41,7 +41,7 @@ PROBES = ("first page", "deep page", "kernels")
 
 def fill(data_dir: Path, n: int) -> None:
     """``n`` lost sessions in the store of ``data_dir`` (created one second apart)."""
-    store = SessionStore(data_dir / "sessions.sqlite3")
+    store = SqliteStore(data_dir / "sessions.sqlite3")
     t0 = datetime.now(timezone.utc) - timedelta(days=1)
     for i in range(n):
         t = t0 + timedelta(seconds=i)

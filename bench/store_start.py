@@ -55,7 +55,10 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from kernelmode.models import Limits, RunResult, SessionInfo
-from kernelmode.sessions.store import SessionStore
+try:
+    from kernelmode.sessions.store import SqliteStore as SessionStore
+except ImportError:  # a checkout from before the store had backends
+    from kernelmode.sessions.store import SessionStore
 path, n, mix, runs = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 store = SessionStore(path)
 t0 = datetime.now(timezone.utc) - timedelta(days=1)
@@ -81,7 +84,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from kernelmode.sessions.hibernation import Hibernation
-from kernelmode.sessions.store import SessionStore
+try:
+    from kernelmode.sessions.store import SqliteStore as SessionStore
+except ImportError:  # a checkout from before the store had backends
+    from kernelmode.sessions.store import SessionStore
 store = SessionStore(Path(sys.argv[1]))
 h = SimpleNamespace(store=store, live={})  # what Hibernation.expired uses
 at = datetime.now(timezone.utc)
@@ -97,7 +103,10 @@ SAVE = """
 import shutil, sys, tempfile, time
 from datetime import timedelta
 from pathlib import Path
-from kernelmode.sessions.store import SessionStore
+try:
+    from kernelmode.sessions.store import SqliteStore as SessionStore
+except ImportError:  # a checkout from before the store had backends
+    from kernelmode.sessions.store import SessionStore
 copy = Path(tempfile.mkdtemp(prefix="kmstart-save-")) / "sessions.sqlite3"
 shutil.copy(sys.argv[1], copy)  # the store the other measures read stays as it was
 store = SessionStore(copy)

@@ -259,6 +259,20 @@ def _store(s: Settings) -> Check:
     return Check("artifact store", "ok", f"s3: {cfg.endpoint}, bucket {cfg.bucket!r}")
 
 
+def _session_store(s: Settings) -> Check:
+    """Where sessions are kept: the SQLite file, or the PostgreSQL database (reached, not changed)."""
+    if s.store.url is None:
+        return Check("session store", "ok", f"SQLite: {s.server.data_dir.absolute() / 'sessions.sqlite3'}")
+    from .errors import ConfigError
+    from .sessions.store.postgres import probe
+
+    try:
+        return Check("session store", "ok", probe(s.store.url))
+    except ConfigError as e:
+        return Check("session store", "fail", str(e), "check store.url (user, password, host, port, "
+                     "database) and that the PostgreSQL server answers; serve would not start")
+
+
 def diagnose(s: Settings) -> Report:
     """Every check, for the backend `serve` would choose with these settings."""
     checks = [_gateway_config(s), _data_dir(s), _port(s)]
@@ -279,4 +293,5 @@ def diagnose(s: Settings) -> Report:
         checks.append(_cgroups(s))
     checks.append(_workspace_quota(s))
     checks.append(_store(s))
+    checks.append(_session_store(s))
     return Report(backend, checks)

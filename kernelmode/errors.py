@@ -44,6 +44,7 @@
     │   └── RestartCut               (503 restart_cut)        a restart cut a kernel's readying short
     │                                                           (sessions/readying.py; answered in place)
     ├── StoreError                   (502 store_error)        the artifact store failed
+    ├── SessionStoreUnavailable      (503 session_store_unavailable) PostgreSQL (store.url) did not answer
     ├── FileTransferFailed           (502 file_transfer_failed) the kernel's file agent answered wrongly
     ├── ToolFailed                   (502 tool_failed)        a host tool gave no result
     ├── PackageFetchFailed           (502 package_fetch_failed) the package index or pip failed
@@ -301,6 +302,14 @@ class StoreError(KernelmodeError):
     http_status = 502
 
 
+class SessionStoreUnavailable(KernelmodeError):
+    """The session store's database (PostgreSQL, ``store.url``) could not be reached or did not
+    answer in time; the next call connects again."""
+
+    code = "session_store_unavailable"
+    http_status = 503
+
+
 class FileTransferFailed(KernelmodeError):
     """The kernel's file agent answered something this manager refuses (bad shape, a path
     outside the workspace, more bytes than asked or announced, a wrong checksum)."""
@@ -362,7 +371,8 @@ ERRORS: dict[str, type[KernelmodeError]] = {cls.code: cls for cls in (
     PayloadTooLarge, WorkspaceFull, ImageTooLarge,
     TooManyRequests, TooManySessions, QuotaExceeded,
     SandboxUnavailable, GatewayError, GatewayForbidden, GatewayUnavailable,
-    KernelUnavailable, FilesTimeout, RestartCut, StoreError, FileTransferFailed, ToolFailed, PackageFetchFailed,
+    KernelUnavailable, FilesTimeout, RestartCut, StoreError, SessionStoreUnavailable,
+    FileTransferFailed, ToolFailed, PackageFetchFailed,
     MessageTooLarge, FrameError, BridgeError, ServerUnreachable,
 )}
 

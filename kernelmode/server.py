@@ -42,7 +42,7 @@ from .sandbox.docker_backend import server_id
 from .sandbox.kernelspec import check_bwrap, install_kernelspec
 from .services import Services
 from .sessions import SessionManager
-from .sessions.store import SessionStore
+from .sessions.store import SessionStore, new_manager_id, open_store
 from .tenants import Tenants
 from .tools.broker import ToolBroker
 from .tools.registry import ToolRegistry
@@ -71,6 +71,7 @@ class KernelmodeApp:
         self.gateway: GatewayClient | None = None
         self.sessions: SessionManager
         self.store: SessionStore | None = None
+        self.manager_id = new_manager_id()  # this process's name in the store's leases
         self.http: httpserver.HTTPServer | None = None
         self.port = settings.server.port
         self.services: Services | None = None  # what the front doors get, once started
@@ -233,7 +234,8 @@ class KernelmodeApp:
         the front doors."""
         s = self.settings
         assert self.gateway is not None
-        self.store = SessionStore(self.data_dir / "sessions.sqlite3")
+        self.store = await asyncio.to_thread(open_store, s.store.url, self.data_dir)  # may migrate
+        log.info("session store: %s; manager id %s", self.store.describe(), self.manager_id)
         if s.gateway.url:  # a shared gateway runs others' kernels too: only ours are adopted or shut
             running_kernels &= self.store.kernel_ids()
         self.artifact_store = await self._start_store()

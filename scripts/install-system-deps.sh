@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages kernelmode needs, only when missing: bubblewrap (the sandbox),
 # libseccomp (its filter), Debian's python3 + venv (the kernel environment), and with --test
-# chromium (the JupyterLab browser test). Debian/Ubuntu
+# chromium (the JupyterLab browser test) and PostgreSQL's server (the store tests). Debian/Ubuntu
 # (apt); elsewhere it says what to install by hand.
 set -euo pipefail
 
@@ -22,6 +22,8 @@ if [ "${1:-}" = "--test" ]; then
   command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
   command -v nft >/dev/null 2>&1 || command -v /usr/sbin/nft >/dev/null 2>&1 || need+=(nftables)
   command -v ip >/dev/null 2>&1 || command -v /usr/sbin/ip >/dev/null 2>&1 || need+=(iproute2)
+  # PostgreSQL's server programs: the tests start their own throwaway cluster (tests/support/postgres.py).
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || need+=(postgresql)
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 
@@ -37,4 +39,9 @@ fi
 echo "kernelmode: installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
+if [[ " ${need[*]} " == *" postgresql "* ]]; then
+  # Debian's package would create and start a "main" cluster as a service: the tests need none.
+  $sudo mkdir -p /etc/postgresql-common/createcluster.d
+  echo "create_main_cluster = false" | $sudo tee /etc/postgresql-common/createcluster.d/kernelmode.conf >/dev/null
+fi
 $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
+from tests.support.postgres import any_store, pg_cluster, pg_url  # noqa: F401  (fixtures)
 from tests.support.server import (  # noqa: F401  (re-exported)
     BACKEND,
     CANARY,

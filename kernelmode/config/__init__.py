@@ -27,6 +27,7 @@ from .sections import (
     ServerSettings,
     SessionSettings,
     Settings,
+    StoreSettings,
     TenantSettings,
     ToolBrokerSettings,
     ToolSettings,
@@ -37,6 +38,6 @@ __all__ = [
     "ADMIN_TENANT", "ENV_PREFIX", "GATEWAY_CONFIG_DIR", "REPO_ROOT", "TENANT_NAME_PATTERN",
     "ArtifactSettings", "CheckpointSettings", "GatewaySettings", "KernelSettings",
     "McpFrontSettings", "McpServerSettings", "PackageSettings", "PolicySettings",
-    "SandboxSettings", "ServerSettings", "SessionSettings", "Settings", "TenantSettings",
+    "SandboxSettings", "ServerSettings", "SessionSettings", "Settings", "StoreSettings", "TenantSettings",
     "ToolBrokerSettings", "ToolSettings", "default_kernel_env", "load_settings",
 ]

@@ -36,8 +36,8 @@ from .features import (
 __all__ = ["ADMIN_TENANT", "ENV_PREFIX", "GATEWAY_CONFIG_DIR", "REPO_ROOT", "TENANT_NAME_PATTERN",
            "ArtifactSettings", "CheckpointSettings", "GatewaySettings", "KernelSettings",
            "McpFrontSettings", "McpServerSettings", "PackageSettings", "PolicySettings",
-           "SandboxSettings", "ServerSettings", "SessionSettings", "Settings", "TenantSettings",
-           "ToolBrokerSettings", "ToolSettings", "default_kernel_env"]
+           "SandboxSettings", "ServerSettings", "SessionSettings", "Settings", "StoreSettings",
+           "TenantSettings", "ToolBrokerSettings", "ToolSettings", "default_kernel_env"]
 
 
 class TenantSettings(_Section):
@@ -226,6 +226,19 @@ class SessionSettings(_Section):
         return self
 
 
+class StoreSettings(_Section):
+    """Where sessions, runs and checkpoints' metadata are kept (docs/scaling.md "Store backends")."""
+
+    url: str | None = Field(None, pattern=r"^postgres(ql)?://\S+$")
+    """Unset: a SQLite file in `server.data_dir` (one manager). `postgresql://user:password@host:5432/db`:
+    a PostgreSQL database (psycopg's URL forms, `?sslmode=require` and the like included), migrated
+    when a manager starts; several managers may share it (leases; routing between them is not
+    built yet). Keep the password out of the YAML with `${VAR}`."""
+    lease_seconds: float = Field(10.0, ge=1, le=3600)
+    """How long a manager's lease on a session lasts unless renewed: how long a dead manager's
+    sessions stay unowned. (Leases are in the store; no manager takes them yet.)"""
+
+
 class GatewaySettings(_Section):
     config_dir: Path = GATEWAY_CONFIG_DIR
     """Directory holding `kernel_gateway_config.py` (the gateway's traitlets config) and
@@ -282,6 +295,8 @@ class Settings(_Section):
     """Sessions' lifetimes, timeouts, output caps, the warm pool, checkpoints and hibernation."""
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     """The Kernel Gateway: the one serve starts, or an external one (url)."""
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    """The session store: SQLite in the data dir, or a PostgreSQL database several managers share."""
     tools: list[ToolSettings] = Field(default_factory=list)
     """Python callables of the manager's environment that kernel code calls as tools.NAME(...)."""
     mcp_servers: list[McpServerSettings] = Field(default_factory=list)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -49,7 +50,7 @@ def test_this_machine_can_serve_on_bwrap(data_dir: Path) -> None:
     assert proc.returncode == 0, proc.stdout
     assert json.loads(proc.stdout)["backend"] == "bwrap"
     assert by_name["bubblewrap"]["status"] == "ok" and "bwrap ok" in by_name["bubblewrap"]["detail"]
-    for name in ("gateway config", "kernel environment", "data dir", "artifact store"):
+    for name in ("gateway config", "kernel environment", "data dir", "artifact store", "session store"):
         assert by_name[name]["status"] == "ok", by_name[name]
     # What serve falls back from is a warning with advice, never a failure.
     for name in ("cgroups", "workspace quota"):
@@ -99,3 +100,15 @@ def test_unreachable_s3_store_fails(data_dir: Path) -> None:
     assert proc.returncode == 1
     store = checks(proc)["artifact store"]
     assert store["status"] == "fail" and store["detail"].startswith("s3:") and "endpoint" in store["fix"]
+
+
+def test_the_postgresql_store_is_reached_and_left_as_it_was(data_dir: Path, pg_url: str) -> None:
+    env = {"KERNELMODE_STORE__URL": pg_url}
+    store = checks(doctor("--json", "--sandbox", "none", "--data-dir", str(data_dir), "--port", "0", env=env))
+    assert store["session store"]["status"] == "ok"
+    assert "no kernelmode tables yet" in store["session store"]["detail"]  # doctor created none
+    env["KERNELMODE_STORE__URL"] = re.sub(r"/[^/?]+\?", "/no_such_db?", pg_url, count=1)
+    proc = doctor("--json", "--sandbox", "none", "--data-dir", str(data_dir), "--port", "0", env=env)
+    bad = checks(proc)["session store"]
+    assert proc.returncode == 1 and bad["status"] == "fail" and "store.url" in bad["fix"]
+    assert bad["detail"].startswith("store.url: cannot connect to PostgreSQL at") and "no_such_db" in bad["detail"]

@@ -34,6 +34,25 @@ CANARY = "KM_CANARY_" + secrets.token_hex(8)
 # `auto` never picks a backend by what happens to be installed.
 BACKEND = os.environ.get("KM_TEST_BACKEND", "bwrap")
 os.environ["KERNELMODE_SANDBOX__BACKEND"] = BACKEND
+# The session store of every server the tests start (`KM_TEST_STORE=postgresql`: a database of
+# its own per data dir, in one throwaway cluster, so a restart on the same data dir finds its
+# store); a test that sets store.url itself keeps it.
+STORE = os.environ.get("KM_TEST_STORE", "sqlite")
+_pg: Any = None  # the cluster (tests/support/postgres.py), made on first use
+_store_urls: dict[Path, str] = {}
+
+
+def _store_env(data_dir: Path, env_extra: dict[str, str] | None) -> dict[str, str]:
+    if STORE != "postgresql" or "KERNELMODE_STORE__URL" in (env_extra or {}):
+        return {}
+    global _pg
+    if _pg is None:
+        from tests.support.postgres import PgCluster
+
+        _pg = PgCluster()
+    if data_dir not in _store_urls:
+        _store_urls[data_dir] = _pg.create_database("serve")
+    return {"KERNELMODE_STORE__URL": _store_urls[data_dir]}
 
 
 @dataclass
@@ -109,6 +128,7 @@ def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None 
         # Canary secrets in the server's environment: no kernel may ever see them.
         "KM_SECRET_CANARY": CANARY,
         "AWS_SECRET_ACCESS_KEY": CANARY,
+        **_store_env(data_dir, env_extra),
         **(env_extra or {}),
     }
     log_path = data_dir.with_suffix(".log")
@@ -167,5 +187,9 @@ def attached_frontend(srv: Server, sid: str) -> Iterator[Any]:
 
 def discard_all() -> None:
     """Discard every server ``start_server`` made (the test session's end; a benchmark's)."""
+    global _pg
     while _STARTED:
         _STARTED.pop().discard()
+    if _pg is not None:
+        _pg.stop()
+        _pg = None

@@ -19,7 +19,7 @@ from kernelmode.models import Limits, SessionInfo
 from kernelmode.sessions.kernels import Kernel
 from kernelmode.sessions.live import LiveSession
 from kernelmode.sessions.manager import SessionManager
-from kernelmode.sessions.store import SessionStore
+from kernelmode.sessions.store import SqliteStore
 from kernelmode.tenants import ADMIN, Principal
 from kernelmode.tools.broker import ToolBroker
 from kernelmode.tools.registry import ToolRegistry
@@ -31,7 +31,7 @@ ACME = Principal("acme")
 @pytest.fixture()
 def manager(tmp_path: Path) -> Iterator[SessionManager]:
     settings = Settings()
-    store = SessionStore(tmp_path / "sessions.sqlite3")
+    store = SqliteStore(tmp_path / "sessions.sqlite3")
     # The gateway is never called: these readers touch only the live sessions and the store.
     m = SessionManager(settings, GatewayClient("http://127.0.0.1:9", "unused"), store, tmp_path,
                        tmp_path / "state", "none", ToolBroker(ToolRegistry(), settings.tool_calls))

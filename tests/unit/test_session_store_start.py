@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kernelmode.models import Limits, RunResult, SessionInfo
-from kernelmode.sessions.store import SessionStore
+from kernelmode.sessions.store import SessionStore, SqliteStore
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -48,7 +48,7 @@ def path(tmp_path: Path) -> Path:
 
 @pytest.fixture()
 def store(path: Path) -> Iterator[SessionStore]:
-    s = SessionStore(path)
+    s = SqliteStore(path)
     yield s
     s.close()
 
@@ -129,7 +129,7 @@ def test_an_older_kernelmodes_writes_keep_the_columns_in_step_at_once(store: Ses
     assert sorted(i.session_id for i in store.hibernated_expired(at)) == ["h", "new"]
     assert store.mark_all_lost() == []
     store.close()
-    again = SessionStore(path)  # fills the created_us of the row an older kernelmode inserted
+    again = SqliteStore(path)  # fills the created_us of the row an older kernelmode inserted
     try:
         assert _columns(again)["new"] == ("hibernated", None, 1_767_225_600_000_003)
         assert [i.session_id for i in again.page(None, None, 10)] == ["a", "h", "new"]
@@ -138,7 +138,7 @@ def test_an_older_kernelmodes_writes_keep_the_columns_in_step_at_once(store: Ses
 
 
 def test_a_store_of_the_code_before_the_triggers_is_brought_in_step_once(path: Path) -> None:
-    SessionStore(path).close()
+    SqliteStore(path).close()
     prev = sqlite3.connect(path)  # as the code before them left it: columns, no triggers
     prev.execute("DROP TRIGGER sessions_listed_after_insert")
     prev.execute("DROP TRIGGER sessions_listed_after_update")
@@ -146,7 +146,7 @@ def test_a_store_of_the_code_before_the_triggers_is_brought_in_step_once(path: P
                  "VALUES ('a', 'ka', '/w/a', ?, 'acme', 1, 'idle')", (_info("a", "lost").model_dump_json(),))
     prev.commit()
     prev.close()
-    store = SessionStore(path)
+    store = SqliteStore(path)
     try:
         assert _columns(store) == {"a": ("lost", "acme", 1)}
         triggers = {r[0] for r in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
@@ -167,14 +167,14 @@ def _open_steps(path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
 
     with monkeypatch.context() as m:
         m.setattr(sqlite3, "connect", counted)
-        SessionStore(path).close()
+        SqliteStore(path).close()
     return steps[0]
 
 
 def test_an_open_does_no_work_per_stored_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     small, big = tmp_path / "small.sqlite3", tmp_path / "big.sqlite3"
     for p, n in ((small, 10), (big, 3000)):
-        s = SessionStore(p)
+        s = SqliteStore(p)
         s._db.execute("BEGIN")
         _save(s, *(_info(f"s{i}", ("idle", "lost", "hibernated")[i % 3], n=i) for i in range(n)))
         s._db.execute("COMMIT")
@@ -224,7 +224,7 @@ def test_a_store_made_before_the_running_column_finds_its_runs_in_flight(tmp_pat
                     [(f"r{i}", i, _run(f"r{i}", "running" if i == 3 else "ok").model_dump_json()) for i in range(6)])
     old.commit()
     old.close()
-    store = SessionStore(path)
+    store = SqliteStore(path)
     try:
         assert [r.run_id for r in store.runs_in_flight()] == ["r3"]
         assert store._db.execute("SELECT COUNT(*) FROM runs WHERE running IS NULL").fetchone()[0] == 0

@@ -1,0 +1,109 @@
+"""Leases: which manager owns a session, for how long (the ground of several managers on one
+PostgreSQL store, docs/scaling.md). Not yet used for routing: a manager takes no lease today.
+
+Each operation is one statement, atomic on its own: taking a lease is an upsert that replaces the
+row only when it has expired or is already the taker's, so of two managers asking at once exactly
+one gets it. PostgreSQL reads the time of the database server (``now()``): the managers' clocks
+need not agree. SQLite, one host's file, reads the host's clock.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Rows = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
+
+
+def new_manager_id() -> str:
+    """An id for this manager process, unique across hosts and restarts: host, pid, random."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class Leases(ABC):
+    """A lease per session: (session_id, manager_id, expiry)."""
+
+    def __init__(self, rows: Rows) -> None:
+        self._rows = rows  # the store's: one statement, its rows (``?`` placeholders)
+
+    @abstractmethod
+    def acquire(self, session_id: str, manager_id: str, ttl: float) -> bool:
+        """Take the session's lease for ``ttl`` seconds: True if it was free, expired or already
+        ``manager_id``'s (then it is extended); False if another manager holds it."""
+
+    @abstractmethod
+    def renew(self, session_id: str, manager_id: str, ttl: float) -> bool:
+        """Extend a lease ``manager_id`` holds and that has not expired; False if it is lost
+        (expired, or taken since): the manager must stop acting for the session."""
+
+    @abstractmethod
+    def expired(self) -> list[str]:
+        """The sessions whose lease has expired (their manager stopped renewing), sorted."""
+
+    @abstractmethod
+    def owner(self, session_id: str) -> str | None:
+        """The manager holding an unexpired lease on the session, or None."""
+
+    def release(self, session_id: str, manager_id: str) -> bool:
+        """Give the lease up (only ``manager_id``'s own): True if it held it."""
+        return bool(self._rows("DELETE FROM leases WHERE session_id=? AND manager_id=? RETURNING session_id",
+                               (session_id, manager_id)))
+
+
+class SqliteLeases(Leases):
+    """Expiry as seconds since the epoch by this host's clock."""
+
+    def acquire(self, session_id: str, manager_id: str, ttl: float) -> bool:
+        now = time.time()
+        return bool(self._rows(
+            "INSERT INTO leases (session_id, manager_id, expires_at) VALUES (?, ?, ?) "
+            "ON CONFLICT(session_id) DO UPDATE SET manager_id=excluded.manager_id, expires_at=excluded.expires_at "
+            "WHERE leases.expires_at <= ? OR leases.manager_id = excluded.manager_id RETURNING session_id",
+            (session_id, manager_id, now + ttl, now)))
+
+    def renew(self, session_id: str, manager_id: str, ttl: float) -> bool:
+        now = time.time()
+        return bool(self._rows(
+            "UPDATE leases SET expires_at=? WHERE session_id=? AND manager_id=? AND expires_at > ? "
+            "RETURNING session_id", (now + ttl, session_id, manager_id, now)))
+
+    def expired(self) -> list[str]:
+        return [r[0] for r in self._rows(
+            "SELECT session_id FROM leases WHERE expires_at <= ? ORDER BY session_id", (time.time(),))]
+
+    def owner(self, session_id: str) -> str | None:
+        rows = self._rows("SELECT manager_id FROM leases WHERE session_id=? AND expires_at > ?",
+                          (session_id, time.time()))
+        return rows[0][0] if rows else None
+
+
+class PostgresLeases(Leases):
+    """Expiry as a timestamptz by the database server's clock."""
+
+    def acquire(self, session_id: str, manager_id: str, ttl: float) -> bool:
+        return bool(self._rows(
+            "INSERT INTO leases (session_id, manager_id, expires_at) "
+            "VALUES (?, ?, now() + make_interval(secs => ?)) "
+            "ON CONFLICT (session_id) DO UPDATE SET manager_id=excluded.manager_id, expires_at=excluded.expires_at "
+            "WHERE leases.expires_at <= now() OR leases.manager_id = excluded.manager_id RETURNING session_id",
+            (session_id, manager_id, float(ttl))))
+
+    def renew(self, session_id: str, manager_id: str, ttl: float) -> bool:
+        return bool(self._rows(
+            "UPDATE leases SET expires_at = now() + make_interval(secs => ?) "
+            "WHERE session_id=? AND manager_id=? AND expires_at > now() RETURNING session_id",
+            (float(ttl), session_id, manager_id)))
+
+    def expired(self) -> list[str]:
+        return [r[0] for r in self._rows(
+            "SELECT session_id FROM leases WHERE expires_at <= now() ORDER BY session_id", ())]
+
+    def owner(self, session_id: str) -> str | None:
+        rows = self._rows("SELECT manager_id FROM leases WHERE session_id=? AND expires_at > now()",
+                          (session_id,))
+        return rows[0][0] if rows else None

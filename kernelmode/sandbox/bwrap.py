@@ -19,10 +19,11 @@ from pathlib import Path
 
 from traitlets import Integer, Unicode
 
+from ..protocol import PACKAGES_ENV
 from . import cgroups, seccomp, uids
 from .base import KernelmodeProvisioner, kernel_environment, log
 from .launcher import SECCOMP_FD
-from .spec import PACKAGES_ENV, PACKAGES_MOUNT, WORKSPACE_MOUNT
+from .spec import PACKAGES_MOUNT, WORKSPACE_MOUNT
 
 LAUNCHER = str(Path(__file__).with_name("launcher.py"))
 SANDBOX_UID = 1000  # the kernel's uid as seen inside the sandbox

@@ -32,10 +32,11 @@ from tornado import web
 from traitlets import Float, Integer, Unicode
 
 from ..models import LimitCeilings, Limits
+from ..protocol import PACKAGES_ENV
 from . import seccomp, uids
 from .base import KernelmodeProvisioner, kernel_environment, log
 from .bwrap import _chown_tree
-from .spec import PACKAGES_ENV, PACKAGES_MOUNT, WORKSPACE_MOUNT
+from .spec import PACKAGES_MOUNT, WORKSPACE_MOUNT
 
 LAUNCHER = str(Path(__file__).with_name("docker_launcher.py"))
 LABEL_APP = "app"

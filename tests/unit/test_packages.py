@@ -25,7 +25,7 @@ from kernelmode.packages.layer import PackageLayer
 from kernelmode.packages.policy import PackagePolicy, TenantRate, parse_requirement
 from kernelmode.packages.target import KernelTarget
 from kernelmode.sandbox import spec
-from kernelmode.sandbox.bwrap import bwrap_argv
+from kernelmode.sandbox.bwrap_command import bwrap_argv
 from tests.support.package_index import build_wheel
 
 TARGET = KernelTarget("3.11", "cp", "cp311", ("manylinux_2_36_x86_64", "manylinux_2_17_x86_64", "linux_x86_64"),

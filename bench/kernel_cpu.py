@@ -65,8 +65,8 @@ from jupyter_client.provisioning.factory import KernelProvisionerFactory
 from servers import CpuMeter, KmServer, export, kernel_pid
 
 from kernelmode.gateway.exchange import execute_content
-from kernelmode.kernel.preamble import MARKER, PING
 from kernelmode.models import Limits
+from kernelmode.protocol import MARKER, PING
 from kernelmode.sandbox import seccomp
 from kernelmode.sandbox.bwrap import BwrapProvisioner
 from kernelmode.sandbox.kernelspec import kernel_env_paths

@@ -58,7 +58,7 @@ from harness import (
 from servers import KmServer
 
 from kernelmode.config import SandboxSettings
-from kernelmode.sandbox.docker_backend import container_name, engine_status, server_id
+from kernelmode.sandbox.docker_engine import container_name, engine_status, server_id
 from tests.support.procfs import CLK_TCK, mem_kb, ptable, stat, tree_mem
 
 BACKENDS = ("bwrap", "docker")

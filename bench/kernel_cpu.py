@@ -14,7 +14,7 @@ sends per run (``execute_content``: allow_stdin, stop_on_error off, store_histor
   bare_memhist    bare_nosleep with IPython's history database in memory (no saving thread)
   preamble_before bare + the preamble and file agent of the --before code (workspace empty)
   preamble        bare + this checkout's preamble and file agent, with the kernel command line
-                  of this checkout's kernelspec (kernelmode/gateway/config/kernelspec.json)
+                  of this checkout's kernelspec (kernelmode/gateway_ext/config/kernelspec.json)
   bwrap           preamble + the real BwrapProvisioner (seccomp, cgroups, own uid), no gateway
   bwrap_noseccomp as bwrap, without the seccomp filter (measurement only, never a default)
   bwrap_nocgroup  as bwrap, cgroups off (rlimits instead)
@@ -65,8 +65,8 @@ from jupyter_client.provisioning.factory import KernelProvisionerFactory
 from servers import CpuMeter, KmServer, export, kernel_pid
 
 from kernelmode.gateway.exchange import execute_content
-from kernelmode.kernel.preamble import MARKER, PING
 from kernelmode.models import Limits
+from kernelmode.protocol import MARKER, PING
 from kernelmode.sandbox import seccomp
 from kernelmode.sandbox.bwrap import BwrapProvisioner
 from kernelmode.sandbox.kernelspec import kernel_env_paths
@@ -79,7 +79,7 @@ KPY = Path(os.path.realpath(REPO / ".kernel-venv")) / "bin" / "python"
 NOSECCOMP = "kmbench-bwrap-noseccomp"
 ALL_PATHS = ("bare", "bare_nosleep", "bare_memhist", "preamble_before", "preamble", "bwrap",
              "bwrap_noseccomp", "bwrap_nocgroup", "rest", "rest_before")
-KERNELSPEC = REPO / "kernelmode" / "gateway" / "config" / "kernelspec.json"  # kernelmode's kernel command
+KERNELSPEC = REPO / "kernelmode" / "gateway_ext" / "config" / "kernelspec.json"  # kernelmode's kernel command
 
 
 class NoSeccompBwrap(BwrapProvisioner):

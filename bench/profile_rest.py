@@ -259,7 +259,7 @@ _signal.signal(_signal.SIGUSR1, _kmbench_toggle)
 
 
 def profiled_gateway_config(dest: Path) -> Path:
-    """A copy of the gateway config (kernelmode/gateway/config/) whose gateway runs under cProfile (the repo is not touched)."""
+    """A copy of the gateway config (kernelmode/gateway_ext/config/) whose gateway runs under cProfile (the repo is not touched)."""
     shutil.copytree(GATEWAY_CONFIG_DIR, dest)
     cfg = dest / "kernel_gateway_config.py"
     cfg.write_text(GATEWAY_PROFILER + cfg.read_text())

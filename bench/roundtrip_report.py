@@ -157,7 +157,7 @@ the moment the last required message has arrived:
   `result == '2'`). The server itself answers only after execute_reply + idle, so this is the direct
   round trip plus: HTTP request parsing/auth/validation, the session manager (lock, output
   collection, the SQLite run record), the manager -> gateway websocket (Nagle disabled by
-  `kernelmode/gateway/kg_extensions.py`), the gateway's websocket <-> ZMQ bridge (ipc transport),
+  `kernelmode/gateway_ext/kg_extensions.py`), the gateway's websocket <-> ZMQ bridge (ipc transport),
   and the bubblewrap sandbox around the kernel.
 - **mcp** — the MCP tool call `run_python {{"code": "1+1"}}` to the same `kernelmode serve` (same
   process as `rest`) at `/mcp` over streamable HTTP, from the official mcp SDK's `Client`

@@ -2,7 +2,7 @@
 
 The checks are the ones `serve` makes at start-up, called here without starting anything:
 the throw-away bubblewrap sandbox (`sandbox.kernelspec.check_bwrap`), the Docker engine and a
-test container (`sandbox.docker_backend`), the kernel environment probe, cgroup detection, the
+test container (`sandbox.docker_engine`), the kernel environment probe, cgroup detection, the
 workspace-volume probe (`artifacts.volume`), and the artifact store's own start. ``fail`` means
 `serve` would not start (or `/readyz` would not be ready); ``warn`` means it runs with a weaker
 fallback that the check names.
@@ -139,7 +139,7 @@ def _docker(s: Settings) -> tuple[bool, Check]:
     backend = s.sandbox.backend
     if backend in ("bwrap", "none"):
         return False, Check("docker", "skip", f"not used (backend {backend})")
-    from .sandbox.docker_backend import engine_status
+    from .sandbox.docker_engine import engine_status
 
     usable, why = engine_status(s.sandbox.docker_image)
     fix = ("`make docker-setup` (installs an engine and builds the image), or build "
@@ -153,7 +153,7 @@ def _docker(s: Settings) -> tuple[bool, Check]:
 
 
 def _docker_sandbox(s: Settings) -> Check:
-    from .sandbox.docker_backend import check_docker
+    from .sandbox.docker_engine import check_docker
 
     try:
         return Check("docker sandbox", "ok", check_docker(s.sandbox.docker_image, s.sandbox.max_limits))

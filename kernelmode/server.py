@@ -38,7 +38,7 @@ from .gateway.process import GatewayProcess, raise_open_files_limit
 from .gateway.remote import connect_external
 from .heap import release_large_buffers
 from .sandbox import cgroups
-from .sandbox.docker_backend import server_id
+from .sandbox.docker_engine import server_id
 from .sandbox.kernelspec import check_bwrap, install_kernelspec
 from .services import Services
 from .sessions import SessionManager
@@ -118,7 +118,7 @@ class KernelmodeApp:
         sb = self.settings.sandbox
         if sb.backend != "auto":
             return
-        from .sandbox.docker_backend import engine_status
+        from .sandbox.docker_engine import engine_status
 
         usable, why = engine_status(sb.docker_image)
         sb.backend = "docker" if usable else "bwrap"
@@ -128,7 +128,7 @@ class KernelmodeApp:
     def _check_sandbox(self, adopted: set[str]) -> None:
         backend = self.settings.sandbox.backend
         if backend == "docker":
-            from .sandbox.docker_backend import check_docker, remove_orphans, server_id
+            from .sandbox.docker_engine import check_docker, remove_orphans, server_id
 
             self.sandbox_report = check_docker(self.settings.sandbox.docker_image,
                                                self.settings.sandbox.max_limits)
@@ -314,7 +314,7 @@ class KernelmodeApp:
             audit("gateway_died", exit_code=code)
             await self.sessions.gateway_lost()
             if self.settings.sandbox.backend == "docker":  # their launchers died with the gateway
-                from .sandbox.docker_backend import remove_orphans, server_id
+                from .sandbox.docker_engine import remove_orphans, server_id
 
                 await asyncio.to_thread(remove_orphans, server_id(self.data_dir))
             backoff = 0.5
@@ -422,7 +422,7 @@ class KernelmodeApp:
             if self.settings.sandbox.backend == "docker":
                 # Our gateway and its kernels are gone: no container of this server may run on
                 # (a launcher SIGKILLed with the gateway's group cannot remove its own).
-                from .sandbox.docker_backend import remove_orphans
+                from .sandbox.docker_engine import remove_orphans
 
                 await asyncio.to_thread(remove_orphans, server_id(self.data_dir))
         await self.tools.stop()

@@ -68,7 +68,7 @@ def _default(field: FieldInfo) -> str:
     if isinstance(value, BaseModel):
         return "see below"
     if isinstance(value, Path):
-        text = str(value).replace(str(GATEWAY_CONFIG_DIR), "<package>/gateway/config")
+        text = str(value).replace(str(GATEWAY_CONFIG_DIR), "<package>/gateway_ext/config")
         return f"`{text.replace(str(REPO_ROOT), '<checkout>')}`"
     if value is None:
         return "`null`"

@@ -19,10 +19,10 @@ from ..errors import (
     Unauthorized,
     from_wire,
 )
-from ..gateway.frames import refuse_lone_surrogates
 from ..models import (
     SESSION_ID_PATTERN,
 )
+from ..protocol.frames import refuse_lone_surrogates
 from ..services import Services
 from ..tenants import ADMIN, Principal
 

@@ -22,7 +22,7 @@ from websockets.asyncio.client import ClientConnection
 
 from ..errors import FrameError, KernelmodeError, Unauthorized, WebsocketRequired, from_wire
 from ..gateway.client import FRAME_SLACK, WS_PROTOCOL
-from ..gateway.frames import CHANNELS, Bounds, decode_frame, encode_frame
+from ..protocol.frames import CHANNELS, Bounds, decode_frame, encode_frame
 from ..services import Services
 from ..sessions.console_tap import ConsoleTap
 from ..tenants import Principal

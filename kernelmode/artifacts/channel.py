@@ -43,8 +43,8 @@ from ..errors import (
 )
 from ..gateway.client import KernelConnection, next_message
 from ..gateway.exchange import DISCONNECTED_EVENT, KERNEL_STATUS_EVENT
-from ..gateway.frames import json_shape_error
-from ..kernel.file_agent import TARGET
+from ..protocol import FILES_TARGET
+from ..protocol.frames import json_shape_error
 from ..sandbox.spec import WORKSPACE_MOUNT
 from .workspace import SCAN_MAX_ENTRIES, FileEntry, Listing
 
@@ -191,7 +191,7 @@ class _Comm:
                       opening: bool = False) -> asyncio.Queue[dict[str, Any]]:
         content: dict[str, Any] = {"comm_id": self.comm_id, "data": data}
         if opening:
-            content["target_name"] = TARGET
+            content["target_name"] = FILES_TARGET
             self.opened = True
         return await self.conn.send("shell", "comm_open" if opening else "comm_msg", content,
                                     buffers=buffers, subshell_id=self.subshell)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 ENV_PREFIX = "KERNELMODE_"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Shipped inside the package (package data), so that `pip install .` works without a checkout.
-GATEWAY_CONFIG_DIR = Path(str(importlib.resources.files("kernelmode.gateway") / "config"))
+GATEWAY_CONFIG_DIR = Path(str(importlib.resources.files("kernelmode.gateway_ext") / "config"))
 
 
 def default_kernel_env() -> Path:

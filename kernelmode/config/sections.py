@@ -243,7 +243,7 @@ class GatewaySettings(_Section):
     config_dir: Path = GATEWAY_CONFIG_DIR
     """Directory holding `kernel_gateway_config.py` (the gateway's traitlets config) and
     `kernelspec.json` (the kernelspec template); the default ships inside the installed package
-    (`kernelmode/gateway/config/`)."""
+    (`kernelmode/gateway_ext/config/`)."""
     startup_timeout_seconds: float = Field(60.0, gt=0)
     """How long `serve` waits for the gateway to answer before giving up (exit 1)."""
     # How often the gateway checks that a kernel is alive; bounds how fast a death is seen.

@@ -1,1 +1,2 @@
-"""Talking to the Jupyter Kernel Gateway: its process, its REST API, its kernel websockets."""
+"""The manager's side of the Jupyter Kernel Gateway: its process (start, adopt, stop), its REST
+API and its kernel websockets. What runs inside the gateway process is ``kernelmode.gateway_ext``."""

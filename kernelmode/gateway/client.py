@@ -33,8 +33,8 @@ from ..errors import (
     KernelUnavailable,
     SandboxUnavailable,
 )
+from ..protocol.frames import Bounds, decode_frame, encode_frame, pack_json
 from .exchange import DISCONNECTED_EVENT, KERNEL_STATUS_EVENT
-from .frames import Bounds, decode_frame, encode_frame, pack_json
 
 if TYPE_CHECKING:
     from ..config import Settings

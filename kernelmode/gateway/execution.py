@@ -6,8 +6,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ..kernel.file_agent import CHANGES_COMM, NOTE_KEY
 from ..models import RunError, RunResult, RunStatus
+from ..protocol import CHANGES_COMM, NOTE_KEY
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 

@@ -4,7 +4,7 @@ The gateway outlives a manager that crashes, so that a restarted manager can ado
 kernels (and their variables): its pid, port and token are kept in ``gateway.json`` (0600), and
 the manager renews a lease file every second. A gateway whose lease is older than its orphan
 timeout (a manager that never came back) shuts itself and its kernels down
-(``kg_extensions.watch_lease``).
+(``gateway_ext.kg_extensions.watch_lease``).
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+# Copies of kernelmode.protocol's names (FILES_TARGET...): tests/unit/test_protocol.py.
 TARGET = "kernelmode.files"
 CHANGES_COMM = "kernelmode-files-changes"  # comm_id of a post-run change note too large for the reply
 NOTE_KEY = "kernelmode_changes"  # the execute_reply metadata field of the post-run change note

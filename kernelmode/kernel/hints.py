@@ -36,6 +36,7 @@ def module_hint(name: str | None, installs: bool) -> str:
 
 
 def memory_hint(memory_mb: int | None) -> str:
+    """= kernelmode.protocol.memory_hint, which the manager uses (tests/unit/test_protocol.py)."""
     limit = f"its limit of {memory_mb} MiB" if memory_mb else "its memory limit"
     return (f"kernelmode: the session reached {limit} (limits.memory_mb): create the session with a "
             "larger limits.memory_mb (up to the server's ceiling), or work on the data in chunks.")

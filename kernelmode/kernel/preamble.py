@@ -22,6 +22,8 @@ import types
 import uuid
 from typing import Any, Literal
 
+# Copies of kernelmode.protocol's names (this file runs where kernelmode is not installed);
+# tests/unit/test_protocol.py holds them equal.
 MARKER = "\x00kernelmode-tool-call\x00"
 PING = "__kernelmode_ping__"  # answered by the manager itself: proves the stdin path works
 SEARCH = "__kernelmode_search__"  # answered by the manager: tools.search(), over this session's tools

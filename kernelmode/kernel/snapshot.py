@@ -33,7 +33,7 @@ from typing import Any
 
 MAGIC = b"KMCKPT01"
 END = b"KMCKEND1"
-MIME = "application/vnd.kernelmode.snapshot+json"
+MIME = "application/vnd.kernelmode.snapshot+json"  # = protocol.SNAPSHOT_MIME (tests/unit/test_protocol.py)
 # The preamble's names (reinstalled in every kernel before a restore) and IPython's.
 SKIP_NAMES = frozenset({"tools", "ToolError", "ToolDenied", "In", "Out", "get_ipython", "exit", "quit"})
 _REASON_LEN = 300

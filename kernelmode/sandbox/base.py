@@ -42,6 +42,14 @@ def kernel_environment(path: str) -> dict[str, str]:
     }
 
 
+def chown_tree(root: Path, uid: int, gid: int) -> None:
+    """Give the kernel its workspace; never follow a link the kernel may have planted."""
+    os.chown(root, uid, gid, follow_symlinks=False)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+
+
 class KernelmodeProvisioner(LocalProvisioner):
     """A LocalProvisioner that knows kernelmode's per-kernel parameters."""
 

@@ -19,85 +19,11 @@ from pathlib import Path
 
 from traitlets import Integer, Unicode
 
+from ..protocol import PACKAGES_ENV
 from . import cgroups, seccomp, uids
-from .base import KernelmodeProvisioner, kernel_environment, log
-from .launcher import SECCOMP_FD
-from .spec import PACKAGES_ENV, PACKAGES_MOUNT, WORKSPACE_MOUNT
-
-LAUNCHER = str(Path(__file__).with_name("launcher.py"))
-SANDBOX_UID = 1000  # the kernel's uid as seen inside the sandbox
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-ETC_FILES = (
-    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
-    "/etc/fonts", "/etc/mime.types", "/etc/alternatives", "/etc/matplotlibrc",
-)
-
-
-def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    """Give the kernel its workspace; never follow a link the kernel may have planted."""
-    os.chown(root, uid, gid, follow_symlinks=False)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
-
-
-def bwrap_argv(
-    *,
-    bwrap: str,
-    kernel_dir: Path,
-    etc_dir: Path,
-    workspace: Path,
-    ro_paths: list[str],
-    tmp_bytes: int,
-    env: dict[str, str],
-    command: list[str],
-    seccomp_filter: bool = True,
-    packages: Path | None = None,
-) -> list[str]:
-    """The bwrap command line for one kernel (a pure function, tested on its own). With
-    ``seccomp_filter``, the launcher puts the filter's descriptor in place of ``SECCOMP_FD``."""
-    argv = [
-        bwrap,
-        *(["--seccomp", SECCOMP_FD] if seccomp_filter else []),
-        "--unshare-all",  # user, pid, net, ipc, uts, cgroup (and mount) namespaces
-        "--unshare-user",  # required, not just "try": --disable-userns depends on it
-        "--disable-userns",  # no nested user namespaces from inside
-        "--new-session",  # no TIOCSTI into the launcher's terminal (CVE-2017-5226)
-        "--die-with-parent",
-        "--cap-drop", "ALL",
-        "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-        "--hostname", "sandbox",
-    ]
-    for d in SYSTEM_DIRS:
-        if os.path.islink(d):
-            argv += ["--symlink", os.readlink(d), d]
-        elif os.path.isdir(d):
-            argv += ["--ro-bind", d, d]
-    for f in ETC_FILES:
-        argv += ["--ro-bind-try", f, f]
-    for name in ("passwd", "group", "hosts"):
-        argv += ["--ro-bind", str(etc_dir / name), f"/etc/{name}"]
-    # The private /tmp first: host paths below /tmp (a checkout or data dir there) are bound
-    # after it, on top of it, instead of being hidden by it.
-    argv += [
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--size", str(tmp_bytes), "--tmpfs", "/tmp",
-    ]
-    for p in ro_paths:
-        if not any(p == d or p.startswith(d + "/") for d in SYSTEM_DIRS):
-            argv += ["--ro-bind", p, p]
-    argv += [
-        "--bind", str(kernel_dir), str(kernel_dir),
-        "--bind", str(workspace), WORKSPACE_MOUNT,
-        *(["--ro-bind", str(packages), PACKAGES_MOUNT] if packages is not None else []),
-        "--remount-ro", "/",
-        "--chdir", WORKSPACE_MOUNT,
-        "--clearenv",
-    ]
-    for k, v in env.items():
-        argv += ["--setenv", k, v]
-    return [*argv, "--", *command]
+from .base import KernelmodeProvisioner, chown_tree, kernel_environment, log
+from .bwrap_command import LAUNCHER, SANDBOX_UID, bwrap_argv
+from .spec import PACKAGES_MOUNT
 
 
 class BwrapProvisioner(KernelmodeProvisioner):
@@ -157,7 +83,7 @@ class BwrapProvisioner(KernelmodeProvisioner):
             ws = self.params.workspace
             ws.mkdir(parents=True, exist_ok=True, mode=0o700)
             if ws.stat().st_uid != uid:
-                _chown_tree(ws, uid, gid)
+                chown_tree(ws, uid, gid)
         etc_dir = self._write_etc()
         venv_bin = str(Path(cmd[0]).parent)
         kenv = kernel_environment(f"{venv_bin}:/usr/local/bin:/usr/bin:/bin")

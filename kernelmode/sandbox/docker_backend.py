@@ -10,67 +10,43 @@ Docker SDK. Containers carry the labels ``app=kernelmode``, ``kernelmode.session
 
 A kernel's start waits until its container runs: when the engine refuses it (a ulimit above the
 engine's own hard limit, a full disk...), the gateway answers 503 with the engine's message at
-once, instead of a kernel that never connects. ``check_docker`` has the engine grant the
-configured ceilings (``sandbox.max_limits``) once at start, so a session within them is grantable.
+once, instead of a kernel that never connects. This module is the provisioner, loaded into the
+gateway process; the labels, names and the manager's engine calls are in docker_engine.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
-import re
 import shutil
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 from tornado import web
 from traitlets import Float, Integer, Unicode
 
-from ..models import LimitCeilings, Limits
+from ..protocol import PACKAGES_ENV
 from . import seccomp, uids
-from .base import KernelmodeProvisioner, kernel_environment, log
-from .bwrap import _chown_tree
-from .spec import PACKAGES_ENV, PACKAGES_MOUNT, WORKSPACE_MOUNT
+from .base import KernelmodeProvisioner, chown_tree, kernel_environment, log
+from .docker_engine import (
+    IMAGE_PYTHON,
+    LABEL_APP,
+    LABEL_DATA_DIR,
+    LABEL_KERNEL_ID,
+    LABEL_SERVER,
+    LABEL_SESSION_ID,
+    container_name,
+    engine_client,
+    ulimits,
+)
+from .spec import PACKAGES_MOUNT, WORKSPACE_MOUNT
 
 LAUNCHER = str(Path(__file__).with_name("docker_launcher.py"))
-LABEL_APP = "app"
-LABEL_SERVER = "kernelmode.server"
-LABEL_DATA_DIR = "kernelmode.data_dir"
-LABEL_KERNEL_ID = "kernelmode.kernel_id"
-IMAGE_PYTHON = "python"  # on the image's PATH (its kernel venv)
 LOG_CAP_MB = 10  # the engine's log of a kernel container, and what the launcher relays
 START_WAIT_SECONDS = 90.0  # for the launcher to say whether its container started (its client: 60 s)
-# The rlimit numbers in runc's "error setting rlimit type N", and the ceiling each comes from.
-RLIMIT_KEYS = {0: "cpu_seconds", 1: "disk_mb", 7: "open_files"}
-
-
-def ulimits(limits: Limits | LimitCeilings) -> list[dict[str, Any]]:
-    """The container's rlimits (hard = soft: the kernel cannot raise them)."""
-    fsize = limits.disk_mb * 1024 * 1024
-    return [{"Name": "nofile", "Soft": limits.open_files, "Hard": limits.open_files},
-            {"Name": "fsize", "Soft": fsize, "Hard": fsize},
-            {"Name": "core", "Soft": 0, "Hard": 0},
-            {"Name": "cpu", "Soft": limits.cpu_seconds, "Hard": limits.cpu_seconds}]
-
-
-def server_id(data_dir: Path | str) -> str:
-    """Which `serve` a container belongs to: several may share one engine."""
-    return hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:16]
-
-
-def container_name(kernel_id: str) -> str:
-    return f"kernelmode-{kernel_id}"
-
-
-def _client(timeout: int = 30) -> Any:
-    import docker
-
-    return docker.from_env(timeout=timeout)
 
 
 class DockerProvisioner(KernelmodeProvisioner):
@@ -92,7 +68,7 @@ class DockerProvisioner(KernelmodeProvisioner):
         ws = self.params.workspace
         ws.mkdir(parents=True, exist_ok=True, mode=0o700)
         if ws.stat().st_uid != uid:
-            _chown_tree(ws, uid, uid)
+            chown_tree(ws, uid, uid)
         memory = limits.memory_mb * 1024 * 1024
         etc = self._write_etc()
         kenv = kernel_environment("/opt/kernel-venv/bin:/usr/local/bin:/usr/bin:/bin")
@@ -130,7 +106,7 @@ class DockerProvisioner(KernelmodeProvisioner):
             "ulimits": ulimits(limits),
             "labels": {
                 LABEL_APP: "kernelmode",
-                "kernelmode.session_id": self.params.session_id,
+                LABEL_SESSION_ID: self.params.session_id,
                 LABEL_KERNEL_ID: self.kernel_id,
                 LABEL_SERVER: self.server,
                 LABEL_DATA_DIR: str(Path(self.runtime_dir).parent),
@@ -215,7 +191,7 @@ class DockerProvisioner(KernelmodeProvisioner):
         from docker.errors import DockerException
 
         try:
-            return _client().containers.get(container_name(self.kernel_id))
+            return engine_client().containers.get(container_name(self.kernel_id))
         except DockerException:
             return None
 
@@ -244,83 +220,3 @@ class DockerProvisioner(KernelmodeProvisioner):
         with contextlib.suppress(OSError):
             for sock in self.kernel_dir.glob("k-*"):
                 sock.unlink()
-
-
-def remove_orphans(server: str, keep: set[str] | frozenset[str] = frozenset()) -> int:
-    """Remove this server's containers but those of the kernels in ``keep`` (adopted from a
-    gateway that outlived its manager), and those of servers whose data dir is gone (a server
-    that was killed and never came back)."""
-    from docker.errors import DockerException
-
-    n = 0
-    try:
-        for c in _client().containers.list(all=True, filters={"label": f"{LABEL_APP}=kernelmode"}):
-            data_dir = c.labels.get(LABEL_DATA_DIR)
-            gone = data_dir is not None and not Path(data_dir).exists()
-            mine = c.labels.get(LABEL_SERVER) == server and c.labels.get(LABEL_KERNEL_ID) not in keep
-            if mine or gone:
-                with contextlib.suppress(DockerException):
-                    c.remove(force=True)
-                    n += 1
-    except DockerException as e:
-        log.warning("could not list kernel containers: %s", e)
-    return n
-
-
-def engine_status(image: str) -> tuple[bool, str]:
-    """(usable, why): the engine answers and the kernel image exists."""
-    try:
-        from docker.errors import DockerException, ImageNotFound
-    except ImportError:
-        return False, "the docker Python package is not installed"
-    try:
-        client = _client(timeout=5)
-        client.ping()
-    except DockerException as e:
-        return False, f"no Docker engine reachable ({e})"
-    try:
-        client.images.get(image)
-    except ImageNotFound:
-        return False, f"the kernel image {image} does not exist (build it: make docker-setup)"
-    except DockerException as e:
-        return False, f"the Docker engine failed: {e}"
-    return True, f"engine reachable, image {image} present"
-
-
-def check_docker(image: str, ceilings: LimitCeilings | None = None) -> str:
-    """Run one throw-away kernel container, with the ``ceilings`` as its limits (so every
-    session within them is grantable); return a description or raise SandboxUnavailable."""
-    from docker.errors import DockerException
-
-    from ..errors import SandboxUnavailable
-
-    ok, why = engine_status(image)
-    if not ok:
-        raise SandboxUnavailable(f"the Docker backend cannot run: {why}")
-    limits: dict[str, Any] = {}
-    if ceilings is not None:
-        memory = ceilings.memory_mb * 1024 * 1024
-        limits = {"ulimits": ulimits(ceilings), "pids_limit": ceilings.pids, "mem_limit": memory,
-                  "memswap_limit": memory}
-    client = _client(timeout=60)
-    name = f"kernelmode-check-{uuid.uuid4().hex[:12]}"
-    try:
-        out = client.containers.run(
-            image, [IMAGE_PYTHON, "-c", "import ipykernel, socket, os; print(socket.if_nameindex(), os.getuid())"],
-            name=name, network_mode="none", read_only=True, cap_drop=["ALL"],
-            security_opt=["no-new-privileges"], user="65534:65534", remove=True,
-            environment={"HOME": "/tmp"}, tmpfs={"/tmp": "size=16m"}, **limits,
-        )
-    except DockerException as e:
-        # `remove` applies to a container that ran: one the engine refused to start stays "Created".
-        with contextlib.suppress(DockerException):
-            client.containers.get(name).remove(force=True)
-        m = re.search(r"rlimit type (\d+)", str(e))
-        if ceilings is not None and m and int(m.group(1)) in RLIMIT_KEYS:
-            key = RLIMIT_KEYS[int(m.group(1))]
-            raise SandboxUnavailable(
-                f"the Docker engine cannot grant sandbox.max_limits.{key} ({getattr(ceilings, key)}): "
-                f"lower it (to at most the engine's own hard limit; see /proc/$(pidof dockerd)/limits): "
-                f"{e}") from e
-        raise SandboxUnavailable(f"a test container of {image} failed: {e}") from e
-    return f"docker ok ({image}); inside: {out.decode().strip()}"

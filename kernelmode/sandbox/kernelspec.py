@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import SandboxUnavailable
 from . import seccomp
-from .bwrap import LAUNCHER, bwrap_argv
+from .bwrap_command import LAUNCHER, bwrap_argv
 
 KERNEL_NAME = "kernelmode"
 PROVISIONERS = {"bwrap": "kernelmode-bwrap", "none": "kernelmode-none", "docker": "kernelmode-docker"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..protocol import PACKAGES_ENV
 from .base import KernelmodeProvisioner, kernel_environment, log
-from .spec import PACKAGES_ENV
 
 
 class UnsandboxedProvisioner(KernelmodeProvisioner):

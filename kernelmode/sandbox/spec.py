@@ -22,10 +22,9 @@ ENV_SESSION = "KERNEL_KM_SESSION_ID"
 ENV_PACKAGES = "KERNEL_KM_PACKAGES"
 WORKSPACE_MOUNT = "/mnt/data"
 # The session's package layer (kernelmode/packages/layer.py), mounted read-only; the preamble
-# appends the path the kernel sees (KM_PACKAGES_DIR in its environment; not KERNELMODE_*: no
+# appends the path the kernel sees (protocol.PACKAGES_ENV in its environment; not KERNELMODE_*: no
 # setting of the manager's reaches a kernel) to sys.path.
 PACKAGES_MOUNT = "/opt/kernelmode/packages"
-PACKAGES_ENV = "KM_PACKAGES_DIR"
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from jupyter_client.session import Session as JupyterSession
 
 from ..gateway.exchange import ExecuteExchange
 from ..gateway.execution import OutputCollector
-from ..kernel.preamble import MARKER
 from ..models import RunError, ToolCall
+from ..protocol import MARKER
 from .console_policy import POLICY_ERROR, cell_refusal, debug_refusal, refusal_messages
 
 if TYPE_CHECKING:

@@ -27,10 +27,10 @@ from ..gateway.client import KERNEL_DEAD, GatewayClient, KernelConnection
 from ..gateway.exchange import KERNEL_STATUS_EVENT, ExecuteExchange, Message, Outcome
 from ..gateway.execution import OutputCollector
 from ..gateway.launch import SAFE_VALUE, launch_env
-from ..kernel.preamble import MARKER
 from ..models import DeathCause, SessionInfo, ToolCall
 from ..packages.layer import PackageLayer
 from ..packages.service import PackageService
+from ..protocol import MARKER
 from ..sandbox.spec import ENV_SESSION, KernelParams, pop_death_record
 from ..tools.base import ToolInfo
 from ..tools.broker import ToolBroker

@@ -34,8 +34,6 @@ from ..errors import (
 )
 from ..gateway.client import KERNEL_DEAD, GatewayClient
 from ..gateway.exchange import KERNEL_STATUS_EVENT, RESTARTED
-from ..gateway.frames import refuse_lone_surrogates
-from ..kernel.preamble import PIP
 from ..metrics import Metrics
 from ..models import (
     ApprovalAnswer,
@@ -51,6 +49,8 @@ from ..models import (
 )
 from ..packages.policy import parse_requirement
 from ..packages.service import PackageService
+from ..protocol import PIP
+from ..protocol.frames import refuse_lone_surrogates
 from ..sandbox import cgroups
 from ..tenants import ADMIN, Principal
 from ..tools.broker import ToolBroker

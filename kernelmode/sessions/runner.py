@@ -25,10 +25,10 @@ from ..errors import InvalidRequest, KernelmodeError, PayloadTooLarge, SessionNo
 from ..gateway.client import KERNEL_DEAD
 from ..gateway.exchange import ExecuteExchange, Outcome
 from ..gateway.execution import OutputCollector
-from ..gateway.frames import refuse_lone_surrogates
-from ..kernel.hints import memory_hint
 from ..metrics import Metrics
 from ..models import DeathCause, RunError, RunResult, RunStatus, ToolCall
+from ..protocol import memory_hint
+from ..protocol.frames import refuse_lone_surrogates
 from ..tools.approvals import Approvals
 from .kernels import Kernel
 from .live import LiveSession

@@ -17,9 +17,9 @@ from typing import Any
 from ..audit import audit
 from ..config import ToolBrokerSettings
 from ..errors import InvalidRequest, ToolFailed
-from ..gateway.frames import json_shape_error
-from ..kernel.preamble import PING, SEARCH
 from ..models import ToolCall
+from ..protocol import PING, SEARCH
+from ..protocol.frames import json_shape_error
 from .approval_budget import ApprovalBounds
 from .approvals import Approvals, shown_arguments
 from .registry import ToolRegistry, allowed

@@ -17,8 +17,8 @@ from websockets.sync.client import connect
 from kernelmode.client import Client
 from kernelmode.errors import KernelmodeError
 from kernelmode.gateway.client import WS_PROTOCOL
-from kernelmode.gateway.frames import Bounds, decode_frame, encode_frame
-from kernelmode.kernel.file_agent import NOTE_KEY
+from kernelmode.protocol import NOTE_KEY
+from kernelmode.protocol.frames import Bounds, decode_frame, encode_frame
 
 MB = 1_000_000
 

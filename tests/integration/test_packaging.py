@@ -69,8 +69,8 @@ def test_wheel_install_setup_doctor_serve(workdir: Path) -> None:
     (wheel,) = dist.glob("kernelmode-*.whl")
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-        assert "kernelmode/gateway/config/kernel_gateway_config.py" in names
-        assert "kernelmode/gateway/config/kernelspec.json" in names
+        assert "kernelmode/gateway_ext/config/kernel_gateway_config.py" in names
+        assert "kernelmode/gateway_ext/config/kernelspec.json" in names
         # The kernel environment's list, the same as the Docker image's (a file, not a link).
         shipped = z.read("kernelmode/sandbox/kernel-requirements.txt")
         ipython_config = z.read("kernelmode/sandbox/ipython_kernel_config.json")

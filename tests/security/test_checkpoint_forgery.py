@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from kernelmode.kernel.snapshot import MIME
+from kernelmode.protocol import SNAPSHOT_MIME as MIME
 from tests.conftest import Server, wait_for
 
 MB = 1 << 20

@@ -19,7 +19,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from kernelmode.gateway.frames import encode_frame
+from kernelmode.protocol.frames import encode_frame
 from tests.conftest import Server
 from tests.support.mcp_raw import MCP_HEADERS, initialize, rpc_answer
 

@@ -20,7 +20,7 @@ import pytest
 from kernelmode.client import Client
 from kernelmode.errors import LimitExceeded
 from kernelmode.models import LimitCeilings, Limits
-from kernelmode.sandbox import docker_backend
+from kernelmode.sandbox import docker_engine
 from tests.conftest import BACKEND, REPO, Server, start_server
 
 from .conftest import PLAIN, SMALL, SMALL_CEILINGS, report
@@ -254,7 +254,7 @@ def test_an_engine_refusal_is_a_503_with_its_message_at_once() -> None:
                 assert "CPU" in err["message"], err  # the engine's words
                 assert c.get("/v1/sessions").json()["sessions"] == []
             assert c.get("/healthz").status_code == 200
-        server = docker_backend.server_id(s.data_dir)
+        server = docker_engine.server_id(s.data_dir)
         left = docker.from_env().containers.list(all=True, filters={"label": f"kernelmode.server={server}"})
         assert left == []
         assert not [p for p in (s.data_dir / "run").iterdir() if p.is_dir()], "a kernel directory was left"

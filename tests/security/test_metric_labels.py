@@ -9,7 +9,7 @@ from collections.abc import Callable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kernelmode.kernel.preamble import PIP, SEARCH
+from kernelmode.protocol import PIP, SEARCH
 
 FORGE = """
 bridge = tools.__dict__['_bridge']

@@ -18,7 +18,7 @@ from jupyter_client.session import Session
 from websockets.sync.client import ClientConnection, connect
 
 from kernelmode.api.jupyter_api import kernel_id_of
-from kernelmode.gateway.frames import Bounds, decode_frame, encode_frame
+from kernelmode.protocol.frames import Bounds, decode_frame, encode_frame
 from tests.conftest import Server
 from tests.mcp.conftest import mcp_client
 

@@ -20,7 +20,7 @@ from kernelmode.errors import (
     KernelUnavailable,
     PayloadTooLarge,
 )
-from kernelmode.gateway.frames import Bounds, decode_frame, encode_frame
+from kernelmode.protocol.frames import Bounds, decode_frame, encode_frame
 from tests.file_agent_loopback import Loopback
 
 

@@ -16,7 +16,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from kernelmode.gateway.client import WS_PROTOCOL, GatewayClient, KernelConnection
 from kernelmode.gateway.exchange import DISCONNECTED_EVENT
-from kernelmode.gateway.frames import Bounds, decode_frame, encode_frame
+from kernelmode.protocol.frames import Bounds, decode_frame, encode_frame
 
 LIMIT = 64 * 1024  # the client's max_message_bytes: frames over LIMIT + FRAME_SLACK end it
 

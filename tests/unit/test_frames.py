@@ -1,4 +1,4 @@
-"""The bounded v1 frame parser (kernelmode.gateway.frames): every check before any decode."""
+"""The bounded v1 frame parser (kernelmode.protocol.frames): every check before any decode."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from jupyter_server.services.kernels.connection.base import (
 )
 
 from kernelmode.errors import FrameError, InvalidRequest
-from kernelmode.gateway.frames import (
+from kernelmode.protocol.frames import (
     DROPPED,
     MAX_JSON_DEPTH,
     Bounds,

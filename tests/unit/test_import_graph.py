@@ -10,6 +10,7 @@ the way to name a type of a room above without importing it (the MCP SDK's
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "kernelmode"
@@ -108,14 +109,6 @@ def test_kernelmode_has_no_import_cycles() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-def test_the_kernel_side_imports_nothing_of_kernelmode() -> None:
-    """Code sent into kernels runs where kernelmode may not be installed."""
-    graph = import_graph()
-    for name, edges in graph.items():
-        if name.startswith("kernelmode.kernel"):
-            assert not edges, f"{name} imports {sorted(edges)}"
-
-
 def test_front_doors_never_name_the_app() -> None:
     """REST, MCP and the console get ``Services`` passed in: none imports server.py, not even
     for the type checker (that import made the cycle server -> mcp -> server)."""
@@ -142,6 +135,126 @@ def test_the_core_imports_no_front_door() -> None:
         assert not [t for t in graph[room] if t.startswith(doors)], room
         if room != "kernelmode.sessions.manager":
             assert "kernelmode.sessions.manager" not in runtime[room], room
+
+
+# -- one package per process ------------------------------------------------------------------
+# kernelmode runs in four kinds of process. The manager (`kernelmode serve`: everything not named
+# below). The Kernel Gateway, which loads gateway_ext/ (its config file names the classes) and the
+# sandbox provisioners (entry points). The kernel launchers, scripts run by path with `python -I`.
+# And the kernels, which get kernel/'s modules as source. What two of them share lives in the
+# shared rooms: the protocol, the errors, the value models and the sandbox's pure helpers.
+SHARED = frozenset({
+    "kernelmode", "kernelmode.errors", "kernelmode.heap", "kernelmode.models",
+    "kernelmode.tools", "kernelmode.tools.base",  # models' ToolInfo
+    "kernelmode.protocol", "kernelmode.protocol.frames",
+    "kernelmode.sandbox", "kernelmode.sandbox.spec", "kernelmode.sandbox.seccomp",
+    "kernelmode.sandbox.uids", "kernelmode.sandbox.cgroups", "kernelmode.sandbox.bwrap_command",
+    "kernelmode.sandbox.docker_engine",
+})
+LAUNCHERS = frozenset({"kernelmode.sandbox.launcher", "kernelmode.sandbox.docker_launcher"})
+GATEWAY_CONFIG = "kernelmode.gateway_ext.config.kernel_gateway_config"
+# The in-kernel module that the manager imports for the function that wraps its own source
+# (snapshot_code); the rest of kernel/ reaches kernels through sessions/boot.py as files.
+KERNEL_LOADERS = {"kernelmode.sessions.snapshot_call": {"kernelmode.kernel.snapshot"}}
+_NAMED_CLASS = re.compile(r"[\"'](kernelmode(?:\.\w+)+)[\"']")
+
+
+def provisioner_modules() -> set[str]:
+    """The modules the gateway finds through kernelmode's provisioner entry points."""
+    text = (PACKAGE.parent / "pyproject.toml").read_text()  # no tomllib: Python 3.10 is supported
+    section = text.split('[project.entry-points."jupyter_client.kernel_provisioners"]')[1].split("\n[")[0]
+    return set(re.findall(r'^[\w-]+ = "([\w.]+):\w+"', section, re.MULTILINE))
+
+
+def gateway_roots(graph: dict[str, set[str]]) -> set[str]:
+    """What the Kernel Gateway process is made to import: gateway_ext/, the classes its config
+    file names by string, and the provisioners."""
+    named = set()
+    for dotted in _NAMED_CLASS.findall((PACKAGE / "gateway_ext" / "config" / "kernel_gateway_config.py").read_text()):
+        named.add(max((m for m in graph if dotted == m or dotted.startswith(m + ".")), key=len))
+    return {m for m in graph if m.startswith("kernelmode.gateway_ext")} | named | provisioner_modules()
+
+
+def loaded_with(graph: dict[str, set[str]], roots: set[str]) -> dict[str, list[str]]:
+    """Every module importing ``roots`` loads (their packages' __init__ too), each with the chain
+    of imports that brings it in."""
+    chains: dict[str, list[str]] = {r: [r] for r in roots}
+    todo = sorted(roots)
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for nxt in sorted(graph.get(name, set()) | {".".join(parts[:i]) for i in range(1, len(parts))}):
+            if nxt in graph and nxt not in chains:
+                chains[nxt] = [*chains[name], nxt]
+                todo.append(nxt)
+    return chains
+
+
+def process_violations(graph: dict[str, set[str]], gateway_side: set[str],
+                       runtime: dict[str, set[str]] | None = None) -> list[str]:
+    """The imports that cross a process boundary, each as a sentence (empty: none). ``graph``
+    names TYPE_CHECKING imports too (a name that crosses is a dependency on the other process's
+    code); what the gateway process loads is followed in ``runtime`` (default: ``graph``), the
+    imports that run (the package root names its lazy attributes for the type checker only)."""
+    found = []
+    kernel_side = {m for m in graph if m == "kernelmode.kernel" or m.startswith("kernelmode.kernel.")}
+    for name in sorted(kernel_side | LAUNCHERS):
+        if graph.get(name):  # sent into kernels as source / run by path with -I: no kernelmode there
+            found.append(f"{name} runs outside kernelmode's package yet imports {sorted(graph[name])}")
+    for name, chain in sorted(loaded_with(runtime or graph, gateway_side).items()):
+        if name not in gateway_side | SHARED | LAUNCHERS:
+            found.append(f"the gateway process loads the manager's {name}: {' -> '.join(chain)}")
+    for name in sorted(SHARED):
+        if bad := sorted((runtime or graph).get(name, set()) - SHARED - LAUNCHERS):
+            found.append(f"shared {name} imports {bad}: the other process would load them")
+    manager = set(graph) - gateway_side - SHARED - LAUNCHERS - kernel_side
+    for name in sorted(manager):
+        if bad := sorted(graph[name] & (gateway_side | kernel_side) - KERNEL_LOADERS.get(name, set())):
+            found.append(f"the manager's {name} imports {bad} of another process")
+    return found
+
+
+def test_the_process_map_sees_the_package() -> None:
+    graph = import_graph(type_checking=True)
+    gateway_side = gateway_roots(graph) | {"kernelmode.sandbox.base"}
+    assert {"kernelmode.sandbox.bwrap", "kernelmode.sandbox.local", "kernelmode.sandbox.docker_backend",
+            "kernelmode.gateway_ext.kg_extensions", "kernelmode.gateway_ext.ws_batch", GATEWAY_CONFIG} <= gateway_side
+    assert SHARED | LAUNCHERS <= set(graph)
+    chains = loaded_with(graph, {"kernelmode.sandbox.bwrap"})
+    assert chains["kernelmode.protocol"] == ["kernelmode.sandbox.bwrap", "kernelmode.protocol"]
+    assert "kernelmode.sandbox" in chains  # a package's __init__ runs before its modules
+
+
+def test_a_crossing_of_each_kind_is_caught() -> None:
+    graph = {"kernelmode": set(), "kernelmode.errors": set(), "kernelmode.sessions": set(),
+             "kernelmode.sessions.manager": {"kernelmode.errors"}, "kernelmode.gateway_ext": set(),
+             "kernelmode.gateway_ext.kg_extensions": {"kernelmode.errors"}, "kernelmode.kernel": set(),
+             "kernelmode.kernel.preamble": set(), "kernelmode.api": set(), "kernelmode.api.handlers": set()}
+    gateway_side = {"kernelmode.gateway_ext", "kernelmode.gateway_ext.kg_extensions"}
+    assert process_violations(graph, gateway_side) == []
+    graph["kernelmode.gateway_ext.kg_extensions"].add("kernelmode.sessions.manager")
+    graph["kernelmode.api.handlers"] |= {"kernelmode.gateway_ext.kg_extensions", "kernelmode.kernel.preamble"}
+    graph["kernelmode.kernel.preamble"].add("kernelmode.errors")
+    assert process_violations(graph, gateway_side) == [
+        "kernelmode.kernel.preamble runs outside kernelmode's package yet imports ['kernelmode.errors']",
+        "the gateway process loads the manager's kernelmode.sessions: "
+        "kernelmode.gateway_ext.kg_extensions -> kernelmode.sessions.manager -> kernelmode.sessions",
+        "the gateway process loads the manager's kernelmode.sessions.manager: "
+        "kernelmode.gateway_ext.kg_extensions -> kernelmode.sessions.manager",
+        "the manager's kernelmode.api.handlers imports ['kernelmode.gateway_ext.kg_extensions', "
+        "'kernelmode.kernel.preamble'] of another process",
+    ]
+
+
+def test_no_import_crosses_a_process_boundary() -> None:
+    """In-kernel code and the launchers import nothing of kernelmode; what the gateway process
+    loads is gateway_ext/, the provisioners and the shared rooms, never a room of the manager's
+    (sessions, api, mcp, server, the gateway client...); the manager imports neither gateway_ext/
+    nor a provisioner nor kernel/ (whose modules it sends into kernels as files), not even for the
+    type checker."""
+    graph = import_graph(type_checking=True)
+    violations = process_violations(graph, gateway_roots(graph) | {"kernelmode.sandbox.base"}, import_graph())
+    assert not violations, "\n".join(violations)
 
 
 REPO = PACKAGE.parent

@@ -12,7 +12,7 @@ from kernelmode.api.channels import legacy_message, legacy_text
 from kernelmode.api.jupyter_api import kernel_id_of
 from kernelmode.config import Settings
 from kernelmode.errors import FrameError
-from kernelmode.gateway.frames import Bounds, decode_frame, encode_frame
+from kernelmode.protocol.frames import Bounds, decode_frame, encode_frame
 from kernelmode.tenants import Tenants
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import zmq
 from jupyter_client.session import Session
 
-from kernelmode.gateway.kg_extensions import NoDelayWebsocketConnection
+from kernelmode.gateway_ext.kg_extensions import NoDelayWebsocketConnection
 
 UNTRACKED = {"status", "execute_input", "execute_result", "stream", "comm_info_request"}
 

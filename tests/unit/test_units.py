@@ -10,7 +10,7 @@ from kernelmode.config import load_settings
 from kernelmode.errors import ConfigError
 from kernelmode.gateway.execution import OutputCollector, strip_ansi
 from kernelmode.models import Limits
-from kernelmode.sandbox.bwrap import bwrap_argv
+from kernelmode.sandbox.bwrap_command import bwrap_argv
 from kernelmode.sandbox.spec import KernelParams, cause_from_exit
 
 

@@ -1,4 +1,4 @@
-"""The gateway's batched websocket writes (kernelmode/gateway/ws_batch.py) on a real tornado
+"""The gateway's batched websocket writes (kernelmode/gateway_ext/ws_batch.py) on a real tornado
 websocket server and a real websockets client over loopback TCP: the frames of one loop pass
 arrive whole and in order, in one TCP segment (counted by the client's TCP stack), where
 tornado's own writes make one send a frame."""
@@ -18,7 +18,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 from websockets.asyncio.client import ClientConnection, connect
 
-from kernelmode.gateway.ws_batch import FLUSH_BYTES, BatchedWrites, frame_header
+from kernelmode.gateway_ext.ws_batch import FLUSH_BYTES, BatchedWrites, frame_header
 from tests.tcp_counts import data_segs_in
 
 

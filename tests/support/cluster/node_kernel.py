@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from kernelmode.sandbox import seccomp  # noqa: E402
 from kernelmode.sandbox.base import kernel_environment  # noqa: E402
-from kernelmode.sandbox.bwrap import SANDBOX_UID, bwrap_argv  # noqa: E402
+from kernelmode.sandbox.bwrap_command import SANDBOX_UID, bwrap_argv  # noqa: E402
 from kernelmode.sandbox.launcher import pass_seccomp  # noqa: E402
 
 UID_BASE = 310_000  # the kernels' host uids on the nodes: UID_BASE + a slot from the kernel id

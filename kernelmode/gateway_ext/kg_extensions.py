@@ -17,7 +17,7 @@ from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebso
 from kernel_gateway.services.kernels.manager import SeedingMappingKernelManager
 from traitlets import default
 
-from .frames import DROPPED, MAX_HEADER_BYTES, json_shape_error
+from ..protocol.frames import DROPPED, MAX_HEADER_BYTES, json_shape_error
 from .ws_batch import BatchedWrites
 
 MAX_ZMQ_SOCKETS = 65_536

@@ -44,11 +44,11 @@ c.KernelSpecManager.allowed_kernelspecs = {"kernelmode"}
 
 # Pitfall: tornado leaves Nagle on for websockets (~40 ms per exchange). Our class turns it off.
 c.KernelGatewayApp.kernel_websocket_connection_class = (
-    "kernelmode.gateway.kg_extensions.NoDelayWebsocketConnection"
+    "kernelmode.gateway_ext.kg_extensions.NoDelayWebsocketConnection"
 )
 # A shared ZMQ context sized for hundreds of kernels (the default caps at ~170).
 c.KernelGatewayApp.kernel_manager_class = (
-    "kernelmode.gateway.kg_extensions.ManyKernelsMappingKernelManager"
+    "kernelmode.gateway_ext.kg_extensions.ManyKernelsMappingKernelManager"
 )
 # Output is capped by the manager; the gateway must not silently drop IOPub messages.
 c.ZMQChannelsWebsocketConnection.limit_rate = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..models import DeathCause
+from .kernel_state import KernelState
 from .live import LiveSession
 from .pool import WarmPool
 from .store import SessionStore
@@ -45,7 +46,7 @@ class GatewayLoss:
         """Whether a live session's kernel is gone from an external gateway's list with its
         websocket closed (a gateway restarted between two looks)."""
         return any(s.kernel_id not in running and (s.conn is None or not s.conn.is_open)
-                   and s.kernel.state == "alive" for s in self.live.values())
+                   and s.kernel.state in (KernelState.IDLE, KernelState.BUSY) for s in self.live.values())
 
     async def external_back(self, running: set[str]) -> tuple[list[str], list[str]]:
         """An external gateway answers again after it did not: the sessions whose kernels it no

@@ -1,8 +1,8 @@
 """Hibernation: an idle session is checkpointed and its kernel stopped, its record and workspace
 kept (``status: hibernated``, no process left); its next use wakes it.
 
-Waking reuses the path of a kernel's death: the session gets a Kernel marked dead with a restore
-pending, so its next run starts a fresh kernel on the same workspace (``Kernel.ensure_ready``)
+Waking reuses the path of a kernel's death: the session gets a Kernel in state ``hibernated``
+with a restore pending, so its next run starts a fresh kernel on the same workspace (``Kernel.ensure_ready``)
 and loads the latest checkpoint first (``Checkpoints.before_run``). A console attach does the
 same at once (``SessionManager.resume``).
 """
@@ -17,10 +17,10 @@ from datetime import datetime, timedelta
 from ..audit import audit
 from ..config import Settings
 from ..errors import KernelmodeError
-from ..gateway.client import KERNEL_DEAD
 from ..models import SessionInfo
 from .checkpoints import Checkpoints
-from .kernels import Kernel, Kernels
+from .kernel_env import Kernels
+from .kernels import Kernel, KernelState
 from .live import LiveSession, now
 from .store import SessionStore
 
@@ -71,6 +71,7 @@ class Hibernation:
                     log.warning("session %s: not hibernated, its checkpoint failed: %s", sid, e)
                     return False
             await k.shutdown()
+            k.to(KernelState.HIBERNATED)
             # A hibernated session holds files only: its volume is detached (kept), no loop device.
             # A remote kernel's workspace went with it: its checkpoint holds the files.
             if not self.kernels.remote:
@@ -94,9 +95,8 @@ class Hibernation:
         if not self.kernels.remote:
             self.kernels.volumes.attach(workspace)
         info.status = "idle"
-        k = Kernel(self.kernels, info.kernel_id, workspace, info)
-        k.state, k.needs_ready, k.state_lost, k.restore_pending = KERNEL_DEAD, True, True, True
-        k.files_pending = self.kernels.remote
+        k = Kernel(self.kernels, info.kernel_id, workspace, info, KernelState.HIBERNATED)
+        k.process_gone()
         s = self.live[info.session_id] = LiveSession(kernel=k)
         s.changed_since_checkpoint = False  # its latest checkpoint is all it had
         s.touch()

@@ -32,7 +32,7 @@ from ..errors import (
     SessionNotFound,
     StoreError,
 )
-from ..gateway.client import KERNEL_DEAD, GatewayClient
+from ..gateway.client import GatewayClient
 from ..gateway.exchange import KERNEL_STATUS_EVENT, RESTARTED
 from ..gateway.frames import refuse_lone_surrogates
 from ..kernel.preamble import PIP
@@ -61,7 +61,7 @@ from .files import SessionFiles
 from .forks import Forks
 from .gateway_loss import GatewayLoss
 from .hibernation import Hibernation
-from .kernels import Kernels
+from .kernel_env import Kernels
 from .lifecycle import Lifecycle
 from .live import LiveSession, now
 from .liveness import Liveness
@@ -389,7 +389,7 @@ class SessionManager:
         for run in self.runs.in_flight(session_id):
             if run.gate is not None:
                 run.gate.deny_pending("interrupted", "interrupt", tool="policy:run")
-        if s.kernel.state == KERNEL_DEAD:  # nothing runs (woken from hibernation, or crashed)
+        if s.kernel.needs_new:  # nothing runs (woken from hibernation, given up, or crashed)
             return s.info
         if s.kernel.latch.request(console_busy=s.console_cells > 0):
             await s.kernel.interrupt()
@@ -404,9 +404,9 @@ class SessionManager:
         cut = self.runner.readying.cut(session_id)
         if cut is not None:  # a run or a console was readying the kernel: it restarts it instead
             await cut.wait()
-        elif s.kernel.state == KERNEL_DEAD:  # woken from hibernation, or given up: a fresh, empty kernel
+        elif s.kernel.needs_new:  # woken from hibernation, or given up: a fresh, empty kernel
             async with s.lock:
-                if s.kernel.state == KERNEL_DEAD:
+                if s.kernel.needs_new:
                     await s.kernel.replace()
                 else:  # revived while we waited (a files request): what it restored goes too
                     await s.kernel.restart()
@@ -414,7 +414,7 @@ class SessionManager:
         else:
             await s.kernel.restart()
         if not s.lock.locked():
-            s.info.status = "idle" if s.kernel.state != KERNEL_DEAD else "dead"
+            s.info.status = "dead" if s.kernel.needs_new else "idle"
         s.touch()
         self.store.save(s.info, s.kernel_id, s.workspace)
         return s.info

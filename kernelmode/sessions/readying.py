@@ -15,7 +15,6 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import RestartCut
-from ..gateway.client import KERNEL_DEAD
 
 if TYPE_CHECKING:
     from .kernels import Kernel
@@ -67,7 +66,7 @@ async def restart_in_place(k: Kernel) -> None:
     restored: a restart asked for means an empty session). A kernel still being started (woken,
     or replaced) is replaced by a new one; the half-started one is DELETEd in the background."""
     k.restore_pending = False
-    if k.state == KERNEL_DEAD:
+    if k.needs_new:
         await k.replace()
     else:
         await k.restart(tell_next_run=False)

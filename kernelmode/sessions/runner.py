@@ -22,7 +22,6 @@ from ..audit import audit
 from ..code_policy import CodePolicy
 from ..config import ADMIN_TENANT, Settings
 from ..errors import InvalidRequest, KernelmodeError, PayloadTooLarge, SessionNotFound
-from ..gateway.client import KERNEL_DEAD
 from ..gateway.exchange import ExecuteExchange, Outcome
 from ..gateway.execution import OutputCollector
 from ..gateway.frames import refuse_lone_surrogates
@@ -30,7 +29,7 @@ from ..kernel.hints import memory_hint
 from ..metrics import Metrics
 from ..models import DeathCause, RunError, RunResult, RunStatus, ToolCall
 from ..tools.approvals import Approvals
-from .kernels import Kernel
+from .kernels import Kernel, KernelState
 from .live import LiveSession
 from .readying import Readying, RestartCut, restart_in_place
 from .runs import LiveRun, RunRegistry
@@ -230,7 +229,7 @@ class Runner:
             await restart_in_place(s.kernel)
         finally:
             self.readying.done(sid)
-        s.info.status = "idle" if s.kernel.state != KERNEL_DEAD else "dead"
+        s.info.status = "dead" if s.kernel.needs_new else "idle"
         return run.collector.to_result(run.run_id, sid, "interrupted", state_lost=True, error=RunError(
             ename="KernelRestarted", evalue="a restart was requested while the session was being restored "
             "(its kernel starting, or its latest checkpoint loading): the code did not run, and the "
@@ -287,9 +286,11 @@ class Runner:
 
         exchange = ExecuteExchange(collector, on_input=lambda msg: k.answer_input(run.run_id, msg, tool_calls),
                                    on_start=on_start)
-        await exchange.send(k.conn, run.code)
+        if k.state is KernelState.IDLE:  # (else the gateway said meanwhile what became of it)
+            k.to(KernelState.BUSY)
         loop = asyncio.get_running_loop()
         try:
+            await exchange.send(k.conn, run.code)
             start = loop.time()
             outcome = await exchange.collect(start + timeout)
             # Time spent waiting for a person's approval does not count against the timeout.
@@ -324,6 +325,8 @@ class Runner:
                 k.died_under_run()
         finally:
             exchange.close()
+            if k.state is KernelState.BUSY:
+                k.to(KernelState.IDLE)
             if held_interrupt:  # delivered before the next run can start, so it cannot hit that one
                 await asyncio.gather(*held_interrupt, return_exceptions=True)
         return collector.to_result(

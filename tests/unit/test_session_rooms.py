@@ -9,7 +9,8 @@ from pathlib import Path
 
 from kernelmode.config import Settings
 from kernelmode.models import Limits, SessionInfo
-from kernelmode.sessions.kernels import InterruptLatch, Kernel, Kernels
+from kernelmode.sessions.kernel_env import Kernels
+from kernelmode.sessions.kernels import InterruptLatch, Kernel
 from kernelmode.sessions.live import LiveSession
 from kernelmode.sessions.reaper import expired
 

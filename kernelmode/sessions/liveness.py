@@ -27,13 +27,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from ..config import Settings
 from ..errors import KernelmodeError
 from ..models import DeathCause
 from .kernels import Kernel, KernelState
-from .live import LiveSession
+from .live import LiveSession, LiveView
 from .pool import WarmPool
 
 log = logging.getLogger("kernelmode.sessions")
@@ -43,7 +43,7 @@ class Liveness:
     """Probes the kernels of ``live`` sessions and of ``pool``; ``on_lost`` is told of a session
     whose kernel was given up (to record its new status)."""
 
-    def __init__(self, settings: Settings, live: Mapping[str, LiveSession], pool: WarmPool,
+    def __init__(self, settings: Settings, live: LiveView, pool: WarmPool,
                  on_lost: Callable[[LiveSession], None]) -> None:
         self.settings = settings
         self.live = live
@@ -86,12 +86,12 @@ class Liveness:
 
     async def sweep(self) -> None:
         """One probe of every kernel, all at once (each bounded by the probe timeout)."""
-        due: list[tuple[Kernel, LiveSession | None]] = [(s.kernel, s) for s in self.live.values()
+        due: list[tuple[Kernel, LiveSession | None]] = [(s.kernel, s) for s in self.live
                                                          if self._due(s.kernel, s)]
         due += [(k, None) for k in self.pool.waiting() if self._due(k, None)]
         ids = [k.kernel_id for k, _ in due]
         answers = await asyncio.gather(*(self.probe(k) for k, _ in due))
-        known = {s.kernel.kernel_id for s in self.live.values()} | {k.kernel_id for k in self.pool.waiting()}
+        known = {s.kernel.kernel_id for s in self.live} | {k.kernel_id for k in self.pool.waiting()}
         self._silence = {i: v for i, v in self._silence.items() if i in known}
         if not all(answers) and not await self._gateway_answers():
             return  # the gateway itself is silent: its kernels are not judged by it (yet)

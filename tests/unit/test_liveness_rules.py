@@ -78,7 +78,7 @@ def _setup(answers: bool, start_timeout: float = 3600.0, misses: int = 3) -> tup
     env = FakeEnv(start_timeout)
     k = FakeKernel(env, answers)
     told: list[Any] = []
-    live = {"s": FakeSession(k)}
+    live = [FakeSession(k)]
     return Liveness(settings, live, FakePool(env), told.append), k, told  # type: ignore[arg-type]
 
 

@@ -59,6 +59,6 @@ async def test_reaper_picks_expired_idle_sessions_only() -> None:
             "new": _live(kernels, "new", now + timedelta(seconds=60)),
             "busy": _live(kernels, "busy", now - timedelta(seconds=1))}
     async with live["busy"].lock:
-        assert expired(live, now) == ["old"]
+        assert expired(live.values(), now) == ["old"]
     await asyncio.sleep(0)
-    assert sorted(expired(live, now)) == ["busy", "old"]
+    assert sorted(expired(live.values(), now)) == ["busy", "old"]

@@ -49,6 +49,7 @@
     ├── ToolFailed                   (502 tool_failed)        a host tool gave no result
     ├── PackageFetchFailed           (502 package_fetch_failed) the package index or pip failed
     ├── MessageTooLarge              (500 message_too_large)  an MCP answer over the cap
+    ├── IllegalTransition            (500 illegal_transition) a kernel state change the table forbids
     ├── FrameError                   (400 bad_frame)          a refused websocket frame
     ├── BridgeError                  (502 bridge_error)       the console's websocket
     └── ServerUnreachable            (0 unreachable)          the client got no answer
@@ -338,6 +339,13 @@ class MessageTooLarge(KernelmodeError):
     code = "message_too_large"
 
 
+class IllegalTransition(KernelmodeError):
+    """A kernel was asked to move to a state its transition table does not allow from where it
+    is (sessions/kernel_state.py): a bug in the manager, refused rather than done silently."""
+
+    code = "illegal_transition"
+
+
 class FrameError(KernelmodeError, ValueError):
     """A frame refused: malformed, or over one of its bounds (the message says which)."""
 
@@ -373,7 +381,7 @@ ERRORS: dict[str, type[KernelmodeError]] = {cls.code: cls for cls in (
     SandboxUnavailable, GatewayError, GatewayForbidden, GatewayUnavailable,
     KernelUnavailable, FilesTimeout, RestartCut, StoreError, SessionStoreUnavailable,
     FileTransferFailed, ToolFailed, PackageFetchFailed,
-    MessageTooLarge, FrameError, BridgeError, ServerUnreachable,
+    MessageTooLarge, IllegalTransition, FrameError, BridgeError, ServerUnreachable,
 )}
 
 # The class for an HTTP status when the code is unknown (a newer server, a proxy's own answer).

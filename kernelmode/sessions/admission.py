@@ -11,7 +11,7 @@ from ..audit import audit
 from ..config import Settings
 from ..errors import QuotaExceeded, SessionExists, TooManySessions
 from ..tenants import Principal
-from .live import LiveSession
+from .live import LiveView
 from .store import SessionStore
 
 
@@ -19,7 +19,7 @@ class Admission:
     """``live``: the manager's live sessions; ``creating``: session id -> tenant while its kernel
     starts (both read here, kept by the manager)."""
 
-    def __init__(self, settings: Settings, store: SessionStore, live: Mapping[str, LiveSession],
+    def __init__(self, settings: Settings, store: SessionStore, live: LiveView,
                  creating: Mapping[str, str]) -> None:
         self.settings = settings
         self.store = store
@@ -55,7 +55,7 @@ class Admission:
                 f"the server holds its maximum of {self.settings.sessions.max_sessions} sessions; {advice}"
             )
         if cap is not None:
-            held = (sum(1 for s in self.live.values() if s.info.tenant == tenant)
+            held = (sum(1 for s in self.live if s.info.tenant == tenant)
                     + sum(1 for t in self.creating.values() if t == tenant))
             if held >= cap:
                 audit("quota_refused", tenant=tenant, quota="max_sessions", limit=cap)

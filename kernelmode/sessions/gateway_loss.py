@@ -7,18 +7,17 @@ server.py; this room only says what a loss means to the sessions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from ..models import DeathCause
-from .live import LiveSession
+from .kernel_state import KernelState
+from .live import LiveSession, LiveView
 from .pool import WarmPool
 from .store import SessionStore
 
 
 class GatewayLoss:
-    """``live``: the manager's live sessions (read, never added to or removed from)."""
+    """``live``: the manager's live sessions (read only)."""
 
-    def __init__(self, live: Mapping[str, LiveSession], pool: WarmPool, store: SessionStore) -> None:
+    def __init__(self, live: LiveView, pool: WarmPool, store: SessionStore) -> None:
         self.live = live
         self.pool = pool
         self.store = store
@@ -33,7 +32,7 @@ class GatewayLoss:
         """The Kernel Gateway died, and every kernel with it: each session is marked ``dead``, and
         the warm pool is dropped (refilled once a new gateway answers: ``back``)."""
         gone = DeathCause(kind="lost", detail="the kernel gateway exited, and its kernels with it")
-        for s in list(self.live.values()):
+        for s in self.live:
             await self._lose(s, gone)
         await self.pool.drop(shutdown=False)
 
@@ -45,14 +44,14 @@ class GatewayLoss:
         """Whether a live session's kernel is gone from an external gateway's list with its
         websocket closed (a gateway restarted between two looks)."""
         return any(s.kernel_id not in running and (s.conn is None or not s.conn.is_open)
-                   and s.kernel.state == "alive" for s in self.live.values())
+                   and s.kernel.state in (KernelState.IDLE, KernelState.BUSY) for s in self.live)
 
     async def external_back(self, running: set[str]) -> tuple[list[str], list[str]]:
         """An external gateway answers again after it did not: the sessions whose kernels it no
         longer runs are marked ``dead`` as in ``lost``; returns the session ids that survived and
         those lost."""
         survived, lost = [], []
-        for s in list(self.live.values()):
+        for s in self.live:
             if s.kernel_id in running:
                 survived.append(s.info.session_id)
                 continue

@@ -1,10 +1,12 @@
 """One kernel's lifecycle, one object per kernel (cf. jupyter_client's multikernelmanager and
 restarter): start, connect, preamble, restart, replace, death cause, teardown, and its interrupt
-latch. ``Kernels`` holds what every kernel shares and starts new ones.
+latch. ``Kernels`` (kernel_env.py) holds what every kernel shares and starts new ones.
 
-The state a kernel carries is written here and nowhere else: whether it is alive (from the
-gateway), whether it must be readied again (reconnect and preamble), whether the next result
-must say that variables were lost, and whether an interrupt is held for a cell not started yet.
+A kernel's state is one ``KernelState``, changed only through ``Kernel.to`` and the table of
+kernel_state.py. Beside it, what the session is owed once the kernel's process went (set
+together by ``process_gone``, each paid by whoever makes it good): the next result says
+variables were lost (``state_lost``), the latest checkpoint is restored first
+(``restore_pending``), a remote workspace gets its files back (``files_pending``).
 """
 
 from __future__ import annotations
@@ -15,210 +17,86 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..artifacts.volume import WorkspaceVolumes
 from ..audit import audit
-from ..config import Settings
 from ..errors import KernelmodeError, KernelUnavailable, SandboxUnavailable
-from ..gateway.client import KERNEL_DEAD, GatewayClient, KernelConnection
+from ..gateway.client import KERNEL_DEAD, KernelConnection
 from ..gateway.exchange import KERNEL_STATUS_EVENT, ExecuteExchange, Message, Outcome
 from ..gateway.execution import OutputCollector
 from ..gateway.launch import SAFE_VALUE, launch_env
 from ..models import DeathCause, SessionInfo, ToolCall
 from ..packages.layer import PackageLayer
-from ..packages.service import PackageService
 from ..protocol import MARKER
 from ..sandbox.spec import ENV_SESSION, KernelParams, pop_death_record
 from ..tools.base import ToolInfo
-from ..tools.broker import ToolBroker
 from .boot import kernel_boot
+from .interrupts import InterruptLatch
+from .kernel_state import GONE, NEEDS_NEW, UNREADY, KernelState, check
+
+__all__ = ["InterruptLatch", "Kernel", "KernelState"]
+
+if TYPE_CHECKING:  # kernel_env.py makes kernels: importing it here would be a cycle
+    from .kernel_env import Kernels
 
 log = logging.getLogger("kernelmode.sessions")
 REMOTE_ATTEMPT_SECONDS = 5.0  # a remote kernel's websocket that does not answer is replaced
-
-
-class InterruptLatch:
-    """Where an interrupt goes. ipykernel ignores SIGINT between cells, so an interrupt asked
-    for before the run's cell has started (kernel being readied, preamble, request in flight) is
-    held and delivered when the cell starts."""
-
-    def __init__(self) -> None:
-        self.requested = False  # the current run was asked to stop (its KeyboardInterrupt is ours)
-        self.held = False
-        self.cell_started = True  # no run waiting for its cell: an interrupt goes out at once
-
-    def arm(self) -> None:
-        """A run takes the kernel: from here an interrupt is its own, even before its cell starts."""
-        self.requested, self.held, self.cell_started = False, False, False
-
-    def disarm(self) -> None:
-        """The run is over: interrupts go straight to the kernel again."""
-        self.cell_started, self.held = True, False
-
-    def request(self, console_busy: bool) -> bool:
-        """Someone asks for an interrupt; True: deliver it now (else it is held for the cell)."""
-        self.requested = True
-        if not self.cell_started and not console_busy:
-            self.held = True
-            return False
-        return True  # the run's cell, or a person's console cell, is what the kernel runs
-
-    def stop(self) -> bool:
-        """The run passed its timeout; True: deliver now (else held until its cell starts)."""
-        if self.cell_started:
-            return True
-        self.held = True
-        return False
-
-    def cell_start(self) -> bool:
-        """The run's cell started; True: an interrupt was held for it, deliver it now."""
-        self.cell_started = True
-        held, self.held = self.held, False
-        return held
-
-
-@dataclass
-class Kernels:
-    """What every kernel shares (gateway, volumes, broker, settings); starts new kernels."""
-
-    settings: Settings
-    gateway: GatewayClient
-    volumes: WorkspaceVolumes
-    state_dir: Path
-    broker: ToolBroker
-    packages: PackageService | None = None  # the package layers, mounted into each kernel
-    # Background DELETEs of kernels given up (lost, or a failed start): nothing waits on them.
-    retiring: set[asyncio.Task[None]] = field(default_factory=set)
-
-    @property
-    def remote(self) -> bool:
-        """Kernels on a gateway the manager did not start (``gateway.url``): their workspaces
-        live with them, none is made on this disk (no loop volume, no package layer)."""
-        return self.settings.gateway.url is not None
-
-    @property
-    def start_timeout(self) -> float:
-        gw = self.settings.gateway
-        return gw.launch_timeout_seconds if gw.url else self.settings.sessions.kernel_start_timeout_seconds
-
-    def collector(self) -> OutputCollector:
-        cfg = self.settings.sessions
-        return OutputCollector(cfg.max_output_bytes, max_display_bytes=cfg.max_display_bytes)
-
-    def retire(self, kernel_id: str) -> None:
-        """Ask the gateway to DELETE a kernel, in the background and bounded: a gateway whose
-        node is gone can hold a DELETE for 30 s and then fail (Enterprise Gateway does)."""
-        async def delete() -> None:
-            try:
-                await asyncio.wait_for(self.gateway.shutdown_kernel(kernel_id, self.settings.gateway.
-                                                                    shutdown_timeout_seconds),
-                                       self.settings.gateway.shutdown_timeout_seconds + 1)
-            except (KernelmodeError, asyncio.TimeoutError) as e:
-                log.warning("kernel %s: the gateway did not shut it down (%s); left to the gateway",
-                            kernel_id, e)
-                audit("kernel_orphaned", kernel_id=kernel_id, error=str(e)[:300])
-            pop_death_record(self.state_dir, kernel_id)
-
-        task = asyncio.create_task(delete(), name=f"retire-{kernel_id}")
-        self.retiring.add(task)
-        task.add_done_callback(self.retiring.discard)
-
-    async def new(self, info: SessionInfo) -> Kernel:
-        """A started, connected, preamble-ready kernel: up to ``gateway.launch_attempts`` starts
-        (a gateway with several nodes may place each on another), then KernelUnavailable (503)
-        saying why the last one failed."""
-        attempts = self.settings.gateway.launch_attempts
-        for attempt in range(1, attempts + 1):
-            try:
-                return await self._start(info)
-            except SandboxUnavailable:
-                raise  # the sandbox refused these limits: another try gets the same answer
-            except KernelmodeError as e:
-                if attempt == attempts:
-                    raise KernelUnavailable(f"could not start a kernel ({attempts} attempt(s)); "
-                                            f"the last failed with: {e.message}") from e
-                log.warning("kernel start %d of %d failed (%s); trying again", attempt, attempts, e.message)
-                audit("kernel_start_failed", session_id=info.session_id, attempt=attempt, error=e.message[:300])
-        raise AssertionError("unreachable")
-
-    async def _start(self, info: SessionInfo) -> Kernel:
-        """Start a sandboxed kernel with its own workspace, connect, install the preamble."""
-        kernel_id = str(uuid.uuid4())
-        workspace = self.volumes.root / kernel_id
-        if self.remote:  # the gateway's kernel makes its own workspace
-            return await self._start_kernel(Kernel(self, kernel_id, workspace, info))
-        create = asyncio.ensure_future(asyncio.to_thread(self.volumes.create, workspace, info.limits.disk_mb))
-        try:
-            await asyncio.shield(create)
-        except asyncio.CancelledError:
-            # Cancelling does not stop the thread: it would mount the volume after the stop's
-            # sweep, and the mount would outlive the server. Undo it once it is made.
-            with contextlib.suppress(Exception):
-                await create
-            with contextlib.suppress(KernelmodeError):
-                await asyncio.to_thread(self.volumes.destroy, workspace)
-            raise
-        k = Kernel(self, kernel_id, workspace, info)
-        if k.layer is not None:
-            await asyncio.to_thread(k.layer.create)
-        return await self._start_kernel(k)
-
-    async def _start_kernel(self, k: Kernel) -> Kernel:
-        kernel_id = k.kernel_id
-        try:
-            await asyncio.wait_for(self.launch(k), self.start_timeout + 5)
-        except asyncio.TimeoutError:
-            # A start past its deadline may still come up later: DELETEd in the background.
-            await k.discard(shutdown=False)
-            self.retire(kernel_id)
-            raise KernelUnavailable(f"the kernel did not start within {self.start_timeout:g} s") from None
-        except BaseException as e:
-            cause = pop_death_record(self.state_dir, kernel_id)
-            await k.discard(shutdown=False)
-            self.retire(kernel_id)
-            if cause is not None and isinstance(e, KernelmodeError):
-                raise KernelUnavailable(f"the kernel died while starting ({cause.kind}): {e}") from e
-            raise
-        return k
-
-    async def launch(self, k: Kernel) -> None:
-        """Start ``k`` (its id) in the gateway and connect to it."""
-        await self.gateway.start_kernel(k.kernel_id, k.start_env(), self.start_timeout)
-        await k.connect(self.start_timeout)
 
 
 class Kernel:
     """One kernel in the gateway, its websocket and its workspace, serving ``info`` (the
     session's, or a placeholder while the kernel waits in the warm pool)."""
 
-    def __init__(self, env: Kernels, kernel_id: str, workspace: Path, info: SessionInfo) -> None:
+    def __init__(self, env: Kernels, kernel_id: str, workspace: Path, info: SessionInfo,
+                 state: KernelState = KernelState.STARTING) -> None:
         self.env = env
         self.kernel_id = kernel_id
         self.workspace = workspace
         self.info = info
         self.conn: KernelConnection | None = None
-        self.state = "alive"  # alive | restarting | dead (from the gateway)
-        self.needs_ready = False  # restarted or died: reconnect and install the preamble again
+        self.state = state  # written by ``to`` only
+        self.cause: DeathCause | None = None  # why it is LOST (the liveness probe, a gateway gone)
         self.state_lost = False  # the next result must say that variables are gone
-        self.restore_pending = False  # died: the next run first restores the latest checkpoint
+        self.restore_pending = False  # the next run first restores the latest checkpoint
         # A remote kernel's workspace lives and dies with it on its node: after a death or a wake
         # the latest checkpoint's files go back first (Checkpoints.reseed).
         self.files_pending = False
-        self.closed = False  # torn down: a run in progress must not wait for it
-        self.lost_cause: DeathCause | None = None  # given up by the liveness probe (sessions/liveness.py)
-        self.misses = 0  # liveness probes in a row without an answer
-        self.silent_since: float | None = None  # loop time of the first of those
         self.tools_installed: str | None = None  # the tool specs (JSON) the preamble holds
         self._tools_infos: list[ToolInfo] = []  # the tool list tools_installed was made from
         self.latch = InterruptLatch()
 
+    def to(self, new: KernelState) -> None:
+        """Move to ``new``; IllegalTransition (logged) if the table does not allow it."""
+        check(self.kernel_id, self.state, new)
+        self.state = new
+
     @property
     def ready(self) -> bool:
-        """Alive, connected and preamble-ready (what a pool kernel must be to be handed out)."""
-        return self.state == "alive" and not self.needs_ready and self.conn is not None and self.conn.is_open
+        """Idle or busy, connected and preamble-ready (what a pool kernel must be to be handed out)."""
+        return self.state not in UNREADY and self.conn is not None and self.conn.is_open
+
+    @property
+    def needs_ready(self) -> bool:
+        """Restarted, died or not started yet: reconnected (or replaced) before it runs code."""
+        return self.state in UNREADY
+
+    @property
+    def needs_new(self) -> bool:
+        """No process to reconnect to (given up, woken, or its start cut short): a fresh kernel
+        replaces it at its next use."""
+        return self.state in NEEDS_NEW
+
+    @property
+    def closed(self) -> bool:
+        """Torn down: a run in progress must not wait for it."""
+        return self.state is KernelState.CLOSED
+
+    def process_gone(self) -> None:
+        """The kernel's process (and its variables) went: the next result says so, the latest
+        checkpoint is restored first, and a remote workspace gets its files back."""
+        self.state_lost = self.restore_pending = True
+        self.files_pending = self.env.remote
 
     @property
     def layer(self) -> PackageLayer | None:
@@ -263,8 +141,9 @@ class Kernel:
             await self.conn.kernel_info(timeout)
         self.tools_installed = None  # a new or restarted kernel has no preamble yet
         await self.install_preamble(timeout)
-        self.needs_ready = False
-        self.state = "alive"
+        if self.state in GONE:  # given up (or torn down) while it connected: it stays so
+            raise KernelUnavailable(f"kernel {self.kernel_id} was {self.state.value} while it was connected")
+        self.to(KernelState.IDLE)
         self.info.cause = None  # it answers: whatever befell its predecessor is over
 
     async def _answering_connection(self, timeout: float) -> KernelConnection:
@@ -287,9 +166,9 @@ class Kernel:
     async def ensure_ready(self) -> bool:
         """Before a run: a fresh kernel if the gateway gave this one up (True: its id changed),
         else reconnect if needed."""
-        if self.state == KERNEL_DEAD:
-            # The gateway gave up restarting it (a crash loop) and forgot it: a fresh kernel
-            # for the session, on the same workspace.
+        if self.needs_new:
+            # The gateway gave up restarting it (a crash loop) and forgot it, the manager gave
+            # it up, or it was hibernated: a fresh kernel for the session, on the same workspace.
             await self.replace()
             return True
         if self.conn is None or not self.conn.is_open or self.needs_ready:
@@ -298,7 +177,7 @@ class Kernel:
             try:
                 await self.connect(self.env.start_timeout)
             except KernelmodeError:
-                if self.state != KERNEL_DEAD:
+                if not self.needs_new:
                     raise
                 await self.replace()  # found lost meanwhile (the liveness probe)
                 return True
@@ -368,11 +247,11 @@ class Kernel:
     # -- what the gateway tells us -----------------------------------------------------------------
     def on_status(self, state: str) -> None:
         """The gateway saw the kernel die (and is restarting it, or gave up)."""
-        self.state = state
-        self.needs_ready = True
-        self.state_lost = True
-        self.restore_pending = True
-        self.files_pending = self.env.remote
+        if self.state in GONE:  # given up or torn down: the gateway's word does not bring it back
+            log.info("kernel %s: the gateway says %s; it stays %s", self.kernel_id, state, self.state.value)
+            return
+        self.to(KernelState.DEAD if state == KERNEL_DEAD else KernelState.RESTARTING)
+        self.process_gone()
         self.info.status = "dead" if state == KERNEL_DEAD else "restarting"
         if state == KERNEL_DEAD:  # what the gateway said, no more (it gives no cause)
             self.info.cause = DeathCause(kind="unknown", detail="the gateway reported the kernel dead "
@@ -385,10 +264,11 @@ class Kernel:
         """The kernel stopped answering (or its gateway forgot it): a run in flight ends now as
         kernel_died with ``cause``; the next run gets a fresh kernel, without waiting on the
         gateway's DELETE of this one."""
-        self.lost_cause = cause
-        self.state = KERNEL_DEAD
-        self.needs_ready = self.state_lost = self.restore_pending = True
-        self.files_pending = self.env.remote
+        if self.closed:
+            return  # torn down already: nothing to give up
+        self.to(KernelState.LOST)
+        self.cause = cause
+        self.process_gone()
         self.info.status = "dead"
         self.info.cause = cause
         log.warning("session %s: kernel %s is lost: %s", self.info.session_id, self.kernel_id, cause.detail)
@@ -398,17 +278,17 @@ class Kernel:
             self.conn.broadcast({"msg_type": KERNEL_STATUS_EVENT, "state": "lost"})
 
     def died_under_run(self) -> None:
-        """A run saw the kernel die or its websocket close: ready it again before the next run."""
-        self.state_lost = True
-        self.needs_ready = True
-        self.restore_pending = True
-        self.files_pending = self.env.remote
+        """A run saw the kernel die or its websocket close: ready it again before the next run
+        (unless the gateway or the manager already said what became of it)."""
+        if self.state in (KernelState.IDLE, KernelState.BUSY):
+            self.to(KernelState.RESTARTING)
+        self.process_gone()
 
     async def death_cause(self) -> DeathCause:
         """The provisioner's record of why the kernel died (it may take a moment to appear);
         the liveness probe's finding when it gave the kernel up (a remote gateway writes no record)."""
-        if self.lost_cause is not None:
-            return self.lost_cause
+        if self.state is KernelState.LOST and self.cause is not None:
+            return self.cause
         if self.closed:
             return DeathCause(kind="unknown")
         deadline = time.monotonic() + 3 * self.env.settings.gateway.poll_interval_seconds + 1.0
@@ -435,15 +315,20 @@ class Kernel:
         the next run). ``tell_next_run``: the next result says variables are gone (not when the
         result of the run that caused the restart says it)."""
         timeout = self.env.start_timeout
-        self.needs_ready = True
-        try:
-            await self.env.gateway.restart_kernel(self.kernel_id, timeout)
-            await self.connect(timeout)
-            audit("kernel_restarted", session_id=self.info.session_id, tenant=self.info.tenant,
-                  kernel_id=self.kernel_id)
-        except KernelmodeError as e:
-            log.error("session %s: kernel restart failed: %s", self.info.session_id, e)
-            self.state = KERNEL_DEAD
+        if self.needs_new or self.closed:  # no process to restart: a fresh one at the next use
+            log.info("session %s: kernel %s is %s, not restarted", self.info.session_id, self.kernel_id,
+                     self.state.value)
+        else:
+            self.to(KernelState.RESTARTING)
+            try:
+                await self.env.gateway.restart_kernel(self.kernel_id, timeout)
+                await self.connect(timeout)
+                audit("kernel_restarted", session_id=self.info.session_id, tenant=self.info.tenant,
+                      kernel_id=self.kernel_id)
+            except KernelmodeError as e:
+                log.error("session %s: kernel restart failed: %s", self.info.session_id, e)
+                if self.state not in GONE:
+                    self.to(KernelState.DEAD)
         if tell_next_run:
             self.state_lost = True
         self.restore_pending = False  # a restart asked for: the session starts empty
@@ -453,11 +338,13 @@ class Kernel:
         is DELETEd in the background (a lost node's gateway may hold that DELETE for long)."""
         await self.shutdown(in_gateway=False)
         self.env.retire(self.kernel_id)
-        self.lost_cause = self.info.cause = None
-        self.misses, self.silent_since = 0, None
+        self.cause = self.info.cause = None
         self.state_lost = True
         attempts = self.env.settings.gateway.launch_attempts
         for attempt in range(1, attempts + 1):
+            if self.closed:  # its session was deleted meanwhile: no kernel for nobody
+                raise KernelUnavailable("the session was deleted while its kernel was replaced")
+            self.to(KernelState.STARTING)  # (a failed attempt may have left it restarting or dead)
             self.kernel_id = str(uuid.uuid4())
             self.info.kernel_id = self.kernel_id
             try:
@@ -468,6 +355,8 @@ class Kernel:
                     await self.conn.close()
                 self.env.retire(self.kernel_id)
                 if attempt == attempts or isinstance(e, SandboxUnavailable):
+                    if self.state not in GONE:
+                        self.to(KernelState.DEAD)  # replaced again at the next use
                     raise KernelUnavailable(f"could not start a new kernel for the session ({attempt} "
                                             f"attempt(s)): {getattr(e, 'message', None) or 'timed out'}") from e
                 log.warning("session %s: kernel start %d of %d failed; trying again", self.info.session_id,
@@ -487,8 +376,8 @@ class Kernel:
 
     async def discard(self, shutdown: bool = True) -> None:
         """Close, shut down and forget the kernel and its workspace."""
-        self.closed = True
-        lost = self.lost_cause is not None
+        lost = self.state is KernelState.LOST
+        self.to(KernelState.CLOSED)
         await self.shutdown(in_gateway=shutdown and not lost)
         if shutdown and lost:  # nobody waits on the DELETE of a kernel that does not answer
             self.env.retire(self.kernel_id)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import MutableMapping
 from typing import TYPE_CHECKING
 
 from ..errors import KernelmodeError
+from ..models import RunResult
 from . import recovery
-from .live import LiveSession
+from .live import LiveSession, LiveView
 
 if TYPE_CHECKING:  # the manager passes itself in; importing it would be a cycle
     from .manager import SessionManager
@@ -23,16 +23,19 @@ log = logging.getLogger("kernelmode.sessions")
 
 
 class Lifecycle:
-    """``manager``: whose rooms start and stop; ``live``: its live sessions (adopted ones enter)."""
+    """``manager``: whose rooms start and stop; ``live``: its live sessions, read only (the
+    manager puts the adopted ones in, and empties it at the stop)."""
 
-    def __init__(self, manager: SessionManager, live: MutableMapping[str, LiveSession]) -> None:
+    def __init__(self, manager: SessionManager, live: LiveView) -> None:
         self.m = manager
         self.live = live
         self._strays: asyncio.Task[None] | None = None
+        self._in_flight: dict[str, RunResult] = {}  # runs the previous manager left running
 
-    async def start(self, running_kernels: set[str] | frozenset[str]) -> None:
-        """``running_kernels``: kernels of an adopted gateway (left by a crashed manager); the
-        sessions they belong to are taken over with their variables, the rest become ``lost``."""
+    async def adopt(self, running_kernels: set[str] | frozenset[str]) -> list[LiveSession]:
+        """Start's first half: the sessions of ``running_kernels`` (kernels of an adopted
+        gateway, left by a crashed manager), taken over with their variables (the manager makes
+        them live); the rest become ``lost``."""
         m, store = self.m, self.m.store
         adoptable = recovery.adoptable(store, running_kernels)
         adopted_ids = {i.session_id for i in adoptable}
@@ -44,11 +47,16 @@ class Lifecycle:
         keep_mounted = {w for i in adoptable if (w := store.workspace(i.session_id)) is not None}
         m.quota = await asyncio.to_thread(m.volumes.start, keep_mounted)
         log.info("workspace quota: %s", m.quota)
-        in_flight = {r.session_id: r for r in store.runs_in_flight()}
-        for s in await recovery.adopt(m.kernels, store, adoptable, in_flight):
-            self.live[s.info.session_id] = s
-        recovery.end_interrupted_runs(store, in_flight, set(self.live))
-        strays = running_kernels - {s.kernel_id for s in self.live.values()}
+        self._in_flight = {r.session_id: r for r in store.runs_in_flight()}
+        return await recovery.adopt(m.kernels, store, adoptable, self._in_flight)
+
+    async def begin(self, running_kernels: set[str] | frozenset[str]) -> None:
+        """Start's second half, with the adopted sessions live: interrupted runs ended, stray
+        kernels and litter cleared, the reaper, the liveness probes and the warm pool begun."""
+        m, store = self.m, self.m.store
+        recovery.end_interrupted_runs(store, self._in_flight, set(self.live.ids()))
+        self._in_flight = {}
+        strays = running_kernels - {s.kernel_id for s in self.live}
         if strays:  # pool kernels of the dead manager, and the like: after start, in the background
             self._strays = asyncio.create_task(self._shut_down(strays), name="strays")
         # Workspaces of kernels that belong to no session (a previous run's pool) are litter.
@@ -72,16 +80,15 @@ class Lifecycle:
             self._strays.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._strays
-        for s in list(self.live.values()):
+        for s in self.live:
             if not keep_sessions:
                 store.mark_lost(s.info)
         # At once, not one by one: an MCP client gives its stdio server 2 s to exit. The kernels
         # of live sessions keep running (a successor may adopt them); only pool kernels go.
-        await asyncio.gather(*(s.conn.close() for s in self.live.values() if s.conn),
+        await asyncio.gather(*(s.conn.close() for s in self.live if s.conn),
                              m.pool.stop(), return_exceptions=True)
         await asyncio.to_thread(m.volumes.sweep,
-                                {s.workspace for s in self.live.values()} | store.hibernated_workspaces())
-        self.live.clear()
+                                {s.workspace for s in self.live} | store.hibernated_workspaces())
 
     async def _shut_down(self, kernel_ids: set[str] | frozenset[str]) -> None:
         for kernel_id in kernel_ids:

@@ -1,13 +1,20 @@
 """A live session: its kernel, the lock that queues its runs, and what the manager remembers of
-its workspace and of an attached console."""
+its workspace and of an attached console; and ``LiveSessions``, the one map of them by id.
+
+The map has one owner, the SessionManager: it alone adds and removes (a create, an adoption at
+start, a wake; a delete, a hibernation, a stop). Its rooms get the read-only ``LiveView`` in
+their constructors (mypy keeps them from writing) and see every change at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from ..errors import SessionExists
 from ..gateway.client import KernelConnection
 from ..models import SessionInfo
 from .kernels import Kernel
@@ -48,3 +55,46 @@ class LiveSession:
         t = now()
         self.info.last_activity = t
         self.info.expires_at = t + timedelta(seconds=self.info.ttl_seconds)
+
+
+class LiveView:
+    """The live sessions, read only: what the manager's rooms are given."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, LiveSession] = {}
+
+    def get(self, session_id: str) -> LiveSession | None:
+        return self._by_id.get(session_id)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._by_id
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self) -> Iterator[LiveSession]:
+        """The sessions live now (a copy: the caller may await while it walks them)."""
+        return iter(list(self._by_id.values()))
+
+    def ids(self) -> list[str]:
+        return list(self._by_id)
+
+
+class LiveSessions(LiveView):
+    """The live sessions by id, and the only way to change which are live."""
+
+    def add(self, s: LiveSession) -> None:
+        """``s`` is live from now (SessionExists if another session holds its id)."""
+        sid = s.info.session_id
+        if sid in self._by_id:
+            raise SessionExists(f"session {sid!r} is live already")
+        self._by_id[sid] = s
+
+    def remove(self, session_id: str) -> LiveSession | None:
+        """``session_id`` is no longer live; the session it was, if any."""
+        return self._by_id.pop(session_id, None)
+
+    def clear(self) -> list[LiveSession]:
+        """None is live any more (a stop); those that were."""
+        gone, self._by_id = list(self._by_id.values()), {}
+        return gone

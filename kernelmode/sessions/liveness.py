@@ -27,14 +27,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from ..config import Settings
 from ..errors import KernelmodeError
-from ..gateway.client import KERNEL_DEAD, KERNEL_RESTARTING
 from ..models import DeathCause
-from .kernels import Kernel
-from .live import LiveSession
+from .kernels import Kernel, KernelState
+from .live import LiveSession, LiveView
 from .pool import WarmPool
 
 log = logging.getLogger("kernelmode.sessions")
@@ -44,7 +43,7 @@ class Liveness:
     """Probes the kernels of ``live`` sessions and of ``pool``; ``on_lost`` is told of a session
     whose kernel was given up (to record its new status)."""
 
-    def __init__(self, settings: Settings, live: Mapping[str, LiveSession], pool: WarmPool,
+    def __init__(self, settings: Settings, live: LiveView, pool: WarmPool,
                  on_lost: Callable[[LiveSession], None]) -> None:
         self.settings = settings
         self.live = live
@@ -54,6 +53,9 @@ class Liveness:
         self.lost = 0  # kernels given up
         self._task: asyncio.Task[None] | None = None
         self._gateway_silent_since: float | None = None
+        # kernel id -> (probes missed in a row, loop time of the first of them); a replaced
+        # kernel has a new id, and so starts afresh.
+        self._silence: dict[str, tuple[int, float]] = {}
 
     @property
     def interval(self) -> float:
@@ -84,16 +86,22 @@ class Liveness:
 
     async def sweep(self) -> None:
         """One probe of every kernel, all at once (each bounded by the probe timeout)."""
-        due: list[tuple[Kernel, LiveSession | None]] = [(s.kernel, s) for s in self.live.values()
+        due: list[tuple[Kernel, LiveSession | None]] = [(s.kernel, s) for s in self.live
                                                          if self._due(s.kernel, s)]
         due += [(k, None) for k in self.pool.waiting() if self._due(k, None)]
         ids = [k.kernel_id for k, _ in due]
         answers = await asyncio.gather(*(self.probe(k) for k, _ in due))
+        known = {s.kernel.kernel_id for s in self.live} | {k.kernel_id for k in self.pool.waiting()}
+        self._silence = {i: v for i, v in self._silence.items() if i in known}
         if not all(answers) and not await self._gateway_answers():
             return  # the gateway itself is silent: its kernels are not judged by it (yet)
         for (k, s), kernel_id, answered in zip(due, ids, answers, strict=True):
-            if k.kernel_id == kernel_id and not k.closed and k.state != KERNEL_DEAD:  # else: replaced meanwhile
+            if k.kernel_id == kernel_id and not k.needs_new and not k.closed:  # else: replaced meanwhile
                 self._judge(k, s, answered)
+
+    def misses(self, kernel_id: str) -> int:
+        """Probes the kernel missed in a row."""
+        return self._silence.get(kernel_id, (0, 0.0))[0]
 
     async def _gateway_answers(self) -> bool:
         """Whether misses count: the gateway answers (so its kernels do not), or it has been
@@ -112,28 +120,29 @@ class Liveness:
 
     @staticmethod
     def _due(k: Kernel, s: LiveSession | None) -> bool:
-        if k.closed or k.state == KERNEL_DEAD or k.conn is None:
-            return False  # torn down, already given up (replaced at its next run), or starting
+        if k.closed or k.needs_new or k.conn is None:
+            return False  # torn down, given up or asleep (replaced at its next run), or starting
         # A run is (re)connecting it: that connect has a deadline of its own.
         return not (s is not None and k.needs_ready and s.lock.locked())
 
     def _judge(self, k: Kernel, s: LiveSession | None, answered: bool) -> None:
         now = asyncio.get_running_loop().time()
         if answered:
-            k.misses, k.silent_since = 0, None
+            self._silence.pop(k.kernel_id, None)
             return
-        k.misses += 1
-        if k.silent_since is None:
-            k.silent_since = now
+        misses, since = self._silence.get(k.kernel_id, (0, now))
+        misses += 1
+        self._silence[k.kernel_id] = (misses, since)
         allowed = self.settings.gateway.probe_misses
-        log.info("kernel %s did not answer a liveness probe (%d of %d)", k.kernel_id, k.misses, allowed)
-        # A kernel the gateway is restarting may take a launch's time to answer again.
-        restarting = k.state == KERNEL_RESTARTING and now - k.silent_since < k.env.start_timeout
-        if k.misses < allowed or restarting:
+        log.info("kernel %s did not answer a liveness probe (%d of %d)", k.kernel_id, misses, allowed)
+        # A kernel being restarted may take a launch's time to answer again.
+        restarting = k.state is KernelState.RESTARTING and now - since < k.env.start_timeout
+        if misses < allowed or restarting:
             return
         self.lost += 1
+        del self._silence[k.kernel_id]
         k.lose(DeathCause(kind="lost", detail=(
-            f"no answer to kernel_info within {self.timeout:g} s, {k.misses} times in a row "
+            f"no answer to kernel_info within {self.timeout:g} s, {misses} times in a row "
             "(its node, its network or the kernel itself stopped answering)")))
         if s is not None:
             self.on_lost(s)

@@ -1,5 +1,5 @@
-"""SessionManager: the core every front door calls. It holds the live sessions and composes the
-rooms that do the work: ``kernels`` (one kernel's lifecycle), ``pool`` (warm kernels),
+"""SessionManager: the core every front door calls. It owns the live sessions (``live``: only
+this module adds or removes one; its rooms get a read-only view) and composes the rooms that do the work: ``kernels`` (one kernel's lifecycle), ``pool`` (warm kernels),
 ``runner`` (a run from submit to RunResult), ``files`` (workspace, artifacts, notebook),
 ``forks`` (checkpoints on demand, forks, resume), ``gateway_loss`` (what a gateway's failure
 means to the sessions), ``admission`` (ids and caps), ``listing`` (pages), ``lifecycle`` (start
@@ -32,7 +32,7 @@ from ..errors import (
     SessionNotFound,
     StoreError,
 )
-from ..gateway.client import KERNEL_DEAD, GatewayClient
+from ..gateway.client import GatewayClient
 from ..gateway.exchange import KERNEL_STATUS_EVENT, RESTARTED
 from ..metrics import Metrics
 from ..models import (
@@ -61,12 +61,13 @@ from .files import SessionFiles
 from .forks import Forks
 from .gateway_loss import GatewayLoss
 from .hibernation import Hibernation
-from .kernels import Kernels
+from .kernel_env import Kernels
 from .lifecycle import Lifecycle
-from .live import LiveSession, now
+from .live import LiveSession, LiveSessions, now
 from .liveness import Liveness
 from .packages import SessionPackages
 from .pool import WarmPool
+from .readying import restart_asked
 from .reaper import Reaper, expired
 from .runner import Runner
 from .runs import LiveRun
@@ -91,29 +92,28 @@ class SessionManager:
         self.quota = "off"
         self.state_dir = state_dir
         self.sandbox = sandbox
-        self._live: dict[str, LiveSession] = {}
+        self.live = LiveSessions()
         self._creating: dict[str, str] = {}  # session id -> tenant, while its kernel starts
-        self.admission = Admission(settings, store, self._live, self._creating)
+        self.admission = Admission(settings, store, self.live, self._creating)
         self.metrics = Metrics(known_tool=broker.knows)
-        self.packages = SessionPackages(PackageService(settings, data_dir, sandbox), self._live.get)
+        self.packages = SessionPackages(PackageService(settings, data_dir, sandbox), self.live.get)
         broker.reserved[PIP] = self.packages.from_kernel  # %pip install in a cell
         self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service)
         self.pool = WarmPool(settings, self.kernels, sandbox)
-        self.runner = Runner(settings, store, harvester, self.metrics, self._live, self.kernels.collector,
-                             broker.approvals, policy)
-        self.runs = self.runner.runs
-        self.reaper = Reaper(settings.sessions.reap_interval_seconds, self.reap_expired)
         self.checkpoints = Checkpoints(settings, store, harvester.store if harvester else None,
                                        harvester.scratch if harvester else state_dir)
-        self.files = SessionFiles(settings, store, harvester, self._live.get, self.live_session,
+        self.runner = Runner(settings, store, harvester, self.metrics, self.live, self.kernels.collector,
+                             broker.approvals, policy, before_run=self.checkpoints.before_run,
+                             after_run=self.checkpoints.after_run, revive=self.live_session)
+        self.runs = self.runner.runs
+        self.reaper = Reaper(settings.sessions.reap_interval_seconds, self.reap_expired)
+        self.files = SessionFiles(settings, store, harvester, self.live.get, self.live_session,
                                   self.checkpoints.reseed)
         self.forks = Forks(self)
-        self.gateway_loss = GatewayLoss(self._live, self.pool, store)
-        self.lifecycle = Lifecycle(self, self._live)
-        self.runner.before_run, self.runner.after_run = self.checkpoints.before_run, self.checkpoints.after_run
-        self.runner.revive = self.live_session
-        self.hibernation = Hibernation(settings, store, self.checkpoints, self.kernels, self._live)
-        self.liveness = Liveness(settings, self._live, self.pool,
+        self.gateway_loss = GatewayLoss(self.live, self.pool, store)
+        self.lifecycle = Lifecycle(self, self.live)
+        self.hibernation = Hibernation(settings, store, self.checkpoints, self.kernels, self.live)
+        self.liveness = Liveness(settings, self.live, self.pool,
                                  lambda s: self.store.save(s.info, s.kernel_id, s.workspace))
         self.metrics.watch(self._gauges)  # after the rooms: registering reads the gauges once
         # Where each kernel's memory use can be read (its cgroup), if anywhere.
@@ -123,12 +123,15 @@ class SessionManager:
     async def start(self, running_kernels: set[str] | frozenset[str] = frozenset()) -> None:
         """``running_kernels``: kernels of an adopted gateway (left by a crashed manager); the
         sessions they belong to are taken over with their variables, the rest become ``lost``."""
-        await self.lifecycle.start(running_kernels)
+        for s in await self.lifecycle.adopt(running_kernels):
+            self.live.add(s)
+        await self.lifecycle.begin(running_kernels)
 
     async def stop(self, keep_sessions: bool = False) -> None:
         """``keep_sessions``: their kernels outlive this manager (an external gateway keeps them),
         so they stay adoptable by the next `serve` instead of being marked lost."""
         await self.lifecycle.stop(keep_sessions)
+        self.live.clear()
 
     # -- the gateway's failures (gateway_loss) -----------------------------------------------------
     async def gateway_lost(self) -> None:
@@ -154,7 +157,7 @@ class SessionManager:
 
     # -- queries -----------------------------------------------------------------------------------
     def _gauges(self) -> tuple[dict[str, int], int, int]:
-        by_status: dict[str, int] = dict(Tally(str(s.info.status) for s in self._live.values()))
+        by_status: dict[str, int] = dict(Tally(str(s.info.status) for s in self.live))
         stored = self.store.status_counts()
         by_status["lost"], by_status["hibernated"] = stored.get("lost", 0), stored.get("hibernated", 0)
         return by_status, self.pool.ready, self.pool.size
@@ -168,7 +171,7 @@ class SessionManager:
     def with_kernels(self, principal: Principal = ADMIN) -> list[SessionInfo]:
         """The sessions ``principal`` may see that hold a kernel (live) or can wake one
         (hibernated), in creation order: the lost ones, most of a long-lived store, are not read."""
-        live = {sid: self._with_usage(s) for sid, s in self._live.items() if principal.may_see(s.info.tenant)}
+        live = {s.info.session_id: self._with_usage(s) for s in self.live if principal.may_see(s.info.tenant)}
         asleep = [i for i in self.store.hibernated(None if principal.admin else principal.tenant)
                   if i.session_id not in live]
         return sorted([*live.values(), *asleep], key=lambda i: (i.created_at, i.session_id))
@@ -178,13 +181,13 @@ class SessionManager:
         """One page of the sessions ``principal`` may see, after ``cursor`` (listing.py)."""
         shown, next_cursor = listing.page_from(self.store.page, principal, limit, cursor, newest_first)
         # The store orders and filters; a live session's own info (status, usage) is the one shown.
-        return SessionList(sessions=[i if (s := self._live.get(i.session_id)) is None else self._with_usage(s)
+        return SessionList(sessions=[i if (s := self.live.get(i.session_id)) is None else self._with_usage(s)
                                      for i in shown], next_cursor=next_cursor)
 
     def may_see(self, principal: Principal, session_id: str) -> bool:
         if principal.admin:
             return True
-        live = self._live.get(session_id)
+        live = self.live.get(session_id)
         return principal.may_see(live.info.tenant if live is not None else self.store.owner(session_id))
 
     def authorize(self, principal: Principal, session_id: str) -> None:
@@ -193,8 +196,8 @@ class SessionManager:
             raise SessionNotFound(f"no session {session_id!r}")
 
     def get(self, session_id: str) -> SessionInfo:
-        if session_id in self._live:
-            return self._with_usage(self._live[session_id])
+        if (s := self.live.get(session_id)) is not None:
+            return self._with_usage(s)
         info = self.store.get(session_id)
         if info is None:
             raise SessionNotFound(f"no session {session_id!r}")
@@ -202,7 +205,7 @@ class SessionManager:
 
     def status(self, session_id: str) -> str:
         """A session's status alone (``get`` without its usage figures, read from the cgroup)."""
-        live = self._live.get(session_id)
+        live = self.live.get(session_id)
         info = live.info if live is not None else self.store.get(session_id)
         if info is None:
             raise SessionNotFound(f"no session {session_id!r}")
@@ -210,14 +213,16 @@ class SessionManager:
 
     def live_session(self, session_id: str) -> LiveSession:
         """The live session (SessionNotFound, or KernelUnavailable when it is lost)."""
-        s = self._live.get(session_id)
+        s = self.live.get(session_id)
         if s is None:
             info = self.store.get(session_id)
             if info is None:
                 raise SessionNotFound(f"no session {session_id!r}")
             if info.status == "hibernated":
                 self.admission.check_wake(session_id, info.tenant)  # a wake is an admission
-                return self.hibernation.wake(info)  # its next run starts a kernel and restores
+                s = self.hibernation.wake(info)  # its next run starts a kernel and restores
+                self.live.add(s)
+                return s
             raise KernelUnavailable(
                 f"session {session_id!r} is {info.status}: its kernel is gone (the server restarted); "
                 "delete it and create a new one"
@@ -226,7 +231,7 @@ class SessionManager:
 
     def peek(self, session_id: str) -> LiveSession | None:
         """The live session, or None; never wakes a hibernated one (for listings)."""
-        return self._live.get(session_id)
+        return self.live.get(session_id)
 
     # -- create / delete ---------------------------------------------------------------------------
     async def create(self, req: SessionCreate, principal: Principal = ADMIN) -> SessionInfo:
@@ -266,7 +271,8 @@ class SessionManager:
         finally:
             self._creating.pop(sid, None)
         info.kernel_id = k.kernel_id
-        s = self._live[sid] = LiveSession(kernel=k)
+        s = LiveSession(kernel=k)
+        self.live.add(s)
         self.metrics.sessions_created.labels("true" if info.from_pool else "false", tenant).inc()
         self.store.take_id(sid, tenant)  # runs of an earlier session with this id are not this one's
         self.store.save(info, s.kernel_id, s.workspace)
@@ -291,13 +297,13 @@ class SessionManager:
     async def delete(self, session_id: str, keep_notebook: bool = True, reason: str = "closed") -> None:
         """Stop the session's kernel and remove its workspace; its history is kept as a notebook
         among its artifacts (``keep_notebook``) and its runs stay in the store."""
-        if keep_notebook and self.harvester is not None and session_id in self._live and \
+        if keep_notebook and self.harvester is not None and session_id in self.live and \
                 self.store.has_runs(session_id):
             try:
                 await self.files.keep_notebook(session_id, "notebook.ipynb")
             except (KernelmodeError, StoreError) as e:
                 log.warning("session %s: the notebook could not be kept: %s", session_id, e)
-        s = self._live.pop(session_id, None)
+        s = self.live.remove(session_id)
         tenant = s.info.tenant if s is not None else self.store.owner(session_id)
         if s is None:
             workspace = self.store.workspace(session_id)
@@ -319,7 +325,7 @@ class SessionManager:
     def record_console_run(self, s: LiveSession, code: str, result: RunResult,
                            events: list[dict[str, Any]]) -> None:
         """A run typed in an attached console: in the session's history like any other."""
-        if s.info.session_id not in self._live:
+        if s.info.session_id not in self.live:
             return
         self.store.add_run(code, result, events)
         self.store.save(s.info, s.kernel_id, s.workspace)
@@ -383,13 +389,13 @@ class SessionManager:
     async def interrupt(self, session_id: str) -> SessionInfo:
         """Interrupt the running code. A run still waiting for the code policy's approval is
         refused; a tool call waiting for approval ends with the cell (KeyboardInterrupt)."""
-        if session_id not in self._live and (info := self.get(session_id)).status == "hibernated":
+        if session_id not in self.live and (info := self.get(session_id)).status == "hibernated":
             return info  # nothing runs, and an interrupt is no reason to wake it
         s = self.live_session(session_id)
         for run in self.runs.in_flight(session_id):
             if run.gate is not None:
                 run.gate.deny_pending("interrupted", "interrupt", tool="policy:run")
-        if s.kernel.state == KERNEL_DEAD:  # nothing runs (woken from hibernation, or crashed)
+        if s.kernel.needs_new:  # nothing runs (woken from hibernation, given up, or crashed)
             return s.info
         if s.kernel.latch.request(console_busy=s.console_cells > 0):
             await s.kernel.interrupt()
@@ -401,20 +407,9 @@ class SessionManager:
         if s.conn is not None:
             s.conn.broadcast({"msg_type": KERNEL_STATUS_EVENT, "state": RESTARTED})
         s.info.status = "restarting"
-        cut = self.runner.readying.cut(session_id)
-        if cut is not None:  # a run or a console was readying the kernel: it restarts it instead
-            await cut.wait()
-        elif s.kernel.state == KERNEL_DEAD:  # woken from hibernation, or given up: a fresh, empty kernel
-            async with s.lock:
-                if s.kernel.state == KERNEL_DEAD:
-                    await s.kernel.replace()
-                else:  # revived while we waited (a files request): what it restored goes too
-                    await s.kernel.restart()
-                s.kernel.restore_pending = False  # a restart asked for: the session starts empty
-        else:
-            await s.kernel.restart()
+        await restart_asked(s, self.runner.readying)
         if not s.lock.locked():
-            s.info.status = "idle" if s.kernel.state != KERNEL_DEAD else "dead"
+            s.info.status = "dead" if s.kernel.needs_new else "idle"
         s.touch()
         self.store.save(s.info, s.kernel_id, s.workspace)
         return s.info
@@ -474,16 +469,27 @@ class SessionManager:
         if self.hibernation.on:
             t = now()
             # A due session may be deleted while an earlier one hibernates: skip it, never a KeyError.
-            slept = [sid for sid in self.hibernation.due(t)
-                     if (s := self._live.get(sid)) is not None and await self.hibernation.hibernate(s)]
+            slept = [sid for sid in self.hibernation.due(t) if await self._hibernate(sid)]
             for sid in self.hibernation.expired(t):
                 log.info("hibernated session %s expired", sid)
                 with contextlib.suppress(SessionNotFound):
                     await self.delete(sid, reason="expired")
             return slept
-        gone = expired(self._live, now())
+        gone = expired(self.live, now())
         for sid in gone:
-            log.info("session %s expired after %d s idle", sid, self._live[sid].info.ttl_seconds)
+            log.info("session %s expired (idle past its ttl)", sid)
             with contextlib.suppress(SessionNotFound):
                 await self.delete(sid, reason="expired")
         return gone
+
+    async def _hibernate(self, session_id: str) -> bool:
+        """Hibernate the session (under its lock) and take it out of the live ones; False when
+        it is gone meanwhile or its state could not be saved (it stays live)."""
+        s = self.live.get(session_id)  # a due session may be deleted while an earlier one sleeps
+        if s is None:
+            return False
+        async with s.lock:
+            if self.live.get(session_id) is not s or not await self.hibernation.hibernate(s):
+                return False
+            self.live.remove(session_id)
+        return True

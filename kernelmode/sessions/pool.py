@@ -9,7 +9,8 @@ import logging
 from ..config import Settings
 from ..errors import KernelmodeError
 from ..models import Limits, SessionInfo
-from .kernels import Kernel, Kernels
+from .kernel_env import Kernels
+from .kernels import Kernel
 from .live import now
 
 log = logging.getLogger("kernelmode.sessions")

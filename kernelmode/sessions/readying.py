@@ -15,10 +15,10 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import RestartCut
-from ..gateway.client import KERNEL_DEAD
 
 if TYPE_CHECKING:
     from .kernels import Kernel
+    from .live import LiveSession
 
 T = TypeVar("T")
 
@@ -67,8 +67,26 @@ async def restart_in_place(k: Kernel) -> None:
     restored: a restart asked for means an empty session). A kernel still being started (woken,
     or replaced) is replaced by a new one; the half-started one is DELETEd in the background."""
     k.restore_pending = False
-    if k.state == KERNEL_DEAD:
+    if k.needs_new:
         await k.replace()
     else:
         await k.restart(tell_next_run=False)
     k.restore_pending = False
+
+
+async def restart_asked(s: LiveSession, readying: Readying) -> None:
+    """A restart asked for (REST, the Jupyter API): a run or a console readying the kernel
+    restarts it in its place; a kernel with no process (woken, given up) is replaced under the
+    session's lock; else the kernel is restarted at once (a running call ends ``interrupted``)."""
+    cut = readying.cut(s.info.session_id)
+    if cut is not None:
+        await cut.wait()
+    elif s.kernel.needs_new:
+        async with s.lock:
+            if s.kernel.needs_new:
+                await s.kernel.replace()
+            else:  # revived while we waited (a files request): what it restored goes too
+                await s.kernel.restart()
+            s.kernel.restore_pending = False  # a restart asked for: the session starts empty
+    else:
+        await s.kernel.restart()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 
 from .live import LiveSession
@@ -13,9 +13,9 @@ from .live import LiveSession
 log = logging.getLogger("kernelmode.sessions")
 
 
-def expired(live: Mapping[str, LiveSession], at: datetime) -> list[str]:
+def expired(live: Iterable[LiveSession], at: datetime) -> list[str]:
     """Sessions past their expiry that run nothing now."""
-    return [sid for sid, s in live.items()
+    return [s.info.session_id for s in live
             if not s.lock.locked() and s.info.expires_at and s.info.expires_at <= at]
 
 

@@ -9,7 +9,8 @@ import logging
 from ..audit import audit
 from ..errors import KernelmodeError
 from ..models import RunError, RunResult, SessionInfo
-from .kernels import Kernel, Kernels
+from .kernel_env import Kernels
+from .kernels import Kernel
 from .live import LiveSession
 from .store import SessionStore
 

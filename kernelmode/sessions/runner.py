@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ..artifacts.channel import file_channel
@@ -22,7 +22,6 @@ from ..audit import audit
 from ..code_policy import CodePolicy
 from ..config import ADMIN_TENANT, Settings
 from ..errors import InvalidRequest, KernelmodeError, PayloadTooLarge, SessionNotFound
-from ..gateway.client import KERNEL_DEAD
 from ..gateway.exchange import ExecuteExchange, Outcome
 from ..gateway.execution import OutputCollector
 from ..metrics import Metrics
@@ -30,8 +29,8 @@ from ..models import DeathCause, RunError, RunResult, RunStatus, ToolCall
 from ..protocol import memory_hint
 from ..protocol.frames import refuse_lone_surrogates
 from ..tools.approvals import Approvals
-from .kernels import Kernel
-from .live import LiveSession
+from .kernels import Kernel, KernelState
+from .live import LiveSession, LiveView
 from .readying import Readying, RestartCut, restart_in_place
 from .runs import LiveRun, RunRegistry
 from .store import SessionStore
@@ -57,12 +56,19 @@ def _expire(run: LiveRun, expired: list[bool]) -> None:
 
 
 class Runner:
-    """Runs code in live sessions (``live``: the manager's sessions by id, read only)."""
+    """Runs code in live sessions (``live``: the manager's sessions by id, read only).
+
+    ``before_run``: a restore after a kernel's death, before the run (checkpoints); ``after_run``:
+    called with the session's lock released (an automatic checkpoint); ``revive``: the live
+    session by id, a hibernated one woken (SessionNotFound when it is gone)."""
 
     def __init__(self, settings: Settings, store: SessionStore, harvester: Harvester | None,
-                 metrics: Metrics, live: Mapping[str, LiveSession],
+                 metrics: Metrics, live: LiveView,
                  collector: Callable[[], OutputCollector], approvals: Approvals | None = None,
-                 policy: CodePolicy | None = None) -> None:
+                 policy: CodePolicy | None = None, *,
+                 before_run: Callable[[LiveSession], Awaitable[Restore | None]],
+                 after_run: Callable[[LiveSession, RunResult], None],
+                 revive: Callable[[str], LiveSession]) -> None:
         self.settings = settings
         self.approvals = approvals or Approvals()  # the broker's: tool calls park in a run's gate
         self.policy = policy
@@ -73,11 +79,9 @@ class Runner:
         self.live = live
         self.runs = RunRegistry(settings.sessions.run_retention_seconds)
         self.readying = Readying()  # a run's kernel start and restore, which a restart cuts short
-        # Checkpoints (set by the manager): a restore after a kernel's death, before the run;
-        # after the run, with the session's lock released (an automatic checkpoint).
-        self.before_run: Callable[[LiveSession], Awaitable[Restore | None]] | None = None
-        self.after_run: Callable[[LiveSession, RunResult], None] | None = None
-        self.revive: Callable[[str], LiveSession] | None = None  # the live session by id (wakes a hibernated one)
+        self.before_run = before_run
+        self.after_run = after_run
+        self.revive = revive
 
     def timeout(self, timeout_seconds: float | None) -> float:
         """The run's timeout (InvalidRequest above the server's maximum)."""
@@ -204,8 +208,7 @@ class Runner:
             self.approvals.close(run.run_id)
             self.runs.finished(run)
         run.result = result
-        if self.after_run is not None:
-            self.after_run(s, result)
+        self.after_run(s, result)
         self.metrics.observe_run(result, s.info.tenant or ADMIN_TENANT)
         audit("run", session_id=session_id, tenant=s.info.tenant, run_id=run.run_id, status=result.status,
               duration_ms=result.duration_ms, state_lost=result.state_lost,
@@ -220,7 +223,7 @@ class Runner:
         if await k.ensure_ready():
             self.store.save(s.info, s.kernel_id, s.workspace)
         await k.install_preamble(k.env.start_timeout)
-        return await self.before_run(s) if self.before_run is not None else None
+        return await self.before_run(s)
 
     async def _cut(self, s: LiveSession, run: LiveRun) -> RunResult:
         """A restart cut the run's readying short: the kernel is restarted here, under the run's
@@ -230,7 +233,7 @@ class Runner:
             await restart_in_place(s.kernel)
         finally:
             self.readying.done(sid)
-        s.info.status = "idle" if s.kernel.state != KERNEL_DEAD else "dead"
+        s.info.status = "dead" if s.kernel.needs_new else "idle"
         return run.collector.to_result(run.run_id, sid, "interrupted", state_lost=True, error=RunError(
             ename="KernelRestarted", evalue="a restart was requested while the session was being restored "
             "(its kernel starting, or its latest checkpoint loading): the code did not run, and the "
@@ -268,7 +271,7 @@ class Runner:
         sid = s.info.session_id
         while True:
             await s.lock.acquire()
-            if self.revive is None or self.live.get(sid) is s:
+            if self.live.get(sid) is s:
                 return s
             s.lock.release()
             s = self.revive(sid)  # SessionNotFound when it was deleted meanwhile
@@ -287,9 +290,11 @@ class Runner:
 
         exchange = ExecuteExchange(collector, on_input=lambda msg: k.answer_input(run.run_id, msg, tool_calls),
                                    on_start=on_start)
-        await exchange.send(k.conn, run.code)
+        if k.state is KernelState.IDLE:  # (else the gateway said meanwhile what became of it)
+            k.to(KernelState.BUSY)
         loop = asyncio.get_running_loop()
         try:
+            await exchange.send(k.conn, run.code)
             start = loop.time()
             outcome = await exchange.collect(start + timeout)
             # Time spent waiting for a person's approval does not count against the timeout.
@@ -324,6 +329,8 @@ class Runner:
                 k.died_under_run()
         finally:
             exchange.close()
+            if k.state is KernelState.BUSY:
+                k.to(KernelState.IDLE)
             if held_interrupt:  # delivered before the next run can start, so it cannot hit that one
                 await asyncio.gather(*held_interrupt, return_exceptions=True)
         return collector.to_result(

@@ -50,8 +50,8 @@ def _stored(m: SessionManager, info: SessionInfo) -> None:
 
 
 def _live(m: SessionManager, info: SessionInfo) -> LiveSession:
-    s = m._live[info.session_id] = LiveSession(kernel=Kernel(m.kernels, f"k-{info.session_id}",
-                                                             Path("/nowhere") / info.session_id, info))
+    s = LiveSession(kernel=Kernel(m.kernels, f"k-{info.session_id}", Path("/nowhere") / info.session_id, info))
+    m.live.add(s)
     _stored(m, info)
     return s
 
@@ -74,14 +74,14 @@ def test_sessions_with_a_kernel_are_the_live_and_hibernated_ones_of_the_caller(m
     assert manager.with_kernels(Principal("nobody")) == []
     # A hibernated session being woken is live: its live info is the one shown, once.
     waking = _info("a-asleep", "acme", 2, "restarting")
-    manager._live["a-asleep"] = LiveSession(kernel=Kernel(manager.kernels, "k2", Path("/nowhere"), waking))
+    manager.live.add(LiveSession(kernel=Kernel(manager.kernels, "k2", Path("/nowhere"), waking)))
     shown = {i.session_id: i.status for i in manager.with_kernels(ACME)}
     assert shown == {"a-live": "idle", "a-asleep": "restarting", "a-later": "busy"}
 
 
 def test_a_page_shows_the_live_info_of_live_sessions(manager: SessionManager) -> None:
     _fill(manager)
-    manager._live["a-live"].info.execution_count = 7  # not saved yet: the live session knows
+    manager.live.get("a-live").info.execution_count = 7  # type: ignore[union-attr]  # not saved yet: the live session knows
     listed = manager.page(ACME, limit=10).sessions
     assert [(i.session_id, i.execution_count) for i in listed] == \
         [("a-lost", 0), ("a-live", 7), ("a-asleep", 0), ("a-later", 0)]

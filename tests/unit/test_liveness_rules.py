@@ -8,8 +8,8 @@ import asyncio
 from typing import Any
 
 from kernelmode.config import Settings
-from kernelmode.gateway.client import KERNEL_DEAD, KERNEL_RESTARTING
 from kernelmode.models import DeathCause
+from kernelmode.sessions.kernel_state import NEEDS_NEW, KernelState
 from kernelmode.sessions.liveness import Liveness
 
 
@@ -42,14 +42,16 @@ class FakeKernel:
         self.kernel_id = "k1"
         self.conn = FakeConn(answers)
         self.closed = False
-        self.state = "alive"
+        self.state = KernelState.IDLE
         self.needs_ready = False
-        self.misses = 0
-        self.silent_since: float | None = None
         self.cause: DeathCause | None = None
 
+    @property
+    def needs_new(self) -> bool:
+        return self.state in NEEDS_NEW
+
     def lose(self, cause: DeathCause) -> None:
-        self.cause, self.state = cause, KERNEL_DEAD
+        self.cause, self.state = cause, KernelState.LOST
 
 
 class FakeSession:
@@ -76,7 +78,7 @@ def _setup(answers: bool, start_timeout: float = 3600.0, misses: int = 3) -> tup
     env = FakeEnv(start_timeout)
     k = FakeKernel(env, answers)
     told: list[Any] = []
-    live = {"s": FakeSession(k)}
+    live = [FakeSession(k)]
     return Liveness(settings, live, FakePool(env), told.append), k, told  # type: ignore[arg-type]
 
 
@@ -85,9 +87,9 @@ def test_lost_after_the_configured_misses_in_a_row_with_a_cause_that_guesses_not
         liveness, k, told = _setup(answers=False, misses=3)
         for _ in range(2):
             await liveness.sweep()
-        assert k.state == "alive" and k.misses == 2 and not told
+        assert k.state is KernelState.IDLE and liveness.misses("k1") == 2 and not told
         await liveness.sweep()
-        assert k.state == KERNEL_DEAD and len(told) == 1 and liveness.lost == 1
+        assert k.state is KernelState.LOST and len(told) == 1 and liveness.lost == 1
         assert k.cause is not None and k.cause.kind == "lost" and k.cause.signal is None
         assert "3 times in a row" in (k.cause.detail or "")
         await liveness.sweep()  # given up: no longer probed
@@ -104,7 +106,7 @@ def test_an_answer_resets_the_count() -> None:
         await liveness.sweep()
         k.conn.answers = False
         await liveness.sweep()
-        assert k.state == "alive" and k.misses == 1 and not told
+        assert k.state is KernelState.IDLE and liveness.misses("k1") == 1 and not told
 
     asyncio.run(go())
 
@@ -115,10 +117,10 @@ def test_a_silent_gateway_does_not_cost_its_kernels_until_a_launch_time_has_pass
         k.env.gateway.up = False
         for _ in range(5):
             await liveness.sweep()
-        assert k.state == "alive" and not told  # the gateway froze: nothing is judged by it
+        assert k.state is KernelState.IDLE and not told  # the gateway froze: nothing is judged by it
         k.env.start_timeout = 0.0  # silent longer than a launch may take: as good as gone
         await liveness.sweep()
-        assert k.state == KERNEL_DEAD and len(told) == 1
+        assert k.state is KernelState.LOST and len(told) == 1
 
     asyncio.run(go())
 
@@ -126,10 +128,10 @@ def test_a_silent_gateway_does_not_cost_its_kernels_until_a_launch_time_has_pass
 def test_a_restarting_kernel_gets_a_launch_time() -> None:
     async def go() -> None:
         liveness, k, told = _setup(answers=False, misses=1)
-        k.state = KERNEL_RESTARTING
+        k.state = KernelState.RESTARTING
         for _ in range(3):
             await liveness.sweep()
-        assert k.state == KERNEL_RESTARTING and not told
+        assert k.state is KernelState.RESTARTING and not told
 
     asyncio.run(go())
 

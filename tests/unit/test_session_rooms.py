@@ -1,16 +1,23 @@
 """Direct tests of the sessions rooms that need no kernel: the interrupt latch (where an
-interrupt goes, before and after a run's cell starts) and the reaper's choice."""
+interrupt goes, before and after a run's cell starts), the reaper's choice, and the live-session
+map (one owner: only the manager changes which sessions are live)."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
+
+import kernelmode.sessions
 from kernelmode.config import Settings
+from kernelmode.errors import SessionExists
 from kernelmode.models import Limits, SessionInfo
-from kernelmode.sessions.kernels import InterruptLatch, Kernel, Kernels
-from kernelmode.sessions.live import LiveSession
+from kernelmode.sessions.kernel_env import Kernels
+from kernelmode.sessions.kernels import InterruptLatch, Kernel
+from kernelmode.sessions.live import LiveSession, LiveSessions, LiveView
 from kernelmode.sessions.reaper import expired
 
 
@@ -58,6 +65,29 @@ async def test_reaper_picks_expired_idle_sessions_only() -> None:
             "new": _live(kernels, "new", now + timedelta(seconds=60)),
             "busy": _live(kernels, "busy", now - timedelta(seconds=1))}
     async with live["busy"].lock:
-        assert expired(live, now) == ["old"]
+        assert expired(live.values(), now) == ["old"]
     await asyncio.sleep(0)
-    assert sorted(expired(live, now)) == ["busy", "old"]
+    assert sorted(expired(live.values(), now)) == ["busy", "old"]
+
+
+def test_live_sessions_add_remove_clear() -> None:
+    kernels = Kernels(Settings(), None, None, Path("/nonexistent"), None)  # type: ignore[arg-type]
+    live, s = LiveSessions(), _live(kernels, "a", datetime.now(timezone.utc))
+    live.add(s)
+    assert "a" in live and live.get("a") is s and list(live) == [s] and live.ids() == ["a"]
+    with pytest.raises(SessionExists):  # never two live sessions under one id
+        live.add(_live(kernels, "a", datetime.now(timezone.utc)))
+    assert live.remove("a") is s and live.remove("a") is None and len(live) == 0
+    live.add(s)
+    assert live.clear() == [s] and len(live) == 0
+    assert not any(hasattr(LiveView(), name) for name in ("add", "remove", "clear"))  # what rooms get
+
+
+# Writes to the live-session map: its own methods, or a dict's (subscript, del, pop, clear).
+_WRITE = re.compile(r"\blive\.(add|remove|clear|pop)\(|\blive\[[^\]]+\]\s*=|\bdel\s+[\w.]*live\[")
+
+
+def test_only_the_manager_changes_which_sessions_are_live() -> None:
+    root = Path(kernelmode.sessions.__file__).parent
+    writers = sorted(f.name for f in root.glob("*.py") if _WRITE.search(f.read_text()))
+    assert writers == ["manager.py"]

@@ -1,0 +1,136 @@
+"""What every kernel shares (the gateway, the workspace volumes, the tool broker, the package
+layers, the settings), and the start of new kernels (cf. jupyter_client's multikernelmanager):
+``Kernels.new`` gives a started, connected, preamble-ready ``Kernel`` (kernels.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..artifacts.volume import WorkspaceVolumes
+from ..audit import audit
+from ..config import Settings
+from ..errors import KernelmodeError, KernelUnavailable, SandboxUnavailable
+from ..gateway.client import GatewayClient
+from ..gateway.execution import OutputCollector
+from ..models import SessionInfo
+from ..packages.service import PackageService
+from ..sandbox.spec import pop_death_record
+from ..tools.broker import ToolBroker
+from .kernels import Kernel
+
+log = logging.getLogger("kernelmode.sessions")
+
+
+@dataclass
+class Kernels:
+    """What every kernel shares (gateway, volumes, broker, settings); starts new kernels."""
+
+    settings: Settings
+    gateway: GatewayClient
+    volumes: WorkspaceVolumes
+    state_dir: Path
+    broker: ToolBroker
+    packages: PackageService | None = None  # the package layers, mounted into each kernel
+    # Background DELETEs of kernels given up (lost, or a failed start): nothing waits on them.
+    retiring: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def remote(self) -> bool:
+        """Kernels on a gateway the manager did not start (``gateway.url``): their workspaces
+        live with them, none is made on this disk (no loop volume, no package layer)."""
+        return self.settings.gateway.url is not None
+
+    @property
+    def start_timeout(self) -> float:
+        gw = self.settings.gateway
+        return gw.launch_timeout_seconds if gw.url else self.settings.sessions.kernel_start_timeout_seconds
+
+    def collector(self) -> OutputCollector:
+        cfg = self.settings.sessions
+        return OutputCollector(cfg.max_output_bytes, max_display_bytes=cfg.max_display_bytes)
+
+    def retire(self, kernel_id: str) -> None:
+        """Ask the gateway to DELETE a kernel, in the background and bounded: a gateway whose
+        node is gone can hold a DELETE for 30 s and then fail (Enterprise Gateway does)."""
+        async def delete() -> None:
+            try:
+                await asyncio.wait_for(self.gateway.shutdown_kernel(kernel_id, self.settings.gateway.
+                                                                    shutdown_timeout_seconds),
+                                       self.settings.gateway.shutdown_timeout_seconds + 1)
+            except (KernelmodeError, asyncio.TimeoutError) as e:
+                log.warning("kernel %s: the gateway did not shut it down (%s); left to the gateway",
+                            kernel_id, e)
+                audit("kernel_orphaned", kernel_id=kernel_id, error=str(e)[:300])
+            pop_death_record(self.state_dir, kernel_id)
+
+        task = asyncio.create_task(delete(), name=f"retire-{kernel_id}")
+        self.retiring.add(task)
+        task.add_done_callback(self.retiring.discard)
+
+    async def new(self, info: SessionInfo) -> Kernel:
+        """A started, connected, preamble-ready kernel: up to ``gateway.launch_attempts`` starts
+        (a gateway with several nodes may place each on another), then KernelUnavailable (503)
+        saying why the last one failed."""
+        attempts = self.settings.gateway.launch_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                return await self._start(info)
+            except SandboxUnavailable:
+                raise  # the sandbox refused these limits: another try gets the same answer
+            except KernelmodeError as e:
+                if attempt == attempts:
+                    raise KernelUnavailable(f"could not start a kernel ({attempts} attempt(s)); "
+                                            f"the last failed with: {e.message}") from e
+                log.warning("kernel start %d of %d failed (%s); trying again", attempt, attempts, e.message)
+                audit("kernel_start_failed", session_id=info.session_id, attempt=attempt, error=e.message[:300])
+        raise AssertionError("unreachable")
+
+    async def _start(self, info: SessionInfo) -> Kernel:
+        """Start a sandboxed kernel with its own workspace, connect, install the preamble."""
+        kernel_id = str(uuid.uuid4())
+        workspace = self.volumes.root / kernel_id
+        if self.remote:  # the gateway's kernel makes its own workspace
+            return await self._start_kernel(Kernel(self, kernel_id, workspace, info))
+        create = asyncio.ensure_future(asyncio.to_thread(self.volumes.create, workspace, info.limits.disk_mb))
+        try:
+            await asyncio.shield(create)
+        except asyncio.CancelledError:
+            # Cancelling does not stop the thread: it would mount the volume after the stop's
+            # sweep, and the mount would outlive the server. Undo it once it is made.
+            with contextlib.suppress(Exception):
+                await create
+            with contextlib.suppress(KernelmodeError):
+                await asyncio.to_thread(self.volumes.destroy, workspace)
+            raise
+        k = Kernel(self, kernel_id, workspace, info)
+        if k.layer is not None:
+            await asyncio.to_thread(k.layer.create)
+        return await self._start_kernel(k)
+
+    async def _start_kernel(self, k: Kernel) -> Kernel:
+        kernel_id = k.kernel_id
+        try:
+            await asyncio.wait_for(self.launch(k), self.start_timeout + 5)
+        except asyncio.TimeoutError:
+            # A start past its deadline may still come up later: DELETEd in the background.
+            await k.discard(shutdown=False)
+            self.retire(kernel_id)
+            raise KernelUnavailable(f"the kernel did not start within {self.start_timeout:g} s") from None
+        except BaseException as e:
+            cause = pop_death_record(self.state_dir, kernel_id)
+            await k.discard(shutdown=False)
+            self.retire(kernel_id)
+            if cause is not None and isinstance(e, KernelmodeError):
+                raise KernelUnavailable(f"the kernel died while starting ({cause.kind}): {e}") from e
+            raise
+        return k
+
+    async def launch(self, k: Kernel) -> None:
+        """Start ``k`` (its id) in the gateway and connect to it."""
+        await self.gateway.start_kernel(k.kernel_id, k.start_env(), self.start_timeout)
+        await k.connect(self.start_timeout)

@@ -22,7 +22,7 @@ from kernelmode.sessions.kernel_state import KernelState
 from kernelmode.sessions.live import LiveSession, LiveSessions
 from kernelmode.sessions.manager import SessionManager
 from kernelmode.sessions.runner import Runner
-from kernelmode.sessions.store import SessionStore
+from kernelmode.sessions.store.sqlite import SqliteStore
 from kernelmode.tools.broker import ToolBroker
 from kernelmode.tools.registry import ToolRegistry
 from tests.support.fake_gateway import FakeGateway
@@ -44,7 +44,7 @@ async def manager(tmp_path: Path) -> AsyncIterator[tuple[SessionManager, FakeGat
     settings.sessions.interrupt_grace_seconds = 5.0
     state = tmp_path / "state"
     gateway = FakeGateway(state)
-    store = SessionStore(tmp_path / "sessions.sqlite3")
+    store = SqliteStore(tmp_path / "sessions.sqlite3")
     m = SessionManager(settings, gateway, store, tmp_path, state, "none",  # type: ignore[arg-type]
                        ToolBroker(ToolRegistry(), settings.tool_calls))
     m.workspaces.mkdir(parents=True)

@@ -119,7 +119,8 @@ class EgressSettings(_Section):
     `*.githubusercontent.com` (`*` matches any characters, dots included), `host:8443` (without a
     port: 80 and 443). Empty: no egress (sessions have no proxy, as without this section)."""
     deny: list[str] = Field(default_factory=list, max_length=10_000)
-    """Host patterns refused even when `allow` matches them (deny wins)."""
+    """Host patterns refused even when `allow` matches them (deny wins); without a port, on every
+    port."""
     secrets: list[EgressSecret] = Field(default_factory=list)
     """Headers the proxy adds to requests to a host (`{host, header, value}`). The proxy
     intercepts TLS to these hosts with a certificate from the deployment's CA

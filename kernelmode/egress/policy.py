@@ -107,9 +107,10 @@ def _one(pattern: str) -> tuple[str, int]:
 
 
 def _denied(deny: Iterable[str], host: str, port: int) -> str | None:
+    """The deny pattern that refuses ``host:port`` (one without a port refuses every port)."""
     for rule in deny:
         glob, ports = split_pattern(rule)
-        if port in ports and host_matches(glob, host):
+        if (":" not in rule or port in ports) and host_matches(glob, host):
             return rule
     return None
 

@@ -119,3 +119,11 @@ def test_settings_refuse_bad_entries_and_wider_tenants() -> None:
     with pytest.raises(ValidationError, match="only narrow"):
         Settings.model_validate({"egress": {"allow": ["a.com"]}, "server": {"tenants": [
             {"name": "t", "token": "t" * 16, "egress": {"allow": ["*.com"]}}]}})
+
+
+def test_deny_without_a_port_refuses_every_port() -> None:
+    policy = server_policy(EgressSettings(allow=["*.example.com:8443", "*.example.com"],
+                                          deny=["bad.example.com", "odd.example.com:8443"]))
+    assert not decide_name(policy, "bad.example.com", 8443).allowed
+    assert not decide_name(policy, "odd.example.com", 8443).allowed
+    assert decide_name(policy, "odd.example.com", 443).allowed

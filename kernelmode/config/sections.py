@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ..egress.patterns import first_uncovered
 from ..models import LimitCeilings, Limits, LimitsPatch
 from .base import (
     ADMIN_TENANT,
@@ -22,7 +23,7 @@ from .base import (
     _Section,
     default_kernel_env,
 )
-from .egress import EgressNarrowing, EgressSecret, EgressSettings, first_uncovered
+from .egress import EgressNarrowing, EgressSecret, EgressSettings
 from .features import (
     ArtifactSettings,
     KernelSettings,

@@ -16,10 +16,6 @@ HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"pro
 SERVER = b"kernelmode-egress"
 
 
-class ClientGone(Exception):
-    """The client closed, or sent something h11 refuses."""
-
-
 def new_server() -> h11.Connection:
     return h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
 
@@ -33,7 +29,7 @@ async def next_event(conn: h11.Connection, reader: Reader, link: Link, *,
             conn.receive_data(await link.read(reader, upstream=upstream))
             continue
         if event is h11.PAUSED:
-            raise ClientGone("paused")
+            raise h11.RemoteProtocolError("pipelined data after a protocol switch", 400)
         return event  # type: ignore[return-value]
 
 
@@ -43,7 +39,7 @@ async def next_request(conn: h11.Connection, reader: Reader, link: Link) -> h11.
     if isinstance(event, h11.ConnectionClosed):
         return None
     if not isinstance(event, h11.Request):
-        raise ClientGone(f"unexpected {type(event).__name__}")
+        raise h11.RemoteProtocolError(f"unexpected {type(event).__name__}", 400)
     return event
 
 
@@ -122,7 +118,7 @@ async def forward(request: h11.Request, target: bytes, host_header: bytes,
             await Link.write(up.writer, up.conn.send(h11.EndOfMessage(headers=list(event.headers))) or b"")
             break
         else:
-            raise ClientGone(f"unexpected {type(event).__name__} in a request body")
+            raise h11.RemoteProtocolError(f"unexpected {type(event).__name__} in a request body", 400)
     while True:  # the response head (1xx first, except 101: no protocol switch through the proxy)
         event = await next_event(up.conn, up.reader, link, upstream=True)
         if isinstance(event, h11.InformationalResponse):
@@ -154,5 +150,5 @@ async def forward(request: h11.Request, target: bytes, host_header: bytes,
     return ex
 
 
-__all__ = ["CHUNK", "ClientGone", "Exchange", "Upstream", "answer", "forward", "new_server",
+__all__ = ["CHUNK", "Exchange", "Upstream", "answer", "forward", "new_server",
            "next_request", "raw_refusal"]

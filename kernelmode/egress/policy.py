@@ -15,15 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config.egress import (
-    EgressNarrowing,
-    EgressSecret,
-    EgressSettings,
-    first_uncovered,
-    host_matches,
-    split_pattern,
-)
+from ..config.egress import EgressSecret, EgressSettings
 from ..errors import EgressRefused
+from ..models import EgressInfo, EgressNarrowing
+from .patterns import first_uncovered, host_matches, split_pattern
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -95,6 +90,37 @@ def narrow(policy: EgressPolicy, by: EgressNarrowing | None, *, who: str = "this
         max_bytes=_lower(policy.max_bytes, by.max_bytes_per_session),
         max_connections=_lower(policy.max_connections, by.max_connections_per_session),
         idle_timeout_seconds=policy.idle_timeout_seconds)
+
+
+def session_policy(settings: EgressSettings, tenant: str, tenant_egress: EgressNarrowing | None,
+                   asked: EgressNarrowing | None) -> EgressPolicy:
+    """A new session's policy: the server's, narrowed by its tenant's, then by what it asked for
+    (EgressRefused, 403, when it asked for more)."""
+    policy = narrow(server_policy(settings), tenant_egress, who=f"tenant {tenant!r}")
+    return narrow(policy, asked, who=f"tenant {tenant!r}")
+
+
+def egress_info(policy: EgressPolicy) -> EgressInfo | None:
+    """``SessionInfo.egress``: the policy without secret values (None: no egress)."""
+    view = policy.public()
+    return None if view is None else EgressInfo.model_validate(view)
+
+
+def narrowing_of(info: EgressInfo | None) -> EgressNarrowing:
+    """The narrowing that gives a session's stored policy again (a fork's, a recovered one's)."""
+    if info is None:
+        return EgressNarrowing(allow=[])
+    return EgressNarrowing(allow=info.allow, deny=info.deny, max_bytes_per_session=info.max_bytes_per_session,
+                           max_connections_per_session=info.max_connections_per_session)
+
+
+def stored_policy(settings: EgressSettings, info: EgressInfo | None) -> EgressPolicy:
+    """A session's policy rebuilt from its info (after a restart: secrets and addresses come
+    from the settings of now). A policy the settings no longer cover is no egress at all."""
+    try:
+        return narrow(server_policy(settings), narrowing_of(info))
+    except EgressRefused:
+        return EgressPolicy()
 
 
 def _lower(cap: int, asked: int | None) -> int:

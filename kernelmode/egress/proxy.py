@@ -25,9 +25,9 @@ from urllib.parse import urlsplit
 import h11
 
 from ..audit import audit
+from ..errors import EgressCapReached
 from ..metrics import Metrics
 from .http import (
-    ClientGone,
     Upstream,
     answer,
     forward,
@@ -37,7 +37,7 @@ from .http import (
     raw_refusal,
 )
 from .policy import Decision, EgressPolicy, IPAddress, decide_addresses, decide_name, ip_literal
-from .streams import CapReached, Link, Meter, Reader, TlsStream, Writer
+from .streams import Link, Meter, Reader, TlsStream, Writer
 from .tls import Certificates, ClientHelloReader
 from .usage import Usage
 
@@ -114,9 +114,9 @@ class SessionProxy:
                 await Link.write(writer, raw_refusal(rec.reason))
                 return
             await self._handle(reader, writer, link, rec)
-        except CapReached:
+        except EgressCapReached:
             rec.error = "byte cap reached (egress.max_bytes_per_session)"
-        except (ClientGone, h11.ProtocolError, ssl.SSLError, OSError, TimeoutError,
+        except (h11.ProtocolError, ssl.SSLError, OSError, TimeoutError,
                 asyncio.IncompleteReadError) as e:
             rec.error = f"{type(e).__name__}: {e}"[:200]
         finally:

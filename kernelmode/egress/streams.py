@@ -11,11 +11,9 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from ..errors import EgressCapReached
+
 CHUNK = 64 * 1024
-
-
-class CapReached(Exception):
-    """The session's byte cap is spent: the connection is cut."""
 
 
 class Meter:
@@ -34,7 +32,7 @@ class Meter:
         self.used += n
         self.on_bytes(n)
         if self.used > self.cap:
-            raise CapReached
+            raise EgressCapReached(f"egress byte cap of {self.cap} bytes reached")
 
 
 class Link:

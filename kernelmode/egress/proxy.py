@@ -100,6 +100,7 @@ class SessionProxy:
         assert task is not None
         self._tasks.add(task)
         link = Link(self.meter, self.policy.idle_timeout_seconds)
+        link.watch(task)
         rec = _Record(self.run_id, time.monotonic())
         over = self._open >= self.policy.max_connections
         self._open += 1
@@ -116,10 +117,15 @@ class SessionProxy:
             await self._handle(reader, writer, link, rec)
         except EgressCapReached:
             rec.error = "byte cap reached (egress.max_bytes_per_session)"
+        except asyncio.CancelledError:
+            if not link.idled:
+                raise  # the proxy is closing
+            rec.error = f"idle for {self.policy.idle_timeout_seconds:g} s"
         except (h11.ProtocolError, ssl.SSLError, OSError, TimeoutError,
                 asyncio.IncompleteReadError) as e:
             rec.error = f"{type(e).__name__}: {e}"[:200]
         finally:
+            link.unwatch()
             self._open -= 1
             writer.close()
             self._tasks.discard(task)

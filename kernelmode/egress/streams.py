@@ -45,27 +45,39 @@ class Link:
         self.down = 0
         self.last = time.monotonic()
         self.on_bytes: Callable[[int], None] | None = None  # the run usage entry of a tunnel
+        self.idled = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def watch(self, task: asyncio.Task[None]) -> None:
+        """Cancel ``task`` once neither direction moved a byte for the idle time. One timer per
+        connection, not a deadline per read (asyncio.wait_for makes a task each time)."""
+        loop = asyncio.get_running_loop()
+
+        def check() -> None:
+            left = self.last + self.idle - time.monotonic()
+            if left > 0:
+                self._timer = loop.call_later(left, check)
+            else:
+                self.idled = True
+                task.cancel()
+        self._timer = loop.call_later(self.idle, check)
+
+    def unwatch(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
     async def read(self, reader: Reader, *, upstream: bool) -> bytes:
-        """Up to CHUNK bytes (b"" at EOF); TimeoutError when neither direction of this
-        connection moved a byte for the idle time."""
-        while True:
-            wait = self.last + self.idle - time.monotonic()
-            if wait <= 0:
-                raise TimeoutError("idle")
-            try:
-                data = await asyncio.wait_for(reader.read(CHUNK), wait)
-            except TimeoutError:
-                continue  # the other direction may have moved meanwhile: look again
-            self.last = time.monotonic()
-            if upstream:
-                self.down += len(data)
-            else:
-                self.up += len(data)
-            if self.on_bytes is not None:
-                self.on_bytes(len(data))
-            self.meter.charge(len(data))
-            return data
+        """Up to CHUNK bytes (b"" at EOF), counted and charged to the session."""
+        data = await reader.read(CHUNK)
+        self.last = time.monotonic()
+        if upstream:
+            self.down += len(data)
+        else:
+            self.up += len(data)
+        if self.on_bytes is not None:
+            self.on_bytes(len(data))
+        self.meter.charge(len(data))
+        return data
 
     @staticmethod
     async def write(writer: Writer, data: bytes) -> None:

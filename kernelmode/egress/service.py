@@ -16,11 +16,11 @@ import os
 import ssl
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from ..metrics import Metrics
+from ..models import EgressUse
 from .policy import EgressPolicy, IPAddress
 from .proxy import SessionProxy
 from .tls import Certificates, kernel_bundle, upstream_context
@@ -85,10 +85,10 @@ class Egress:
         if entry is not None:
             entry[1].run_id = run_id
 
-    def usage(self, session_id: str, run_id: str | None = None) -> list[dict[str, Any]]:
-        """The run's ``egress`` entries (``run_id`` None: the session's so far); [] without egress."""
+    def usage(self, session_id: str, run_id: str | None = None) -> list[EgressUse]:
+        """``RunResult.egress`` of the run (``run_id`` None: the session's so far); [] without egress."""
         entry = self._proxies.get(session_id)
-        return entry[1].usage.entries(run_id) if entry is not None else []
+        return [EgressUse(**e) for e in entry[1].usage.entries(run_id)] if entry is not None else []
 
     def is_open(self, session_id: str) -> bool:
         return session_id in self._proxies

@@ -198,7 +198,7 @@ def test_audit_metrics_and_run_usage(rig: Rig, open_session, caplog: pytest.LogC
     with s.client(verify=rig.trust_upstream()) as c:
         c.get(f"https://secure.test:{rig.https.port}/bytes/1000")
     rig.egress.set_run(s.session_id, None)
-    usage = {(e["host"], e["allowed"]): e for e in rig.egress.usage(s.session_id, "run-1")}
+    usage = {(e.host, e.allowed): e.model_dump() for e in rig.egress.usage(s.session_id, "run-1")}
     assert usage[("plain.test", True)]["requests"] == 2 and usage[("plain.test", True)]["bytes"] > 0
     assert usage[("nope.test", False)]["requests"] == 1
     assert usage[("secret.test", True)]["requests"] == 1

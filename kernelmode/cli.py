@@ -115,6 +115,8 @@ def _config_check(args: argparse.Namespace) -> int:
         data["artifacts"]["secret_key"] = "***"
     for tenant in data["server"]["tenants"]:
         tenant["token"] = "***"
+    for secret in data["egress"]["secrets"]:
+        secret["value"] = "***"
     for server in data["mcp_servers"]:
         for part in ("env", "headers"):
             server[part] = {k: "***" for k in server.get(part, {})}

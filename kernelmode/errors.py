@@ -12,7 +12,10 @@
     │   └── NoWheel                  (422 no_wheel)           no wheel for the kernel's interpreter
     ├── Unauthorized                 (401 unauthorized)
     ├── Forbidden                    (403 forbidden)          a bad or expired download link
-    │   └── PackageRefused           (403 package_refused)    the package policy, or a kernel package
+    │   ├── PackageRefused           (403 package_refused)    the package policy, or a kernel package
+    │   ├── EgressRefused            (403 egress_refused)     an egress policy wider than allowed
+    │   └── EgressCapReached         (403 egress_cap_reached) a session's egress bytes are spent
+    │                                                           (egress/streams.py; the connection is cut)
     ├── NotFound                     (404 not_found)
     │   ├── SessionNotFound          (404 session_not_found)
     │   ├── RunNotFound              (404 run_not_found)
@@ -144,6 +147,20 @@ class PackageRefused(Forbidden):
     package of the kernel's own environment."""
 
     code = "package_refused"
+
+
+class EgressRefused(Forbidden):
+    """A session asked for egress its tenant (or the server) does not allow: the message names
+    the host pattern."""
+
+    code = "egress_refused"
+
+
+class EgressCapReached(Forbidden):
+    """A session's egress byte cap (``egress.max_bytes_per_session``) was reached mid-transfer: the
+    proxy cuts that connection (new ones get a 403 that says so)."""
+
+    code = "egress_cap_reached"
 
 
 class NotFound(KernelmodeError):
@@ -372,7 +389,7 @@ class ServerUnreachable(KernelmodeError):
 ERRORS: dict[str, type[KernelmodeError]] = {cls.code: cls for cls in (
     KernelmodeError, ConfigError, SetupFailed,
     InvalidRequest, BadJSON, WebsocketRequired, LimitExceeded, NoWheel,
-    Unauthorized, Forbidden, PackageRefused,
+    Unauthorized, Forbidden, PackageRefused, EgressRefused, EgressCapReached,
     NotFound, SessionNotFound, RunNotFound, ApprovalNotFound, CheckpointNotFound, FileNotFound,
     KernelSpecNotFound, MethodNotAllowed,
     Conflict, SessionExists, CheckpointFailed, CheckpointAnswerRefused, FileExists, ApprovalDecided, WorkspaceChanged, HostOnly,

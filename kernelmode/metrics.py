@@ -68,6 +68,11 @@ class Metrics:
                                       ["reason", "tenant"], registry=r)
         self.gateway_restarts = Counter("kernelmode_gateway_restarts",
                                         "Kernel Gateway deaths followed by a restart", registry=r)
+        # decision: allowed | refused (the proxy's own vocabulary, never a host name).
+        self.egress_connections = Counter("kernelmode_egress_connections", "Connections to the egress "
+                                          "proxy, by decision", ["decision"], registry=r)
+        self.egress_bytes = Counter("kernelmode_egress_bytes", "Bytes (up and down) moved by the "
+                                    "egress proxy", registry=r)
         self.mcp_fast_calls = Counter("kernelmode_mcp_fast_calls", "MCP tool calls answered on the "
                                       "direct route (mcp.fast_calls) instead of through the SDK", registry=r)
 

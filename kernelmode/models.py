@@ -5,8 +5,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
+from .egress.patterns import check_patterns
 from .tools.base import ToolInfo, ToolMatch
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -53,6 +61,55 @@ class LimitCeilings(_Strict):
     open_files: int = Field(4096, ge=128, le=65_536, description="Most open files a session may ask for.")
 
 
+class EgressNarrowing(_Strict):
+    """Egress narrowed by a tenant (`server.tenants[].egress`) or a session (`POST /v1/sessions`
+    `egress`): it can only narrow the policy above it (a wider `allow` is 403 `egress_refused`)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    allow: list[str] | None = Field(None, max_length=1000)
+    """Host patterns (`api.github.com`, `*.example.com`, `host:8443`); each must be covered by the
+    level above's `allow`, else it is refused naming the host. `null`: the level above's list;
+    `[]`: no egress."""
+    deny: list[str] = Field(default_factory=list, max_length=1000)
+    """Host patterns refused on top of the level above's `deny`."""
+    max_bytes_per_session: int | None = Field(None, ge=0)
+    """Lowers `egress.max_bytes_per_session`."""
+    max_connections_per_session: int | None = Field(None, ge=0)
+    """Lowers `egress.max_connections_per_session`."""
+
+    @field_validator("allow", "deny", mode="after")
+    @classmethod
+    def _patterns(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else check_patterns(v)
+
+
+class EgressSecretInfo(BaseModel):
+    host: str
+    header: str = Field(description="The header the proxy adds for this host (its value is never shown).")
+
+
+class EgressInfo(BaseModel):
+    """A session's effective egress policy, without secret values."""
+
+    allow: list[str] = Field(description="Host patterns the session's kernel may reach.")
+    deny: list[str] = Field(default_factory=list, description="Host patterns refused although allowed.")
+    secrets: list[EgressSecretInfo] = Field(
+        default_factory=list, description="Hosts whose requests get a header added by the proxy (TLS intercepted).")
+    max_bytes_per_session: int
+    max_connections_per_session: int
+
+
+class EgressUse(BaseModel):
+    """One host a run's code reached (or was refused) through the egress proxy."""
+
+    host: str
+    port: int
+    allowed: bool
+    requests: int = Field(description="Requests (or tunnels, for HTTPS without interception).")
+    bytes: int = Field(description="Bytes up and down.")
+
+
 class SessionCreate(_Strict):
     """Body of ``POST /v1/sessions`` (every field optional)."""
 
@@ -78,6 +135,10 @@ class SessionCreate(_Strict):
         "files (checkpointed now); the two are independent afterwards.")
     from_checkpoint: str | None = Field(
         None, pattern=r"^[0-9a-f]{32}$", description="Start from this checkpoint's variables and files.")
+    egress: EgressNarrowing | None = Field(
+        None, description="Narrow the tenant's egress for this session, e.g. {\"allow\": [\"api.github.com\"]} "
+        "(a host it may not use is 403 egress_refused; [] : none). Default: the tenant's policy; a fork: "
+        "its source's.")
 
 
 class SessionInfo(BaseModel):
@@ -102,6 +163,9 @@ class SessionInfo(BaseModel):
     cause: DeathCause | None = Field(
         None, description="Why its kernel was lost or died, while status is 'dead' (its next run "
         "starts a fresh kernel); null otherwise.")
+    egress: EgressInfo | None = Field(
+        None, description="The hosts its kernel may reach through the egress proxy (secret values "
+        "never shown); null: no egress.")
 
 
 class SessionList(BaseModel):
@@ -141,6 +205,8 @@ class OneShotRequest(_Strict):
     timeout_seconds: float | None = Field(
         None, gt=0, le=86_400, description="Wall-clock limit of the run (default 60 s).")
     tools: list[str] | None = Field(None, max_length=1000, description="Allow-list of host tools; default: all.")
+    egress: EgressNarrowing | None = Field(
+        None, description="Narrow the tenant's egress for this run (as in POST /v1/sessions).")
 
 
 class RunError(BaseModel):
@@ -284,6 +350,16 @@ class RunResult(BaseModel):
     artifact_error: str | None = Field(
         None, description="Why files were not kept (the store failed, the workspace walk stopped at "
         "its bound or could not read it); the run itself stands.")
+    egress: list[EgressUse] = Field(
+        default_factory=list, description="Hosts the run's code reached or was refused through the "
+        "egress proxy; left out when empty.")
+
+    @model_serializer(mode="wrap")
+    def _without_empty_egress(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = dict(handler(self))
+        if not data.get("egress"):
+            data.pop("egress", None)  # most runs reach nothing: the older, shorter shape
+        return data
 
 
 class ErrorDetail(BaseModel):

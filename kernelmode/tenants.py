@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from .audit import audit
 from .config import ADMIN_TENANT, SandboxSettings, Settings
 from .errors import LimitExceeded, QuotaExceeded
-from .models import Limits, LimitsPatch
+from .models import EgressNarrowing, Limits, LimitsPatch
 
 RUN_WINDOW_SECONDS = 60.0
 
@@ -31,6 +31,8 @@ class Principal:
     runs_per_minute: int | None = None
     # The tenant's own ceilings (server.tenants[].max_limits); absent keys are the server's.
     max_limits: LimitsPatch | None = field(default=None, compare=False)
+    # The tenant's narrowing of the server's egress (server.tenants[].egress); None: the server's.
+    egress: EgressNarrowing | None = field(default=None, compare=False)
 
     def may_see(self, owner: str | None) -> bool:
         """Sessions made before tenants existed (no owner) are the admin's."""
@@ -64,7 +66,7 @@ class Tenants:
         self._by_name: dict[str, Principal] = {ADMIN_TENANT: ADMIN}
         for t in settings.server.tenants:
             p = Principal(t.name, max_sessions=t.max_sessions, runs_per_minute=t.runs_per_minute,
-                          max_limits=t.max_limits)
+                          max_limits=t.max_limits, egress=t.egress)
             self._by_token.append((t.token.encode(), p))
             self._by_name[t.name] = p
         self._runs: dict[str, deque[float]] = {}

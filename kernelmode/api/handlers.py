@@ -139,7 +139,7 @@ class OneShotHandler(BaseHandler):
                 raise InvalidRequest(f"files[{i}].content_base64 is not valid base64: {e}") from e
         self.services.tenants.count_run(self.principal)
         self.send(await self.services.sessions.one_shot(req.code, files, req.timeout_seconds, req.tools,
-                                                   self.principal))
+                                                   self.principal, egress=req.egress))
 
 
 class InterruptHandler(BaseHandler):

@@ -79,11 +79,13 @@ class AsyncClient(BaseClient):
     # -- sessions ----------------------------------------------------------------------------------
     async def create_session(self, session_id: str | None = None, *, ttl_seconds: int | None = None,
                              limits: dict[str, int] | None = None, tools: list[str] | None = None,
-                             packages: list[str] | None = None) -> AsyncSession:
+                             packages: list[str] | None = None,
+                             egress: dict[str, Any] | None = None) -> AsyncSession:
         """A new session; use it as a context manager to delete it at the end of the block.
-        ``packages``: installed before its first run (see ``install_packages``)."""
+        ``packages``: installed before its first run (see ``install_packages``). ``egress``: narrow
+        the tenant's egress, e.g. ``{"allow": ["api.github.com"]}`` (a wider one: EgressRefused)."""
         return AsyncSession(self, await self._send(routes.create_session(session_id, ttl_seconds, limits,
-                                                                         tools, packages)))
+                                                                         tools, packages, egress=egress)))
 
     async def fork(self, session_id: str | None = None, *, checkpoint_id: str | None = None,
                    new_session_id: str | None = None, ttl_seconds: int | None = None) -> AsyncSession:
@@ -143,10 +145,12 @@ class AsyncClient(BaseClient):
         return await self.follow(first.run_id, on_event=on_event)
 
     async def run_once(self, code: str, *, files: dict[str, bytes] | None = None,
-                       timeout_seconds: float | None = None, tools: list[str] | None = None) -> RunResult:
+                       timeout_seconds: float | None = None, tools: list[str] | None = None,
+                 egress: dict[str, Any] | None = None) -> RunResult:
         """One-shot: run code in a fresh kernel that is discarded afterwards (POST /v1/execute).
-        ``files``: {path in /mnt/data: bytes} put in place before the run."""
-        return await self._send(routes.run_once(code, files, timeout_seconds, tools))
+        ``files``: {path in /mnt/data: bytes} put in place before the run; ``egress`` as in
+        ``create_session``."""
+        return await self._send(routes.run_once(code, files, timeout_seconds, tools, egress))
 
     async def get_run(self, run_id: str, *, offset: int = 0, wait_seconds: float = 0) -> RunProgress:
         """A run's output events from ``offset`` on, waiting up to ``wait_seconds`` for news."""

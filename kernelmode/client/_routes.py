@@ -140,10 +140,11 @@ def workspace_path(path: str) -> str:
 
 def create_session(session_id: str | None, ttl_seconds: int | None, limits: dict[str, int] | None,
                    tools: list[str] | None, packages: list[str] | None = None, fork_of: str | None = None,
-                   from_checkpoint: str | None = None) -> Call[SessionInfo]:
+                   from_checkpoint: str | None = None, egress: dict[str, Any] | None = None) -> Call[SessionInfo]:
     body: dict[str, Any] = {"session_id": session_id, "ttl_seconds": ttl_seconds, "tools": tools,
                             "limits": LimitsPatch(**limits).model_dump(exclude_none=True) if limits else None,
-                            "packages": packages, "fork_of": fork_of, "from_checkpoint": from_checkpoint}
+                            "packages": packages, "fork_of": fork_of, "from_checkpoint": from_checkpoint,
+                            "egress": egress}
     timeout = INSTALL_TIMEOUT if packages else CHECKPOINT_TIMEOUT if fork_of or from_checkpoint else None
     return CREATE_SESSION.call(json={k: v for k, v in body.items() if v is not None}, timeout=timeout)
 
@@ -165,13 +166,15 @@ def execute(session_id: str, code: str, timeout_seconds: float | None,
 
 
 def run_once(code: str, files: dict[str, bytes] | None, timeout_seconds: float | None,
-             tools: list[str] | None) -> Call[RunResult]:
+             tools: list[str] | None, egress: dict[str, Any] | None = None) -> Call[RunResult]:
     body: dict[str, Any] = {"code": code, "files": [
         {"path": p, "content_base64": base64.b64encode(d).decode()} for p, d in (files or {}).items()]}
     if timeout_seconds is not None:
         body["timeout_seconds"] = timeout_seconds
     if tools is not None:
         body["tools"] = tools
+    if egress is not None:
+        body["egress"] = egress
     return ONE_SHOT.call(json=body, timeout=(timeout_seconds or NO_TIMEOUT) + EXTRA_WAIT)
 
 

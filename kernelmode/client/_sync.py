@@ -79,11 +79,12 @@ class Client(BaseClient):
     # -- sessions ----------------------------------------------------------------------------------
     def create_session(self, session_id: str | None = None, *, ttl_seconds: int | None = None,
                        limits: dict[str, int] | None = None, tools: list[str] | None = None,
-                       packages: list[str] | None = None) -> Session:
+                       packages: list[str] | None = None, egress: dict[str, Any] | None = None) -> Session:
         """A new session; use it as a context manager to delete it at the end of the block.
-        ``packages``: installed before its first run (see ``install_packages``)."""
+        ``packages``: installed before its first run (see ``install_packages``). ``egress``: narrow
+        the tenant's egress, e.g. ``{"allow": ["api.github.com"]}`` (a wider one: EgressRefused)."""
         return Session(self, self._send(routes.create_session(session_id, ttl_seconds, limits, tools,
-                                                              packages)))
+                                                              packages, egress=egress)))
 
     def fork(self, session_id: str | None = None, *, checkpoint_id: str | None = None,
              new_session_id: str | None = None, ttl_seconds: int | None = None) -> Session:
@@ -142,10 +143,12 @@ class Client(BaseClient):
         return self.follow(first.run_id, on_event=on_event)
 
     def run_once(self, code: str, *, files: dict[str, bytes] | None = None,
-                 timeout_seconds: float | None = None, tools: list[str] | None = None) -> RunResult:
+                 timeout_seconds: float | None = None, tools: list[str] | None = None,
+                 egress: dict[str, Any] | None = None) -> RunResult:
         """One-shot: run code in a fresh kernel that is discarded afterwards (POST /v1/execute).
-        ``files``: {path in /mnt/data: bytes} put in place before the run."""
-        return self._send(routes.run_once(code, files, timeout_seconds, tools))
+        ``files``: {path in /mnt/data: bytes} put in place before the run; ``egress`` as in
+        ``create_session``."""
+        return self._send(routes.run_once(code, files, timeout_seconds, tools, egress))
 
     def get_run(self, run_id: str, *, offset: int = 0, wait_seconds: float = 0) -> RunProgress:
         """A run's output events from ``offset`` on, waiting up to ``wait_seconds`` for news."""

@@ -17,6 +17,9 @@ from .sections import (
     TENANT_NAME_PATTERN,
     ArtifactSettings,
     CheckpointSettings,
+    EgressNarrowing,
+    EgressSecret,
+    EgressSettings,
     GatewaySettings,
     KernelSettings,
     McpFrontSettings,
@@ -36,7 +39,7 @@ from .sections import (
 
 __all__ = [
     "ADMIN_TENANT", "ENV_PREFIX", "GATEWAY_CONFIG_DIR", "REPO_ROOT", "TENANT_NAME_PATTERN",
-    "ArtifactSettings", "CheckpointSettings", "GatewaySettings", "KernelSettings",
+    "ArtifactSettings", "CheckpointSettings", "EgressNarrowing", "EgressSecret", "EgressSettings", "GatewaySettings", "KernelSettings",
     "McpFrontSettings", "McpServerSettings", "PackageSettings", "PolicySettings",
     "SandboxSettings", "ServerSettings", "SessionSettings", "Settings", "StoreSettings", "TenantSettings",
     "ToolBrokerSettings", "ToolSettings", "default_kernel_env", "load_settings",

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ..egress.patterns import first_uncovered
 from ..models import LimitCeilings, Limits, LimitsPatch
 from .base import (
     ADMIN_TENANT,
@@ -22,6 +23,7 @@ from .base import (
     _Section,
     default_kernel_env,
 )
+from .egress import EgressNarrowing, EgressSecret, EgressSettings
 from .features import (
     ArtifactSettings,
     KernelSettings,
@@ -33,7 +35,7 @@ from .features import (
     ToolSettings,
 )
 
-__all__ = ["ADMIN_TENANT", "ENV_PREFIX", "GATEWAY_CONFIG_DIR", "REPO_ROOT", "TENANT_NAME_PATTERN",
+__all__ = ["EgressNarrowing", "EgressSecret", "EgressSettings", "ADMIN_TENANT", "ENV_PREFIX", "GATEWAY_CONFIG_DIR", "REPO_ROOT", "TENANT_NAME_PATTERN",
            "ArtifactSettings", "CheckpointSettings", "GatewaySettings", "KernelSettings",
            "McpFrontSettings", "McpServerSettings", "PackageSettings", "PolicySettings",
            "SandboxSettings", "ServerSettings", "SessionSettings", "Settings", "StoreSettings",
@@ -51,6 +53,9 @@ class TenantSettings(_Section):
     max_limits: LimitsPatch | None = Field(
         None, description="This tenant's ceilings, each at most sandbox.max_limits' (absent keys: "
         "the server's); its sessions' defaults are lowered to them.")
+    egress: EgressNarrowing | None = None
+    """Narrows `egress` for this tenant's sessions: its `allow` patterns must each be covered by
+    the server's `egress.allow`; its `deny` adds to the server's; its caps lower the server's."""
 
     @field_validator("name", mode="after")
     @classmethod
@@ -313,6 +318,8 @@ class Settings(_Section):
     """Packages on demand: the index, allow/deny lists and download caps."""
     kernel: KernelSettings = Field(default_factory=KernelSettings)
     """The kernel environment: extra requirements installed into every kernel."""
+    egress: EgressSettings = Field(default_factory=EgressSettings)
+    """Egress: the hosts kernel code may reach through the host's proxy, secrets it adds, caps."""
 
     @model_validator(mode="after")
     def _tenant_ceilings(self) -> Settings:
@@ -324,4 +331,8 @@ class Settings(_Section):
                     raise ValueError(f"server.tenants.{i}.max_limits.{name} ({ceiling}) is above "
                                      f"sandbox.max_limits.{name} ({server}): a tenant's ceiling can "
                                      "only lower the server's")
+            wider = first_uncovered(self.egress.allow, (tenant.egress.allow or []) if tenant.egress else [])
+            if wider is not None:
+                raise ValueError(f"server.tenants.{i}.egress.allow: {wider!r} is not covered by "
+                                 "egress.allow: a tenant's egress can only narrow the server's")
         return self

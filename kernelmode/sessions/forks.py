@@ -10,6 +10,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from ..audit import audit
+from ..egress.policy import narrowing_of
 from ..errors import CheckpointFailed, InvalidRequest, SessionNotFound
 from ..models import CheckpointInfo, LimitsPatch, SessionCreate
 from ..tenants import Principal
@@ -73,7 +74,7 @@ class Forks:
         return None
 
     def like_source(self, req: SessionCreate, source_id: str) -> SessionCreate:
-        """A fork is a copy: its source's tools and limits (within the caller's ceilings), unless
+        """A fork is a copy: its source's tools, limits and egress (within the caller's), unless
         the request names its own; the source's state may need that much memory and disk."""
         try:
             src = self.m.get(source_id)
@@ -84,6 +85,8 @@ class Forks:
             update["tools"] = src.tools
         if req.limits is None:
             update["limits"] = LimitsPatch(**src.limits.model_dump())
+        if req.egress is None:  # the source's hosts (none if it had no egress), not the tenant's
+            update["egress"] = narrowing_of(src.egress)
         return req.model_copy(update=update)
 
     async def start_from(self, s: LiveSession, source: CheckpointInfo) -> None:

@@ -25,6 +25,7 @@ from ..artifacts.volume import WorkspaceVolumes
 from ..audit import audit
 from ..code_policy import CodePolicy
 from ..config import ADMIN_TENANT, Settings
+from ..egress.policy import egress_info, session_policy
 from ..errors import (
     KernelmodeError,
     KernelUnavailable,
@@ -39,6 +40,7 @@ from ..models import (
     ApprovalAnswer,
     Artifact,
     CheckpointInfo,
+    EgressNarrowing,
     FileList,
     PackagesResult,
     RunResult,
@@ -246,12 +248,13 @@ class SessionManager:
         for r in req.packages or []:
             parse_requirement(r)  # a bad requirement is refused before a kernel is taken
         limits = principal.limits(req.limits, self.settings.sandbox)  # 422 above a ceiling
+        egress = session_policy(self.settings.egress, principal.tenant, principal.egress, req.egress)  # 403 if wider
         ttl = req.ttl_seconds or self.settings.sessions.ttl_seconds
         t = now()
         info = SessionInfo(
             session_id=sid, status="idle", created_at=t, last_activity=t,
             expires_at=t + timedelta(seconds=ttl), ttl_seconds=ttl, limits=limits,
-            sandbox=self.sandbox, tools=req.tools, tenant=tenant,
+            sandbox=self.sandbox, tools=req.tools, tenant=tenant, egress=egress_info(egress),
         )
         self._creating[sid] = tenant
         try:
@@ -351,15 +354,16 @@ class SessionManager:
         return await Runner.wait(run, wait_seconds)
 
     async def one_shot(self, code: str, files: list[tuple[str, bytes]], timeout_seconds: float | None = None,
-                       tools: list[str] | None = None, principal: Principal = ADMIN) -> RunResult:
+                       tools: list[str] | None = None, principal: Principal = ADMIN,
+                       egress: EgressNarrowing | None = None) -> RunResult:
         """Run code in a fresh kernel (from the warm pool when there is one), then discard it.
 
         The result's artifacts stay in the store under the throw-away session's id.
         """
         self.runner.timeout(timeout_seconds)  # refuse a bad timeout or code before taking a kernel
         refuse_lone_surrogates(code, "code")
-        info = await self.create(SessionCreate(session_id=f"oneshot-{uuid.uuid4().hex[:20]}", tools=tools),
-                                 principal)
+        info = await self.create(SessionCreate(session_id=f"oneshot-{uuid.uuid4().hex[:20]}", tools=tools,
+                                               egress=egress), principal)
         sid = info.session_id
         try:
             for path, data in files:

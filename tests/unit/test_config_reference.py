@@ -100,7 +100,8 @@ def test_the_walk_finds_every_section_and_limits() -> None:
     assert paths["sandbox.limits"] is Limits
     assert paths["sandbox.max_limits"] is LimitCeilings
     assert {p for p, _, under_list in MODELS if under_list} == {
-        "tools", "mcp_servers", "server.tenants", "server.tenants.max_limits"}
+        "tools", "mcp_servers", "server.tenants", "server.tenants.max_limits", "server.tenants.egress",
+        "egress.secrets"}
 
 
 # -- the example file --------------------------------------------------------------------------------
@@ -186,6 +187,8 @@ def test_config_check_accepts_the_example() -> None:
         expected["artifacts"]["secret_key"] = "***"
     for tenant in expected["server"]["tenants"]:
         tenant["token"] = "***"
+    for secret in expected["egress"]["secrets"]:
+        secret["value"] = "***"
     assert printed == expected
     assert all(value not in proc.stdout for value in EXAMPLE_ENV.values())
 

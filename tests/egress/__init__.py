@@ -1,0 +1,1 @@
+"""Egress: the policy, its decision and the host-side proxy, with real upstream servers on loopback (no kernels)."""

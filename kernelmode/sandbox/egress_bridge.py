@@ -82,6 +82,7 @@ class Conn:
         self.dropped = 0  # bytes of a refused request read and dropped
         self.deadline = time.monotonic() + REFUSAL_SECONDS if upstream is None else None
         self.closed = False
+        bridge.conns.add(self)
         self.update()
 
     def on_event(self, i: int, mask: int) -> None:
@@ -90,6 +91,8 @@ class Conn:
                 self._read(i)
             if mask & selectors.EVENT_WRITE and not self.closed:
                 self._write(i)
+        except (BlockingIOError, InterruptedError):
+            pass  # not ready after all: the selector says when
         except OSError:  # reset, broken pipe: the connection is over for both sides
             self.close()
             return
@@ -188,7 +191,7 @@ class Bridge:
                     break  # wait for a connection to close (a busy loop otherwise)
                 continue  # the client gave up before it was accepted (ECONNABORTED)
             client.setblocking(False)
-            self.conns.add(Conn(self, client, *dial(self.path)))
+            Conn(self, client, *dial(self.path))
         self._listen(False)
 
     def closed(self, conn: Conn) -> None:

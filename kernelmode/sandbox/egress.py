@@ -18,7 +18,6 @@ with the kernel.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import ssl
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import certifi
 
-from .egress_bridge import ARGV_ENV, PORT
+from .egress_bridge import ARGV_ENV, PORT, encode_argv
 
 EGRESS_MOUNT = "/run/kernelmode/egress"  # the kernel's egress dir, inside the sandbox
 BRIDGE_MOUNT = "/run/kernelmode/egress-bridge.py"
@@ -113,4 +112,4 @@ def bridge_file(runtime_dir: str) -> Path:
 def bridged(cmd: list[str], python: str) -> tuple[list[str], dict[str, str]]:
     """The sandbox's command for kernel command ``cmd``: the bridge, run by ``python``, which
     execs the kernel; and the variable that carries ``cmd`` to it (it removes it)."""
-    return [python, "-I", "-S", BRIDGE_MOUNT], {ARGV_ENV: json.dumps(cmd)}
+    return [python, "-I", "-S", BRIDGE_MOUNT], {ARGV_ENV: encode_argv(cmd)}

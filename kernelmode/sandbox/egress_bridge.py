@@ -3,8 +3,9 @@ session's egress socket ``/run/kernelmode/egress/proxy.sock`` (the host-side pro
 the session's policy).
 
 It is the sandbox's command, run as the kernel's user before the kernel:
-``python -I -S egress-bridge.py``, with the kernel's own argv as JSON in ``KM_KERNEL_ARGV`` (not on
-the command line: the bridge keeps this command line, and nothing must take it for the kernel).
+``python -I -S egress-bridge.py``, with the kernel's own argv in ``KM_KERNEL_ARGV`` (each argument
+hex-encoded, space-separated: no import on the kernel's start path, unlike json; and not on the
+command line: the bridge keeps this command line, and nothing must take it for the kernel).
 It binds the port, forks the bridge (in a session of its own, deaf to the kernel's interrupts) and
 execs the kernel in its own process: the kernel keeps the pid, exit status and signals its backend
 watches. The bridge dies with the kernel (PR_SET_PDEATHSIG: it is the kernel's child), and with
@@ -22,7 +23,6 @@ the host. Stdlib only: it runs with ``-S``, in any kernel environment.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import selectors
 import signal
@@ -249,7 +249,8 @@ def spawn(listener: socket.socket) -> None:
 
 
 def main() -> None:
-    argv = json.loads(os.environ.pop(ARGV_ENV))  # popped: the kernel's environment stays its own
+    # Popped: the kernel's environment stays its own.
+    argv = decode_argv(os.environ.pop(ARGV_ENV))
     try:
         listener = socket.create_server(("127.0.0.1", PORT), backlog=128)
     except OSError as e:  # the kernel starts anyway, without its way out
@@ -258,6 +259,15 @@ def main() -> None:
         spawn(listener)
         listener.close()
     os.execvp(argv[0], argv)
+
+
+def encode_argv(argv: list[str]) -> str:
+    """``KM_KERNEL_ARGV`` for ``argv`` (what main() decodes)."""
+    return " ".join(arg.encode().hex() for arg in argv)
+
+
+def decode_argv(value: str) -> list[str]:
+    return [bytes.fromhex(arg).decode() for arg in value.split(" ")]
 
 
 if __name__ == "__main__":

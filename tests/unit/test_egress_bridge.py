@@ -125,3 +125,8 @@ def test_connections_beyond_the_cap_wait_in_the_backlog(bridge, monkeypatch):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_kernel_argv_survives_its_encoding():
+    argv = ["python", "-m", "ipykernel_launcher", "-f", "/d ir/ké\nrnel.json", ""]
+    assert egress_bridge.decode_argv(egress_bridge.encode_argv(argv)) == argv

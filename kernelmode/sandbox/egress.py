@@ -63,14 +63,17 @@ def default_ca() -> Path:
 
 
 def prepare(runtime_dir: Path, kernel_id: str, gid: int) -> Path:
-    """Make the kernel's egress dir (or keep it, on a restart) for the kernel's ``gid``: ours,
-    group ``gid``, 0750 (0700 when the kernel runs as our own uid), with a default CA bundle."""
+    """Make the kernel's egress dir (or keep it, on a restart) for the kernel's ``gid``: root's,
+    group ``gid``, 0750 (not root: the kernel runs as our own uid, 0700), with a default CA bundle."""
     d = egress_dir(runtime_dir, kernel_id)
     d.mkdir(mode=0o700, exist_ok=True)
     if d.is_symlink() or d.stat().st_uid != os.getuid():
         raise RuntimeError(f"kernelmode: {d} is not the gateway's own directory")
-    os.chown(d, os.getuid(), gid)
-    os.chmod(d, 0o700 if gid == os.getgid() else 0o750)
+    if os.getuid() == 0:
+        os.chown(d, 0, gid)
+        os.chmod(d, 0o750)
+    else:
+        os.chmod(d, 0o700)
     ca = d / CA_NAME
     if not ca.exists():
         tmp = d / f".{CA_NAME}.tmp"

@@ -2,8 +2,9 @@
 
 What a kernel can see: the system (read-only), the kernel environment (read-only), its own
 per-kernel directory (connection file and ipc sockets), its session's workspace at /mnt/data,
-a private tmpfs /tmp, and nothing else of the host. There is no network namespace to reach:
-only ``lo`` exists inside. When the gateway runs as root, each kernel also runs as its own
+a private tmpfs /tmp, its egress dir at /run/kernelmode/egress (read-only; egress.py), and
+nothing else of the host. There is no network namespace to reach: only ``lo`` exists inside, where
+the egress bridge listens on 127.0.0.1:3128. When the gateway runs as root, each kernel also runs as its own
 unprivileged host uid (uid_base + slot, leased host-wide: uids.py), so a kernel is not host
 root even outside its namespaces, and RLIMIT_NPROC counts only its own processes.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 from traitlets import Integer, Unicode
 
 from ..protocol import PACKAGES_ENV
-from . import cgroups, seccomp, uids
+from . import cgroups, egress, seccomp, uids
 from .base import KernelmodeProvisioner, chown_tree, kernel_environment, log
 from .bwrap_command import LAUNCHER, SANDBOX_UID, bwrap_argv
 from .spec import PACKAGES_MOUNT
@@ -90,6 +91,11 @@ class BwrapProvisioner(KernelmodeProvisioner):
         packages = self.params.packages_dir()
         if packages is not None:
             kenv[PACKAGES_ENV] = PACKAGES_MOUNT
+        # The sandbox's first process is the egress bridge, which then execs the kernel.
+        egress_dir = egress.prepare(Path(self.runtime_dir), self.kernel_id, gid)
+        kenv.update(egress.environment())
+        cmd, argv_env = egress.bridged(cmd, cmd[0])
+        kenv.update(argv_env)
         argv = bwrap_argv(
             bwrap=bwrap,
             kernel_dir=kdir,
@@ -100,6 +106,7 @@ class BwrapProvisioner(KernelmodeProvisioner):
             env=kenv,
             command=cmd,
             packages=packages,
+            egress_binds=(egress_dir, egress.bridge_file(self.runtime_dir)),
         )
         launcher = [sys.executable, "-I", LAUNCHER, json.dumps(spec), "--"]
         # bwrap itself starts from a scrubbed environment: its pid 1 inside the sandbox keeps
@@ -139,6 +146,7 @@ class BwrapProvisioner(KernelmodeProvisioner):
         if not restart:
             uids.release(self.kernel_id)
             shutil.rmtree(self.etc_dir, ignore_errors=True)
+            egress.remove(Path(self.runtime_dir), self.kernel_id)
         with contextlib.suppress(OSError):
             for sock in self.kernel_dir.glob("k-*"):
                 sock.unlink()

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from .launcher import SECCOMP_FD
-from .spec import PACKAGES_MOUNT, WORKSPACE_MOUNT
+from .spec import BRIDGE_MOUNT, EGRESS_MOUNT, PACKAGES_MOUNT, WORKSPACE_MOUNT
 
 LAUNCHER = str(Path(__file__).with_name("launcher.py"))
 SANDBOX_UID = 1000  # the kernel's uid as seen inside the sandbox
@@ -31,9 +31,11 @@ def bwrap_argv(
     command: list[str],
     seccomp_filter: bool = True,
     packages: Path | None = None,
+    egress_binds: tuple[Path, Path] | None = None,
 ) -> list[str]:
     """The bwrap command line for one kernel (a pure function, tested on its own). With
-    ``seccomp_filter``, the launcher puts the filter's descriptor in place of ``SECCOMP_FD``."""
+    ``seccomp_filter``, the launcher puts the filter's descriptor in place of ``SECCOMP_FD``;
+    ``egress_binds`` is (the kernel's egress dir, the bridge's source), both bound read-only."""
     argv = [
         bwrap,
         *(["--seccomp", SECCOMP_FD] if seccomp_filter else []),
@@ -69,6 +71,8 @@ def bwrap_argv(
         "--bind", str(kernel_dir), str(kernel_dir),
         "--bind", str(workspace), WORKSPACE_MOUNT,
         *(["--ro-bind", str(packages), PACKAGES_MOUNT] if packages is not None else []),
+        *(["--ro-bind", str(egress_binds[0]), EGRESS_MOUNT,
+           "--ro-bind", str(egress_binds[1]), BRIDGE_MOUNT] if egress_binds is not None else []),
         "--remount-ro", "/",
         "--chdir", WORKSPACE_MOUNT,
         "--clearenv",

@@ -25,6 +25,8 @@ WORKSPACE_MOUNT = "/mnt/data"
 # appends the path the kernel sees (protocol.PACKAGES_ENV in its environment; not KERNELMODE_*: no
 # setting of the manager's reaches a kernel) to sys.path.
 PACKAGES_MOUNT = "/opt/kernelmode/packages"
+EGRESS_MOUNT = "/run/kernelmode/egress"  # the kernel's egress dir, inside the sandbox (sandbox/egress.py)
+BRIDGE_MOUNT = "/run/kernelmode/egress-bridge.py"  # the in-sandbox bridge's source
 
 
 @dataclass(frozen=True)

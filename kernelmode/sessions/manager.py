@@ -100,7 +100,8 @@ class SessionManager:
         self.metrics = Metrics(known_tool=broker.knows)
         self.packages = SessionPackages(PackageService(settings, data_dir, sandbox), self.live.get)
         broker.reserved[PIP] = self.packages.from_kernel  # %pip install in a cell
-        self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service)
+        self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service,
+                               egress_root=data_dir / "run" if sandbox != "none" else None)
         self.pool = WarmPool(settings, self.kernels, sandbox)
         self.checkpoints = Checkpoints(settings, store, harvester.store if harvester else None,
                                        harvester.scratch if harvester else state_dir)

@@ -149,9 +149,11 @@ SHARED = frozenset({
     "kernelmode.protocol", "kernelmode.protocol.frames",
     "kernelmode.sandbox", "kernelmode.sandbox.spec", "kernelmode.sandbox.seccomp",
     "kernelmode.sandbox.uids", "kernelmode.sandbox.cgroups", "kernelmode.sandbox.bwrap_command",
-    "kernelmode.sandbox.docker_engine",
+    "kernelmode.sandbox.docker_engine", "kernelmode.sandbox.egress",  # the kernels' egress dirs
+    "kernelmode.egress", "kernelmode.egress.patterns",  # models' egress host patterns
 })
-LAUNCHERS = frozenset({"kernelmode.sandbox.launcher", "kernelmode.sandbox.docker_launcher"})
+LAUNCHERS = frozenset({"kernelmode.sandbox.launcher", "kernelmode.sandbox.docker_launcher",
+                       "kernelmode.sandbox.egress_bridge"})  # the sandbox's first process
 GATEWAY_CONFIG = "kernelmode.gateway_ext.config.kernel_gateway_config"
 # The in-kernel module that the manager imports for the function that wraps its own source
 # (snapshot_code); the rest of kernel/ reaches kernels through sessions/boot.py as files.

@@ -168,7 +168,7 @@ async def run(args: argparse.Namespace) -> int:
     if not args.no_before:
         tmp, labels["before"], _ = before_checkout(args.before, "km-burst-")
         servers["before"] = KmServer("before", AS_DEPLOYED, checkout=tmp / "before")
-    servers["after"] = KmServer("after", AS_DEPLOYED)
+    servers["after"] = KmServer("after", {**AS_DEPLOYED, **dict(kv.split("=", 1) for kv in args.env)})
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
     extra: dict[str, dict[str, Stats]] = {name: {"pool_import": Stats("pool_import"), "cold": Stats("cold")}
                                           for name in servers}
@@ -257,6 +257,8 @@ def main() -> int:
     p.add_argument("--singles", type=int, default=3, help="pool-import and cold samples per server")
     p.add_argument("--before", default=None, help="git ref to compare with (default: merge base with main)")
     p.add_argument("--no-before", action="store_true", help="this checkout only")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of this checkout's server only (an experiment; not for the record)")
     p.add_argument("--stages", action="store_true", help="also time a cold start's parts in isolation")
     p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = p.parse_args()

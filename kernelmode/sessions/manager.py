@@ -99,6 +99,8 @@ class SessionManager:
         broker.reserved[PIP] = self.packages.from_kernel  # %pip install in a cell
         self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service)
         self.pool = WarmPool(settings, self.kernels, sandbox)
+        self.pool.busy = lambda: bool(self._creating) or any(s.info.status == "busy" for s in self._live.values())
+        self.pool.room = lambda: settings.sessions.max_sessions - self.admission.count
         self.runner = Runner(settings, store, harvester, self.metrics, self._live, self.kernels.collector,
                              broker.approvals, policy)
         self.runs = self.runner.runs
@@ -118,6 +120,8 @@ class SessionManager:
         self.metrics.watch(self._gauges)  # after the rooms: registering reads the gauges once
         # Where each kernel's memory use can be read (its cgroup), if anywhere.
         self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
+        if self._cgroups is not None:
+            self.pool.usage = lambda kernel_id: cgroups.existing(kernel_id, self._cgroups or "").memory_bytes()
 
     # -- lifecycle (lifecycle) ---------------------------------------------------------------------
     async def start(self, running_kernels: set[str] | frozenset[str] = frozenset()) -> None:
@@ -262,7 +266,7 @@ class SessionManager:
                         await k.discard()
                         raise
             else:
-                k = await self.kernels.new(info)
+                k = await self.pool.start_for(info)  # in its turn; 503 server_busy if too late
         finally:
             self._creating.pop(sid, None)
         info.kernel_id = k.kernel_id
@@ -471,6 +475,7 @@ class SessionManager:
 
     # -- reaping -----------------------------------------------------------------------------------
     async def reap_expired(self) -> list[str]:
+        self.pool.trim()  # warm kernels a burst left beyond what demand now asks for
         if self.hibernation.on:
             t = now()
             # A due session may be deleted while an earlier one hibernates: skip it, never a KeyError.

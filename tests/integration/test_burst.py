@@ -1,0 +1,74 @@
+"""A burst of sessions (issue 33): 50 concurrent creates all succeed, or get a clean 503
+server_busy with Retry-After and succeed when the client sends them again after it; each session
+keeps its own state and sees no other's. Runs on both backends (the Makefile's DOCKER_SUITES).
+No timing is asserted: how fast a burst is served is bench/burst.py's business."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from kernelmode.client import AsyncClient
+from tests.conftest import Server, start_server
+
+N = 50
+
+
+@pytest.fixture(scope="module")
+def burst_server() -> Iterator[Server]:
+    # A short create queue, so that part of the burst is refused and sent again; no imports in
+    # the pool's kernels and a small pool ceiling, to keep the test's CPU down.
+    srv = start_server({"KERNELMODE_SESSIONS__MAX_SESSIONS": str(N + 5),
+                        "KERNELMODE_SESSIONS__CREATE_QUEUE_SECONDS": "3",
+                        "KERNELMODE_SESSIONS__POOL_PREIMPORT": "[]",
+                        "KERNELMODE_SESSIONS__POOL_MAX": "4"})
+    yield srv
+    srv.discard()
+
+
+class Watch(httpx.AsyncBaseTransport):
+    """The real transport, keeping every 503 answer to a create."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.busy: list[httpx.Response] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        r = await self.inner.handle_async_request(request)
+        if r.status_code == 503:
+            await r.aread()
+            self.busy.append(r)
+        return r
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_fifty_concurrent_creates_all_get_a_session_of_their_own(burst_server: Server) -> None:
+    watch = Watch()
+    km = AsyncClient(burst_server.url, token=burst_server.token, timeout=300, retries=50, transport=watch)
+    try:
+        sessions = await asyncio.gather(*(km.create_session() for _ in range(N)))
+        assert len({s.id for s in sessions}) == N
+        assert len({s.info.kernel_id for s in sessions}) == N  # a kernel each, none handed out twice
+
+        async def mark(i: int) -> str | None:
+            s = sessions[i]
+            r = await s.run(f"seen = sorted(k for k in globals() if k.startswith('burst_mark_'))\n"
+                            f"burst_mark_{i} = {i}\nseen")
+            assert r.status == "ok", r
+            return r.result
+
+        seen = await asyncio.gather(*(mark(i) for i in range(N)))
+        assert seen == ["[]"] * N  # no session sees another's variables
+        again = await asyncio.gather(*(s.run(f"burst_mark_{i}") for i, s in enumerate(sessions)))
+        assert [r.result for r in again] == [str(i) for i in range(N)]  # each kept its own
+        for r in watch.busy:  # every refusal was the clean one, saying when to come back
+            assert r.json()["error"]["code"] == "server_busy", r.text
+            assert int(r.headers["Retry-After"]) >= 1
+        await asyncio.gather(*(s.close() for s in sessions))
+    finally:
+        await km.aclose()

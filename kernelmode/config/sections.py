@@ -207,11 +207,11 @@ class SessionSettings(_Section):
     more only make each start slower."""
     pool_refill_delay_seconds: float = Field(0.5, ge=0, description="Wait after a take before refilling.")
     create_queue_seconds: float = Field(30.0, ge=0)
-    """How long a create may expect to wait for a kernel start when the pool is empty (the
-    starts queued before it, `pool_parallel_starts` at a time, at the recent time of one start).
-    A create that would wait longer is answered at once with `503 server_busy` and a
-    `Retry-After` header (when to try again) instead of piling up until it times out. 0: never
-    refused for this."""
+    """How long a create that misses the pool may expect to wait before its kernel start
+    begins (the starts under way and queued ahead of it, `pool_parallel_starts` at a time, at the
+    recent time of one start). A create that would wait longer is answered at once with
+    `503 server_busy` and a `Retry-After` header (when to try again) instead of piling up until
+    it times out; one with nothing queued ahead always goes. 0: never refused for this."""
     max_workspace_files: int = Field(10_000, ge=1, description="Files a workspace may hold (uploads).")
     files_timeout_seconds: float = Field(
         60.0, gt=0, le=3600, description="How long the kernel's file agent may take to answer one "

@@ -47,10 +47,11 @@ class StartGate:
         return math.ceil((ahead - self.slots + 1) / self.slots) * self.start_seconds
 
     def admit(self, budget: float) -> None:
-        """ServerBusy when a create asking now would have its kernel later than ``budget`` s
-        (0: never refused)."""
+        """ServerBusy when a create asking now would wait longer than ``budget`` s before its
+        start begins (0: never refused). A create with no queue ahead always goes, however long
+        a start takes lately (else a slow machine would refuse every create)."""
         wait = self.expected_wait()
-        if budget > 0 and wait + self.start_seconds > budget:
+        if budget > 0 and wait > budget:
             retry = max(1, math.ceil(wait))
             raise ServerBusy(f"{self.busy + len(self._creates)} kernel starts are under way or queued "
                              f"(about {wait:.0f} s of waiting); try again in {retry} s",

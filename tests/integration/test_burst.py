@@ -12,21 +12,45 @@ import httpx
 import pytest
 
 from kernelmode.client import AsyncClient
-from tests.conftest import Server, start_server
+from tests.conftest import Server, start_server, wait_for
 
 N = 50
 
 
 @pytest.fixture(scope="module")
 def burst_server() -> Iterator[Server]:
-    # A short create queue, so that part of the burst is refused and sent again; no imports in
+    # A short create queue, so that part of the burst is refused and sent again; cheap imports in
     # the pool's kernels and a small pool ceiling, to keep the test's CPU down.
     srv = start_server({"KERNELMODE_SESSIONS__MAX_SESSIONS": str(N + 5),
                         "KERNELMODE_SESSIONS__CREATE_QUEUE_SECONDS": "3",
-                        "KERNELMODE_SESSIONS__POOL_PREIMPORT": "[]",
+                        # A small stdlib module nothing else imports, and one the kernel lacks.
+                        "KERNELMODE_SESSIONS__POOL_PREIMPORT": '["colorsys", "no_such_module_kmtest"]',
                         "KERNELMODE_SESSIONS__POOL_MAX": "4"})
     yield srv
     srv.discard()
+
+
+def test_a_pool_kernel_has_its_imports_done_and_leaves_no_name_behind(burst_server: Server) -> None:
+    """The pool's kernels import ``pool_preimport`` before a session takes one; a module the
+    kernel environment lacks is skipped, and the pool does not fail for it."""
+    with burst_server.client() as c:
+        def full() -> bool:
+            pool = c.get("/readyz").json()["checks"]["pool"]
+            assert pool["state"] != "failing", pool
+            return pool["state"] == "full"
+
+        wait_for(full, "the warm pool to fill")
+        r = c.post("/v1/sessions", json={})
+        assert r.status_code == 201 and r.json()["from_pool"], r.text
+        sid = r.json()["session_id"]
+        x = c.post(f"/v1/sessions/{sid}/execute", json={"code": (
+            "import sys\n"
+            "('colorsys' in sys.modules, 'no_such_module_kmtest' in sys.modules,"
+            " [k for k in globals() if 'preimport' in k], len(In))")}).json()
+        assert x["status"] == "ok", x
+        # imported; the missing one skipped; no helper left; the silent cell is not in the history
+        assert x["result"] == "(True, False, [], 2)", x
+        c.delete(f"/v1/sessions/{sid}")
 
 
 class Watch(httpx.AsyncBaseTransport):

@@ -23,7 +23,7 @@ import, pandas' import, and bwrap's namespaces around an interpreter start (user
 net, ipc, uts). The gateway, manager, connection and preamble are the rest of a cold create.
 
 A shared 2-core machine is noisy: compare the two servers of one run, not runs of other days.
-Writes the "burst" section of bench/RESULTS.md unless --no-write.
+Writes the "burst" section of bench/RESULTS.md ("burst-N" for another --n) unless --no-write.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ async def run(args: argparse.Namespace) -> int:
     text = report(args, results, extra, pools, labels, rows, time.monotonic() - started, load_start)
     print(text)
     if not args.no_write:
-        write_section(REPO / "bench" / "RESULTS.md", SECTION, text)
+        write_section(REPO / "bench" / "RESULTS.md", SECTION if args.n == 20 else f"{SECTION}-{args.n}", text)
     return 0
 
 
@@ -229,7 +229,7 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]],
                          f"{res['from_pool']} |")
     singles = [f"| {name} | {s['pool_import'].median:.0f} | {s['cold'].median:.0f} |"
                for name, s in extra.items() if s["cold"].samples]
-    text = f"""## Bursts of sessions (bench/burst.py)
+    text = f"""## Bursts of sessions: {args.n} at once (bench/burst.py)
 
 `.venv/bin/python bench/burst.py --n {args.n} --rounds {args.rounds}`, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}
 UTC, wall {wall:.0f} s, load average {load_start} at the start ({loadavg()} at the end): a 2-core

@@ -102,11 +102,15 @@ class WarmPool:
 
     async def _quiet(self) -> None:
         """Wait while runs or creates are under way (their answers first: a burst's first cells
-        before the pool's kernels and their imports), at most REFILL_DEFER_SECONDS."""
-        for _ in range(int(REFILL_DEFER_SECONDS / 0.1)):  # polled: busy() reads state kept elsewhere
-            if not self.busy():
+        before the pool's kernels and their imports). Below the floor at most
+        REFILL_DEFER_SECONDS (a server always busy still gets its floor back); above it, as long
+        as it takes: growing the pool is for when the machine is idle."""
+        waited = 0.0
+        while self.busy():  # noqa: ASYNC110 - busy() reads state kept elsewhere: polled
+            if waited >= REFILL_DEFER_SECONDS and len(self._ready) < self.size:
                 return
             await asyncio.sleep(0.1)
+            waited += 0.1
 
     async def _worker(self) -> None:
         backoff = 0.5

@@ -85,12 +85,14 @@ async def one_agent(c: httpx.AsyncClient, t0: int, i: int, tag: str, out: dict[s
 
 
 async def settle(km: KmServer, timeout: float = 300) -> dict[str, Any]:
-    """Until the server's pool is full and nothing starts (/readyz), then 1 s more."""
+    """Until the server's pool holds what it aims at (its target after a burst, else its floor)
+    and nothing starts (/readyz), then 1 s more."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         _, checks = await km.ready_check()
         pool = checks.get("pool", {})
-        if int(pool.get("ready", -1)) >= int(pool.get("size", 0)) and pool.get("state") != "refilling":
+        want = int(pool.get("target", pool.get("size", 0)))  # the adaptive pool's size now, else the floor
+        if int(pool.get("ready", -1)) >= want and pool.get("state") != "refilling":
             break
         await asyncio.sleep(0.2)
     await asyncio.sleep(1.0)
@@ -218,7 +220,7 @@ async def run(args: argparse.Namespace) -> int:
 def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]],
            extra: dict[str, dict[str, Stats]], pools: dict[str, list[dict[str, Any]]],
            labels: dict[str, str], stage_rows: list[tuple[str, float]], wall: float, load_start: str) -> str:
-    lines = ["| server | round | pool before (ready/size) | first ms | median ms | last ms | errors | "
+    lines = ["| server | round | pool before (ready/floor) | first ms | median ms | last ms | errors | "
              "503 retried | from pool |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, rounds in results.items():
         for i, res in enumerate(rounds):

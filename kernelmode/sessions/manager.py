@@ -475,7 +475,7 @@ class SessionManager:
 
     # -- reaping -----------------------------------------------------------------------------------
     async def reap_expired(self) -> list[str]:
-        self.pool.trim()  # warm kernels a burst left beyond what demand now asks for
+        self.pool.resize()  # the pool follows demand: grown after a burst, shrunk when it fades
         if self.hibernation.on:
             t = now()
             # A due session may be deleted while an earlier one hibernates: skip it, never a KeyError.

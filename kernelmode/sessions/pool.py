@@ -178,8 +178,11 @@ class WarmPool:
             self._next.set_result(None)
         self._next, self._claimed = None, False
 
-    def trim(self) -> None:
-        """Stop the waiting kernels beyond what demand now asks for (the newest go first)."""
+    def resize(self) -> None:
+        """Follow the target now (the reaper's round): start kernels when short (sessions that
+        ended made room a burst did not leave), stop the waiting ones beyond it (the newest first)."""
+        if self._short():
+            self.refill()
         extra = len(self._ready) - max(self.target(), self.size)
         if extra > 0 and not self._stopping:
             gone, self._ready = self._ready[-extra:], self._ready[:-extra]

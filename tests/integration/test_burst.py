@@ -25,7 +25,7 @@ def burst_server() -> Iterator[Server]:
                         "KERNELMODE_SESSIONS__CREATE_QUEUE_SECONDS": "3",
                         # A small stdlib module nothing else imports, and one the kernel lacks.
                         "KERNELMODE_SESSIONS__POOL_PREIMPORT": '["colorsys", "no_such_module_kmtest"]',
-                        "KERNELMODE_SESSIONS__POOL_MAX": "4"})
+                        "KERNELMODE_SESSIONS__POOL_MAX": "4"})  # the test server's floor is less
     yield srv
     srv.discard()
 
@@ -96,3 +96,8 @@ async def test_fifty_concurrent_creates_all_get_a_session_of_their_own(burst_ser
         await asyncio.gather(*(s.close() for s in sessions))
     finally:
         await km.aclose()
+    # After the burst the pool grows to what it asked for, up to its ceiling (pool_max 4).
+    with burst_server.client() as c:
+        pool = wait_for(lambda: (p := c.get("/readyz").json()["checks"]["pool"])["ready"] >= 4 and p,
+                        "the pool to grow after the burst")
+        assert pool["target"] == 4 and pool["size"] < 4, pool

@@ -190,7 +190,8 @@ class SessionSettings(_Section):
     """Most warm kernels kept ready: after a burst the pool holds as many as the most creates
     seen in any 10 s of the last 10 minutes, between `pool_size` and this (a value below
     `pool_size` counts as `pool_size`), also bounded by `pool_memory_mb` and by the sessions the
-    server may still hold (`max_sessions`, and the tenants' caps when every tenant has one)."""
+    server may still hold (`max_sessions` minus the sessions held; a tenant's own cap does not
+    bound it, as the admin token's sessions have none)."""
     pool_memory_mb: int = Field(2048, ge=0)
     """Memory the warm kernels above `pool_size` may hold together (MiB): measured per kernel
     (its cgroup, where there is one; else an estimate of 150 MB a kernel). 0: the pool never

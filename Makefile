@@ -75,7 +75,7 @@ test: setup lint
 DOCKER_SUITES ?= tests/security tests/sandbox tests/integration/test_sessions.py \
 	tests/integration/test_lifecycle.py tests/integration/test_files.py \
 	tests/integration/test_recovery.py tests/integration/test_checkpoints.py \
-	tests/integration/test_hibernation.py
+	tests/integration/test_hibernation.py tests/integration/test_burst.py
 docker-test: setup docker-setup
 	KM_TEST_BACKEND=docker $(VENV)/bin/pytest -ra $(DOCKER_SUITES)
 

@@ -39,6 +39,7 @@
     │   ├── TooManySessions          (429 too_many_sessions)
     │   └── QuotaExceeded            (429 quota_exceeded)     a tenant's sessions or runs per minute
     ├── SandboxUnavailable           (503 sandbox_unavailable)
+    ├── ServerBusy                   (503 server_busy)        too many kernel starts queued; REST adds Retry-After
     ├── GatewayError                 (502 gateway_error)      the Kernel Gateway failed us
     │   ├── GatewayForbidden         (502 gateway_forbidden)  the gateway answered 403
     │   └── GatewayUnavailable       (503 gateway_unavailable)
@@ -278,6 +279,15 @@ class SandboxUnavailable(KernelmodeError):
     http_status = 503
 
 
+class ServerBusy(KernelmodeError):
+    """A create that would wait longer than ``sessions.create_queue_seconds`` for its kernel
+    (a burst); ``details.retry_after_seconds`` says when to try again."""
+
+    code = "server_busy"
+    http_status = 503
+    retry_after_seconds = 2
+
+
 class GatewayError(KernelmodeError):
     code = "gateway_error"
     http_status = 502
@@ -395,7 +405,7 @@ ERRORS: dict[str, type[KernelmodeError]] = {cls.code: cls for cls in (
     Conflict, SessionExists, CheckpointFailed, CheckpointAnswerRefused, FileExists, ApprovalDecided, WorkspaceChanged, HostOnly,
     PayloadTooLarge, WorkspaceFull, ImageTooLarge,
     TooManyRequests, TooManySessions, QuotaExceeded,
-    SandboxUnavailable, GatewayError, GatewayForbidden, GatewayUnavailable,
+    SandboxUnavailable, ServerBusy, GatewayError, GatewayForbidden, GatewayUnavailable,
     KernelUnavailable, FilesTimeout, RestartCut, StoreError, SessionStoreUnavailable,
     FileTransferFailed, ToolFailed, PackageFetchFailed,
     MessageTooLarge, IllegalTransition, FrameError, BridgeError, ServerUnreachable,

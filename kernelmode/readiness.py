@@ -27,10 +27,11 @@ def workspace_quota(sessions: SessionManager | None, data_dir: Path) -> dict[str
 
 
 def pool(sessions: SessionManager | None, size: int, data_dir: Path) -> dict[str, Any]:
-    """Kernels ready now, the floor, the pool's state (off, full, refilling, failing) and the
-    last start's error while it fails."""
+    """Kernels ready now, the floor (``size``), the size demand asks for now (``target``,
+    between the floor and ``sessions.pool_max``), the pool's state (off, full, refilling,
+    failing) and the last start's error while it fails."""
     if sessions is None:
-        return {"ok": False, "state": "starting", "ready": 0, "size": size, "error": None}
+        return {"ok": False, "state": "starting", "ready": 0, "size": size, "target": size, "error": None}
     p = sessions.pool
     return {"ok": p.state != "failing", "state": p.state, "ready": p.ready, "size": p.size,
-            "error": _public(p.error, data_dir)}
+            "target": p.target(), "error": _public(p.error, data_dir)}

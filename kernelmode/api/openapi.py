@@ -60,10 +60,12 @@ def _errors(*codes: int) -> dict[str, Any]:
             413: "Too large", 422: "Invalid request",
             429: "Too many sessions (too_many_sessions), or a tenant's quota is spent (quota_exceeded)",
             502: "The kernel's file agent answered wrongly (file_transfer_failed)",
-            503: "Kernel or gateway unavailable"}
+            503: "Kernel or gateway unavailable; or, creating a session in a burst, too many kernel "
+                 "starts queued (server_busy, with Retry-After)"}
     out = {str(c): _json("ErrorBody", text[c]) for c in codes}
-    if 429 in codes:
-        out["429"]["headers"] = _RETRY_AFTER
+    for c in (429, 503):
+        if c in codes:
+            out[str(c)]["headers"] = _RETRY_AFTER
     return out
 
 

@@ -73,7 +73,7 @@ class AsyncClient(BaseClient):
                     raise self._unreachable(self.url, exc) from exc
                 assert r is not None
                 return self._finish(call, r)
-            await asyncio.sleep(self._backoff(attempt))
+            await asyncio.sleep(self._backoff(attempt, r))
             attempt += 1
 
     # -- sessions ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ delegation.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, TypeVar
 
@@ -21,6 +22,14 @@ from ._routes import Call
 T = TypeVar("T")
 DEFAULT_URL = "http://127.0.0.1:8888"
 _RETRYABLE_STATUS = {502, 503, 504}
+MAX_RETRY_AFTER = 60.0  # longest a retry waits on a server's Retry-After
+
+
+def _code(r: httpx.Response) -> str | None:
+    """The error code of an answer, if it is one of ours."""
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        return str(r.json()["error"]["code"])
+    return None
 
 
 def error_from_response(r: httpx.Response) -> errors.KernelmodeError:
@@ -70,10 +79,16 @@ class BaseClient:
             return False
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
             return True  # the request never reached the server
+        if r is not None and r.status_code == 503 and _code(r) == "server_busy":
+            return True  # refused before anything was done (a burst): any request may come again
         return r is not None and call.route.retry_safe and r.status_code in _RETRYABLE_STATUS
 
     @staticmethod
-    def _backoff(attempt: int) -> float:
+    def _backoff(attempt: int, r: httpx.Response | None = None) -> float:
+        """The server's Retry-After (seconds, at most MAX_RETRY_AFTER), else an exponential back-off."""
+        with contextlib.suppress(ValueError, TypeError):
+            if r is not None and "retry-after" in r.headers:
+                return min(MAX_RETRY_AFTER, max(0.0, float(r.headers["retry-after"])))
         return 0.2 * 2 ** attempt
 
     @staticmethod

@@ -73,7 +73,7 @@ class Client(BaseClient):
                     raise self._unreachable(self.url, exc) from exc
                 assert r is not None
                 return self._finish(call, r)
-            time.sleep(self._backoff(attempt))
+            time.sleep(self._backoff(attempt, r))
             attempt += 1
 
     # -- sessions ----------------------------------------------------------------------------------

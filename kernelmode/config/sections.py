@@ -7,6 +7,7 @@ these models by scripts/gen_docs.py): say what a key does in a sentence or two.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +41,8 @@ __all__ = ["EgressNarrowing", "EgressSecret", "EgressSettings", "ADMIN_TENANT", 
            "McpFrontSettings", "McpServerSettings", "PackageSettings", "PolicySettings",
            "SandboxSettings", "ServerSettings", "SessionSettings", "Settings", "StoreSettings",
            "TenantSettings", "ToolBrokerSettings", "ToolSettings", "default_kernel_env"]
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")  # pool_preimport
 
 
 class TenantSettings(_Section):
@@ -185,8 +188,36 @@ class SessionSettings(_Section):
     """Live sessions at once (those being created included; `lost` sessions of a previous run of
     the server are not). At the limit, creating one is `429 too_many_sessions` (REST) or an
     error (MCP, whose sessions count too)."""
-    pool_size: int = Field(2, ge=0, description="Warm kernels kept ready (not counted in max_sessions).")
+    pool_size: int = Field(2, ge=0)
+    """Warm kernels kept ready at all times, the pool's floor (not counted in `max_sessions`).
+    After a burst of creates the pool grows above it, up to `pool_max` (see `pool_memory_mb`)."""
+    pool_max: int = Field(20, ge=0)
+    """Most warm kernels kept ready: after a burst the pool holds as many as the most creates
+    seen in any 10 s of the last 10 minutes, between `pool_size` and this (a value below
+    `pool_size` counts as `pool_size`), also bounded by `pool_memory_mb` and by the sessions the
+    server may still hold (`max_sessions` minus the sessions held; a tenant's own cap does not
+    bound it, as the admin token's sessions have none)."""
+    pool_memory_mb: int = Field(2048, ge=0)
+    """Memory the warm kernels above `pool_size` may hold together (MiB): measured per kernel
+    (its cgroup, where there is one; else an estimate of 150 MB a kernel). 0: the pool never
+    grows above `pool_size`."""
+    pool_preimport: list[str] = Field(default_factory=lambda: ["numpy", "pandas"], max_length=32)
+    """Modules imported in every warm kernel before a session takes it, so that a session's first
+    `import pandas` costs nothing. A module the kernel environment lacks (or whose import fails)
+    is skipped. Nothing leaks between sessions: a warm kernel serves exactly one session, and
+    what it ran before is kernelmode's own code. The first session after start may take a kernel
+    before its imports (it would wait longer for them than for the kernel)."""
+    pool_parallel_starts: int = Field(4, ge=1, le=64)
+    """Kernel starts under way at once (a create's own and the pool's refills; a create's go
+    first). A start waits on I/O part of its time, so about twice the machine's cores; many
+    more only make each start slower."""
     pool_refill_delay_seconds: float = Field(0.5, ge=0, description="Wait after a take before refilling.")
+    create_queue_seconds: float = Field(30.0, ge=0)
+    """How long a create that misses the pool may expect to wait before its kernel start
+    begins (the starts under way and queued ahead of it, `pool_parallel_starts` at a time, at the
+    recent time of one start). A create that would wait longer is answered at once with
+    `503 server_busy` and a `Retry-After` header (when to try again) instead of piling up until
+    it times out; one with nothing queued ahead always goes. 0: never refused for this."""
     max_workspace_files: int = Field(10_000, ge=1, description="Files a workspace may hold (uploads).")
     files_timeout_seconds: float = Field(
         60.0, gt=0, le=3600, description="How long the kernel's file agent may take to answer one "
@@ -222,6 +253,14 @@ class SessionSettings(_Section):
         "(status hibernated; the next run resumes them). null: off (idle sessions are reaped at their TTL).")
     hibernated_ttl_seconds: float = Field(
         7 * 24 * 3600.0, gt=0, description="A hibernated session is deleted after this long unused.")
+
+    @field_validator("pool_preimport", mode="after")
+    @classmethod
+    def _module_names(cls, v: list[str]) -> list[str]:
+        bad = [m for m in v if not _MODULE.fullmatch(m)]
+        if bad:
+            raise ValueError(f"not module names: {bad} (dotted Python identifiers, e.g. 'numpy')")
+        return v
 
     @model_validator(mode="after")
     def _timeouts(self) -> SessionSettings:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import logging
 import uuid
 from collections import Counter as Tally
@@ -52,7 +51,6 @@ from ..models import (
 from ..packages.policy import parse_requirement
 from ..packages.service import PackageService
 from ..protocol import PIP
-from ..protocol.frames import refuse_lone_surrogates
 from ..sandbox import cgroups
 from ..tenants import ADMIN, Principal
 from ..tools.broker import ToolBroker
@@ -67,6 +65,7 @@ from .kernel_env import Kernels
 from .lifecycle import Lifecycle
 from .live import LiveSession, LiveSessions, now
 from .liveness import Liveness
+from .one_shot import one_shot
 from .packages import SessionPackages
 from .pool import WarmPool
 from .readying import restart_asked
@@ -102,7 +101,13 @@ class SessionManager:
         broker.reserved[PIP] = self.packages.from_kernel  # %pip install in a cell
         self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service,
                                egress_root=data_dir / "run" if sandbox != "none" else None)
-        self.pool = WarmPool(settings, self.kernels, sandbox)
+        # Where each kernel's memory use can be read (its cgroup), if anywhere.
+        self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
+        self.pool = WarmPool(
+            settings, self.kernels, sandbox,
+            busy=lambda: bool(self._creating) or any(s.info.status == "busy" for s in self.live),
+            room=lambda: settings.sessions.max_sessions - self.admission.count,
+            usage=self._kernel_memory)
         self.checkpoints = Checkpoints(settings, store, harvester.store if harvester else None,
                                        harvester.scratch if harvester else state_dir)
         self.runner = Runner(settings, store, harvester, self.metrics, self.live, self.kernels.collector,
@@ -119,8 +124,10 @@ class SessionManager:
         self.liveness = Liveness(settings, self.live, self.pool,
                                  lambda s: self.store.save(s.info, s.kernel_id, s.workspace))
         self.metrics.watch(self._gauges)  # after the rooms: registering reads the gauges once
-        # Where each kernel's memory use can be read (its cgroup), if anywhere.
-        self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
+
+    def _kernel_memory(self, kernel_id: str) -> int | None:
+        """A kernel's memory use in bytes, from its cgroup (None where none can be read)."""
+        return None if self._cgroups is None else cgroups.existing(kernel_id, self._cgroups).memory_bytes()
 
     # -- lifecycle (lifecycle) ---------------------------------------------------------------------
     async def start(self, running_kernels: set[str] | frozenset[str] = frozenset()) -> None:
@@ -271,7 +278,7 @@ class SessionManager:
                         await k.discard()
                         raise
             else:
-                k = await self.kernels.new(info)
+                k = await self.pool.start_for(info)  # in its turn; 503 server_busy if too late
         finally:
             self._creating.pop(sid, None)
         info.kernel_id = k.kernel_id
@@ -357,23 +364,8 @@ class SessionManager:
     async def one_shot(self, code: str, files: list[tuple[str, bytes]], timeout_seconds: float | None = None,
                        tools: list[str] | None = None, principal: Principal = ADMIN,
                        egress: EgressNarrowing | None = None) -> RunResult:
-        """Run code in a fresh kernel (from the warm pool when there is one), then discard it.
-
-        The result's artifacts stay in the store under the throw-away session's id.
-        """
-        self.runner.timeout(timeout_seconds)  # refuse a bad timeout or code before taking a kernel
-        refuse_lone_surrogates(code, "code")
-        info = await self.create(SessionCreate(session_id=f"oneshot-{uuid.uuid4().hex[:20]}", tools=tools,
-                                               egress=egress), principal)
-        sid = info.session_id
-        try:
-            for path, data in files:
-                await self.upload(sid, path, io.BytesIO(data), len(data), overwrite=False)
-            # Nobody could answer an approval of a throw-away run: such calls are denied.
-            return await self.execute(sid, code, timeout_seconds, approvals=False)
-        finally:
-            with contextlib.suppress(SessionNotFound):
-                await self.delete(sid)
+        """Run code in a fresh kernel (from the warm pool when there is one), then discard it."""
+        return await one_shot(self, code, files, timeout_seconds, tools, principal, egress)
 
     def get_run(self, run_id: str, principal: Principal = ADMIN) -> LiveRun:
         """The run, if ``principal`` may see its session (another tenant's run is unknown)."""
@@ -471,6 +463,7 @@ class SessionManager:
 
     # -- reaping -----------------------------------------------------------------------------------
     async def reap_expired(self) -> list[str]:
+        self.pool.resize()  # the pool follows demand: grown after a burst, shrunk when it fades
         if self.hibernation.on:
             t = now()
             # A due session may be deleted while an earlier one hibernates: skip it, never a KeyError.

@@ -1,10 +1,20 @@
-"""The warm pool: started, sandboxed, preamble-ready kernels that no session has used yet."""
+"""The warm pool: started, sandboxed, preamble-ready kernels that no session has used yet.
+
+Its size follows the recent demand (``starts.pool_target``): at least ``sessions.pool_size``,
+after a burst as many as the burst asked for, up to ``sessions.pool_max`` and within
+``sessions.pool_memory_mb``. Refills start kernels in parallel through the start gate (a
+create's own start goes first), wait while runs or creates are under way (up to
+``REFILL_DEFER_SECONDS``), and import ``sessions.pool_preimport`` in each kernel. Each kernel
+serves exactly one session.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 
 from ..config import Settings
 from ..errors import KernelmodeError
@@ -12,19 +22,33 @@ from ..models import Limits, SessionInfo
 from .kernel_env import Kernels
 from .kernels import Kernel
 from .live import now
+from .preimport import preimport
+from .starts import Demand, StartGate, pool_target
 
 log = logging.getLogger("kernelmode.sessions")
+REFILL_DEFER_SECONDS = 5.0  # longest a refill waits for runs and creates to end
+KERNEL_MB_ESTIMATE = 150.0  # a warm kernel with numpy and pandas, where none can be measured
 
 
 class WarmPool:
-    def __init__(self, settings: Settings, kernels: Kernels, sandbox: str) -> None:
+    def __init__(self, settings: Settings, kernels: Kernels, sandbox: str, *,
+                 busy: Callable[[], bool] = lambda: False, room: Callable[[], int] | None = None,
+                 usage: Callable[[str], int | None] = lambda kernel_id: None) -> None:
+        """``busy``: whether runs or creates are under way (a refill waits for them); ``room``:
+        the sessions the server may still hold; ``usage``: a kernel's memory use in bytes (or None)."""
         self.settings = settings
         self.kernels = kernels
         self.sandbox = sandbox
         self._ready: list[Kernel] = []
         self._task: asyncio.Task[None] | None = None
-        # The pool kernel being started (done when its start ends), and whether a create waits
-        # for it: one that comes while it starts takes it rather than start a second beside it.
+        self._starting = 0  # refills under way
+        self.gate = StartGate(settings.sessions.pool_parallel_starts)
+        self.demand = Demand()
+        self.busy = busy
+        self.room = room or (lambda: settings.sessions.max_sessions)
+        self.usage = usage
+        # The pool kernel being started first (done when its start ends), and whether a create
+        # waits for it: one that comes while it starts takes it rather than start a second beside it.
         self._next: asyncio.Future[None] | None = None
         self._claimed = False
         self._stopping = False
@@ -38,8 +62,21 @@ class WarmPool:
 
     @property
     def size(self) -> int:
-        """The configured size."""
+        """The configured floor."""
         return self.settings.sessions.pool_size
+
+    def kernel_mb(self) -> float:
+        """A warm kernel's memory: the largest measured among the waiting ones, else an estimate."""
+        measured = [b for k in self._ready if (b := self.usage(k.kernel_id))]
+        return max(measured) / 2**20 if measured else KERNEL_MB_ESTIMATE
+
+    def target(self) -> int:
+        """Warm kernels to keep now (between the floor and ``pool_max``; see ``pool_target``)."""
+        cfg = self.settings.sessions
+        if cfg.pool_size <= 0:
+            return 0
+        return pool_target(cfg.pool_size, cfg.pool_max, self.demand.peak(), self.kernel_mb(),
+                           cfg.pool_memory_mb, self.room())
 
     @property
     def state(self) -> str:
@@ -49,7 +86,7 @@ class WarmPool:
             return "off"
         if self.error is not None:
             return "failing"
-        return "full" if len(self._ready) >= self.size else "refilling"
+        return "full" if len(self._ready) >= self.size and not self._starting else "refilling"
 
     def refill(self, delay: float = 0.0) -> None:
         if self._stopping or self.size <= 0:
@@ -60,32 +97,100 @@ class WarmPool:
     async def _fill(self, delay: float) -> None:
         # After a take, let the new session's first runs have the CPU before a kernel starts.
         await asyncio.sleep(delay)
+        workers = max(1, min(self.gate.slots, self.target() - len(self._ready)))
+        await asyncio.gather(*(self._worker() for _ in range(workers)))
+
+    def _short(self) -> bool:
+        return len(self._ready) + self._starting < self.target()
+
+    async def _quiet(self) -> None:
+        """Wait while runs or creates are under way (their answers first: a burst's first cells
+        before the pool's kernels and their imports). Below the floor at most
+        REFILL_DEFER_SECONDS (a server always busy still gets its floor back); above it, as long
+        as it takes: growing the pool is for when the machine is idle."""
+        waited = 0.0
+        while self.busy():  # noqa: ASYNC110 - busy() reads state kept elsewhere: polled
+            if waited >= REFILL_DEFER_SECONDS and len(self._ready) < self.size:
+                return
+            await asyncio.sleep(0.1)
+            waited += 0.1
+
+    async def _worker(self) -> None:
         backoff = 0.5
-        while len(self._ready) < self.size and not self._stopping:
-            t = now()
-            placeholder = SessionInfo(
-                session_id="pool", status="idle", created_at=t, last_activity=t,
-                ttl_seconds=self.settings.sessions.ttl_seconds, limits=self.settings.sandbox.limits,
-                sandbox=self.sandbox,
-            )
-            self._next = asyncio.get_running_loop().create_future()
+        while self._short() and not self._stopping:
+            await self._quiet()
+            if not self._short() or self._stopping:
+                return
+            self._starting += 1
             try:
-                self._ready.append(await self.kernels.new(placeholder))
+                await self._start_one()
                 backoff, self.error = 0.5, None
             except KernelmodeError as e:
                 self.error = str(e)
-                self._started()
                 log.warning("warm pool: could not start a kernel (%s); retrying in %.1f s", e, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
             finally:
+                self._starting -= 1
+
+    async def _start_one(self) -> None:
+        t = now()
+        placeholder = SessionInfo(
+            session_id="pool", status="idle", created_at=t, last_activity=t,
+            ttl_seconds=self.settings.sessions.ttl_seconds, limits=self.settings.sandbox.limits,
+            sandbox=self.sandbox,
+        )
+        first = self._next is None
+        if first:
+            self._next = asyncio.get_running_loop().create_future()
+        try:
+            await self.gate.acquire(create=False)
+            t0, took = time.monotonic(), None
+            try:
+                k = await self.kernels.new(placeholder)
+                took = time.monotonic() - t0
+            finally:
+                self.gate.release(took)
+            # A create waiting for this very kernel takes it now: it would wait longer for the
+            # imports than they save it (the embedded MCP server's first session).
+            if not (first and self._claimed):
+                if not await preimport(k, self.settings.sessions.pool_preimport, self.kernels.start_timeout):
+                    await k.discard()
+                    return
+            self._ready.append(k)
+        finally:
+            if first:
                 self._started()
+
+    async def start_for(self, info: SessionInfo) -> Kernel:
+        """A kernel started for a create the pool could not serve, in its turn at the start
+        gate; ServerBusy (at once) when that turn would come too late (``create_queue_seconds``)."""
+        self.gate.admit(self.settings.sessions.create_queue_seconds)
+        await self.gate.acquire(create=True)
+        t0, took = time.monotonic(), None
+        try:
+            k = await self.kernels.new(info)
+            took = time.monotonic() - t0
+            return k
+        finally:
+            self.gate.release(took)
 
     def _started(self) -> None:
         """The pool kernel's start ended (in the pool, failed or cancelled): wake its claimant."""
         if self._next is not None and not self._next.done():
             self._next.set_result(None)
         self._next, self._claimed = None, False
+
+    def resize(self) -> None:
+        """Follow the target now (the reaper's round): start kernels when short (sessions that
+        ended made room a burst did not leave), stop the waiting ones beyond it (the newest first)."""
+        if self._short():
+            self.refill()
+        extra = len(self._ready) - max(self.target(), self.size)
+        if extra > 0 and not self._stopping:
+            gone, self._ready = self._ready[-extra:], self._ready[:-extra]
+            for k in gone:
+                asyncio.create_task(k.discard())
 
     def waiting(self) -> list[Kernel]:
         """The kernels ready to be handed out (what the liveness probe watches)."""
@@ -99,9 +204,12 @@ class WarmPool:
             self.refill()
 
     def take(self, limits: Limits) -> Kernel | None:
-        """A pool kernel for a session with the default limits; never one that ran any code."""
+        """A pool kernel for a session with the default limits; never one that ran any code
+        (but kernelmode's: the preamble, ``pool_preimport``)."""
         if limits != self.settings.sandbox.limits:
             return None
+        self.demand.add()
+        self.refill(self.settings.sessions.pool_refill_delay_seconds)  # grows after a burst
         while self._ready:
             k = self._ready.pop(0)
             if k.ready:
@@ -117,7 +225,11 @@ class WarmPool:
         if k is None and self._next is not None and not self._claimed and limits == self.settings.sandbox.limits:
             self._claimed = True
             await asyncio.shield(self._next)
-            k = self.take(limits)
+            if self._ready:
+                k = self._ready.pop(0)  # not take(): this create's demand is counted already
+                if not k.ready:
+                    asyncio.create_task(k.discard())
+                    k = None
         return k
 
     async def drop(self, shutdown: bool = True) -> None:

@@ -62,6 +62,29 @@ async def test_embedded_keeps_variables_and_cleans_up_when_the_client_goes() -> 
     assert_cleaned_up(data_dir)
 
 
+async def test_embedded_without_a_chosen_sandbox_uses_bwrap_and_asks_no_docker_engine(tmp_path: Path) -> None:
+    """`auto` (nothing chosen): the embedded service starts on bubblewrap, the sandbox that starts
+    fastest, and never probes a Docker engine (a probe costs seconds at every launch)."""
+    engine = tmp_path / "docker.sock"
+    calls: list[int] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        calls.append(1)  # somebody asked the "engine"
+        writer.close()
+
+    listener = await asyncio.start_unix_server(answer, path=str(engine))
+    env = {k: v for k, v in os.environ.items() if k != "KERNELMODE_SANDBOX__BACKEND"}
+    env["DOCKER_HOST"] = f"unix://{engine}"
+    try:
+        chosen = StdioServerParameters(command=KERNELMODE[0], args=KERNELMODE[1:], env=env, cwd=str(REPO))
+        async with Client(stdio_client(chosen)) as client:
+            run = await client.call_tool("run_python", {"code": "1+1"})
+            assert not run.is_error and run.structured_content["result"] == "2", text(run)
+    finally:
+        listener.close()
+    assert calls == []
+
+
 def assert_cleaned_up(data_dir: Path) -> None:
     """Gone with the client: no data dir, no mounted volume, no kernel process."""
     deadline = time.monotonic() + 10

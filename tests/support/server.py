@@ -125,6 +125,10 @@ def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None 
         "KERNELMODE_SESSIONS__REAP_INTERVAL_SECONDS": "0.5",
         # An interrupt that works must not lose a race with the grace on a loaded machine.
         "KERNELMODE_SESSIONS__INTERRUPT_GRACE_SECONDS": "6",
+        # The suite starts hundreds of servers and pool kernels on two cores: no pandas import
+        # in each pool kernel and a small pool ceiling, unless a test asks (test_burst.py does).
+        "KERNELMODE_SESSIONS__POOL_PREIMPORT": "[]",
+        "KERNELMODE_SESSIONS__POOL_MAX": "4",
         # Canary secrets in the server's environment: no kernel may ever see them.
         "KM_SECRET_CANARY": CANARY,
         "AWS_SECRET_ACCESS_KEY": CANARY,

@@ -313,23 +313,3 @@ def main(ip: Any, request_json: str) -> None:
     except (SnapshotError, OSError) as e:
         answer = {"error": f"{type(e).__name__}: {e}"[:_REASON_LEN]}
     _publish(answer)
-
-
-def snapshot_code(request: dict[str, Any]) -> str:
-    """The code the manager runs (silently) in a kernel: this module, loaded as its own module
-    (nothing of it lands in the user's namespace), then main(). Data goes in as a string
-    literal made by repr(), never pasted into code."""
-    with open(__file__, encoding="utf-8") as f:
-        source = f.read()
-    return (
-        "def __kernelmode_snapshot(source, request):\n"
-        "    import sys, types\n"
-        "    mod = sys.modules.get('kernelmode_snapshot')\n"
-        "    if mod is None:\n"
-        "        mod = types.ModuleType('kernelmode_snapshot')\n"
-        "        exec(compile(source, '<kernelmode snapshot>', 'exec'), mod.__dict__)\n"
-        "        sys.modules['kernelmode_snapshot'] = mod\n"
-        "    mod.main(get_ipython(), request)\n"
-        f"__kernelmode_snapshot({source!r}, {json.dumps(request)!r})\n"
-        "del __kernelmode_snapshot\n"
-    )

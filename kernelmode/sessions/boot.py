@@ -66,3 +66,21 @@ def kernel_boot(specs: list[dict[str, Any]], settings: Settings, limits: Limits)
     files_config = {"root": WORKSPACE_MOUNT, "max_changes": settings.artifacts.max_artifacts_per_run}
     hints = {"installs": settings.packages.allow != [], "memory_mb": limits.memory_mb}
     return boot_code(specs, files_config, hints)
+
+
+def snapshot_code(request: dict[str, Any]) -> str:
+    """The code the manager runs (silently) in a kernel to save or restore its variables:
+    kernel/snapshot.py, loaded as its own module (nothing of it lands in the user's namespace),
+    then main(). Data goes in as a string literal made by repr(), never pasted into code."""
+    return (
+        "def __kernelmode_snapshot(source, request):\n"
+        "    import sys, types\n"
+        "    mod = sys.modules.get('kernelmode_snapshot')\n"
+        "    if mod is None:\n"
+        "        mod = types.ModuleType('kernelmode_snapshot')\n"
+        "        exec(compile(source, '<kernelmode snapshot>', 'exec'), mod.__dict__)\n"
+        "        sys.modules['kernelmode_snapshot'] = mod\n"
+        "    mod.main(get_ipython(), request)\n"
+        f"__kernelmode_snapshot({_source_literal('snapshot.py')}, {json.dumps(request)!r})\n"
+        "del __kernelmode_snapshot\n"
+    )

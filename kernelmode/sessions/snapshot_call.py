@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from ..errors import CheckpointAnswerRefused, CheckpointFailed, KernelmodeError, KernelUnavailable
 from ..gateway.exchange import ExecuteExchange
 from ..gateway.execution import OutputCollector
-from ..kernel.snapshot import snapshot_code
 from ..protocol import SNAPSHOT_MIME as MIME
+from .boot import snapshot_code
 from .kernels import Kernel
 
 _MAX_NAMES = 100_000  # variables in one answer (the collector's 4 MB bounds it too)

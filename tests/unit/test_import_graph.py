@@ -155,9 +155,6 @@ SHARED = frozenset({
 LAUNCHERS = frozenset({"kernelmode.sandbox.launcher", "kernelmode.sandbox.docker_launcher",
                        "kernelmode.sandbox.egress_bridge"})  # the sandbox's first process
 GATEWAY_CONFIG = "kernelmode.gateway_ext.config.kernel_gateway_config"
-# The in-kernel module that the manager imports for the function that wraps its own source
-# (snapshot_code); the rest of kernel/ reaches kernels through sessions/boot.py as files.
-KERNEL_LOADERS = {"kernelmode.sessions.snapshot_call": {"kernelmode.kernel.snapshot"}}
 _NAMED_CLASS = re.compile(r"[\"'](kernelmode(?:\.\w+)+)[\"']")
 
 
@@ -211,7 +208,7 @@ def process_violations(graph: dict[str, set[str]], gateway_side: set[str],
             found.append(f"shared {name} imports {bad}: the other process would load them")
     manager = set(graph) - gateway_side - SHARED - LAUNCHERS - kernel_side
     for name in sorted(manager):
-        if bad := sorted(graph[name] & (gateway_side | kernel_side) - KERNEL_LOADERS.get(name, set())):
+        if bad := sorted(graph[name] & (gateway_side | kernel_side)):
             found.append(f"the manager's {name} imports {bad} of another process")
     return found
 

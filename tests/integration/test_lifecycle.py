@@ -23,7 +23,7 @@ def test_cap_shutdown_and_lost_sessions_after_restart():
                        data_dir=data_dir)
     try:
         with srv.client() as c:
-            assert c.get("/readyz").json()["checks"]["pool"] == {"ok": True, "state": "off", "ready": 0, "size": 0,
+            assert c.get("/readyz").json()["checks"]["pool"] == {"ok": True, "state": "off", "ready": 0, "size": 0, "target": 0,
                                                                   "error": None}
             for sid in ("one", "two"):
                 r = c.post("/v1/sessions", json={"session_id": sid})

@@ -22,7 +22,9 @@ def test_readyz_says_what_the_pool_and_the_quota_are_doing(api: httpx.Client) ->
     assert r.status_code == 200, r.text
     pool, quota = r.json()["checks"]["pool"], r.json()["checks"]["workspace_quota"]
     assert pool["ok"] is True and pool["state"] in ("full", "refilling") and pool["error"] is None, pool
-    assert pool["ready"] <= pool["size"]
+    # the adaptive pool may hold more than its floor after a burst, never more than its ceiling
+    # (the test servers' sessions.pool_max: tests/support/server.py); its target lies between
+    assert pool["ready"] <= 4 and pool["size"] <= pool["target"] <= 4, pool
     assert quota["ok"] is True and quota["error"] is None, quota
     assert quota["enforced"] is quota["mechanism"].startswith("ext4"), quota
 

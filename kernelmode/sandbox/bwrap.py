@@ -12,10 +12,8 @@ root even outside its namespaces, and RLIMIT_NPROC counts only its own processes
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from traitlets import Integer, Unicode
@@ -23,7 +21,7 @@ from traitlets import Integer, Unicode
 from ..protocol import PACKAGES_ENV
 from . import cgroups, egress, seccomp, uids
 from .base import KernelmodeProvisioner, chown_tree, kernel_environment, log
-from .bwrap_command import LAUNCHER, SANDBOX_UID, bwrap_argv
+from .bwrap_command import SANDBOX_UID, bwrap_argv, launcher_argv
 from .spec import PACKAGES_MOUNT
 
 
@@ -108,7 +106,7 @@ class BwrapProvisioner(KernelmodeProvisioner):
             packages=packages,
             egress_binds=(egress_dir, egress.bridge_file(self.runtime_dir)),
         )
-        launcher = [sys.executable, "-I", LAUNCHER, json.dumps(spec), "--"]
+        launcher = launcher_argv(spec)
         # bwrap itself starts from a scrubbed environment: its pid 1 inside the sandbox keeps
         # the environment it was started with (visible in /proc/1/environ).
         return launcher + argv, {"PATH": "/usr/local/bin:/usr/bin:/bin"}, kdir

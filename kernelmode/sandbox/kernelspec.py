@@ -12,13 +12,12 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from ..errors import SandboxUnavailable
 from . import seccomp
-from .bwrap_command import LAUNCHER, bwrap_argv
+from .bwrap_command import bwrap_argv, launcher_argv
 
 KERNEL_NAME = "kernelmode"
 PROVISIONERS = {"bwrap": "kernelmode-bwrap", "none": "kernelmode-none", "docker": "kernelmode-docker"}
@@ -110,7 +109,7 @@ def check_bwrap(bwrap: str, kernel_python: Path, data_dir: Path) -> str:
             env={"PATH": "/usr/bin:/bin"},
             command=[str(kernel_python), "-c", "import ipykernel, socket; print(socket.if_nameindex())"],
         )
-        cmd = [sys.executable, "-I", LAUNCHER, json.dumps(spec), "--", *argv]
+        cmd = [*launcher_argv(spec), *argv]
         try:
             proc = subprocess.run(
                 cmd, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}

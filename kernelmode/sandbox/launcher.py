@@ -1,7 +1,7 @@
 """Last step before the sandbox: join cgroups, set rlimits, drop to the kernel's uid, exec.
 
-Run as ``python -I launcher.py SPEC_JSON -- COMMAND...`` by the bwrap provisioner. It is a
-standalone stdlib script (run by path, isolated mode) so it starts fast and trusts nothing from
+Run as ``python -I -S launcher.py SPEC_JSON -- COMMAND...`` by the bwrap provisioner. It is a
+standalone stdlib script (run by path, isolated mode, no site) so it starts fast and trusts nothing from
 the environment. The order matters: cgroups and rlimits are applied while still privileged, then
 the uid is dropped so that the sandbox (bwrap) runs as an unprivileged host user; ``exec`` keeps
 the pid, so the gateway still sees bwrap's exit status as the kernel's. When the spec names a

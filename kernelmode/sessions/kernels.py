@@ -133,18 +133,37 @@ class Kernel:
         """A fresh websocket, kernel_info answered, the preamble installed."""
         if self.conn is not None:
             await self.conn.close()
+        self.tools_installed = None  # a new or restarted kernel has no preamble yet
         if self.env.remote:
             self.conn = None
             self.conn = await self._answering_connection(timeout)
+            await self.install_preamble(timeout)
         else:
             self.conn = await self.env.gateway.connect(self.kernel_id, self.on_status)
-            await self.conn.kernel_info(timeout)
-        self.tools_installed = None  # a new or restarted kernel has no preamble yet
-        await self.install_preamble(timeout)
+            await self._info_and_boot(timeout)
         if self.state in GONE:  # given up (or torn down) while it connected: it stays so
             raise KernelUnavailable(f"kernel {self.kernel_id} was {self.state.value} while it was connected")
         self.to(KernelState.IDLE)
         self.info.cause = None  # it answers: whatever befell its predecessor is over
+
+    async def _info_and_boot(self, timeout: float) -> None:
+        """kernel_info (answered on shell and seen on IOPub: the slow-joiner proof) and the boot
+        code, sent back to back instead of one round trip after the other: the kernel takes them
+        in order, and no run of the session starts before both are done. The boot's messages are
+        silent ones; our gateway reads no frame of a new websocket before its nudge has seen the
+        kernel's IOPub on it (jupyter_server), so a late subscription never drops them."""
+        assert self.conn is not None
+        info = asyncio.ensure_future(self.conn.kernel_info(timeout))
+        boot = asyncio.ensure_future(self.install_preamble(timeout))
+        try:
+            await asyncio.wait((info, boot), return_when=asyncio.FIRST_EXCEPTION)
+            for task in (info, boot):  # kernel_info's error first: it says why the boot failed
+                if task.done():
+                    task.result()
+        finally:
+            for task in (info, boot):
+                task.cancel()
+            await asyncio.gather(info, boot, return_exceptions=True)
 
     async def _answering_connection(self, timeout: float) -> KernelConnection:
         """A websocket whose kernel answers. Enterprise Gateway wires a websocket to the kernel

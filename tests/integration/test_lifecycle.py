@@ -23,8 +23,8 @@ def test_cap_shutdown_and_lost_sessions_after_restart():
                        data_dir=data_dir)
     try:
         with srv.client() as c:
-            assert c.get("/readyz").json()["checks"]["pool"] == {"ok": True, "state": "off", "ready": 0, "size": 0, "target": 0,
-                                                                  "error": None}
+            assert c.get("/readyz").json()["checks"]["pool"] == {"ok": True, "state": "off", "ready": 0, "size": 0,
+                                                                  "target": 0, "error": None}
             for sid in ("one", "two"):
                 r = c.post("/v1/sessions", json={"session_id": sid})
                 assert r.status_code == 201 and r.json()["from_pool"] is False
@@ -32,6 +32,10 @@ def test_cap_shutdown_and_lost_sessions_after_restart():
             assert r.status_code == 429
             assert r.json()["error"]["code"] == "too_many_sessions"
             assert c.post("/v1/sessions/one/execute", json={"code": "x = 1"}).json()["status"] == "ok"
+            # A cold kernel's first run has all its output: kernel_info and the boot code go out
+            # together (Kernel._info_and_boot), and neither may cost a run its IOPub messages.
+            first = c.post("/v1/sessions/two/execute", json={"code": "print('first'); 1+1"}).json()
+            assert (first["stdout"], first["result"]) == ("first\n", "2"), first
         # Kernels, sandboxes and the gateway all run with the data dir in their command line.
         assert len(processes_mentioning(str(data_dir))) >= 3
         assert srv.stop() == 0

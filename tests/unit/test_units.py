@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from kernelmode.config import load_settings
 from kernelmode.errors import ConfigError
 from kernelmode.gateway.execution import OutputCollector, strip_ansi
 from kernelmode.models import Limits
-from kernelmode.sandbox.bwrap_command import bwrap_argv
+from kernelmode.sandbox.bwrap_command import bwrap_argv, launcher_argv
 from kernelmode.sandbox.spec import KernelParams, cause_from_exit
 
 
@@ -103,3 +105,13 @@ def test_kernel_params_leave_the_kernel_env():
     params = KernelParams.pop_from_env(env, Limits())
     assert env == {"PATH": "/bin"}
     assert params is not None and params.limits.pids == 50 and params.session_id == "s1"
+
+
+def test_the_launcher_starts_without_site_and_execs_its_command() -> None:
+    """The bwrap launcher runs with ``-I -S`` (no site, none of the venv's .pth files: ~8 ms less
+    per kernel start), so it must import the standard library only; then it execs its command."""
+    argv = launcher_argv({})
+    assert argv[1:3] == ["-I", "-S"]
+    out = subprocess.run([*argv, sys.executable, "-I", "-c", "print('ran')"], capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout == "ran\n"

@@ -105,7 +105,9 @@ def test_orphans_of_a_killed_server_are_removed_at_start() -> None:
         gateway = subprocess.run(["pgrep", "-P", str(srv.proc.pid)], capture_output=True, text=True).stdout.split()
         launchers = subprocess.run(["pgrep", "-f", f"docker_launcher.py.*{data_dir}"], capture_output=True,
                                    text=True).stdout.split()
-        for pid in [*gateway, *launchers, str(srv.proc.pid)]:
+        # The launchers first: a launcher outliving its gateway even a moment removes its
+        # container itself (PR_SET_PDEATHSIG), and then there is no orphan to test.
+        for pid in [*launchers, *gateway, str(srv.proc.pid)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
         srv.proc.wait(30)

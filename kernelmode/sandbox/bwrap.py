@@ -2,8 +2,9 @@
 
 What a kernel can see: the system (read-only), the kernel environment (read-only), its own
 per-kernel directory (connection file and ipc sockets), its session's workspace at /mnt/data,
-a private tmpfs /tmp, and nothing else of the host. There is no network namespace to reach:
-only ``lo`` exists inside. When the gateway runs as root, each kernel also runs as its own
+a private tmpfs /tmp, its egress dir at /run/kernelmode/egress (read-only; egress.py), and
+nothing else of the host. There is no network namespace to reach: only ``lo`` exists inside, where
+the egress bridge listens on 127.0.0.1:3128. When the gateway runs as root, each kernel also runs as its own
 unprivileged host uid (uid_base + slot, leased host-wide: uids.py), so a kernel is not host
 root even outside its namespaces, and RLIMIT_NPROC counts only its own processes.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from traitlets import Integer, Unicode
 
-from . import cgroups, seccomp, uids
+from . import cgroups, egress, seccomp, uids
 from .base import KernelmodeProvisioner, kernel_environment, log
 from .launcher import SECCOMP_FD
 from .spec import PACKAGES_ENV, PACKAGES_MOUNT, WORKSPACE_MOUNT
@@ -53,9 +54,11 @@ def bwrap_argv(
     command: list[str],
     seccomp_filter: bool = True,
     packages: Path | None = None,
+    egress_binds: tuple[Path, Path] | None = None,
 ) -> list[str]:
     """The bwrap command line for one kernel (a pure function, tested on its own). With
-    ``seccomp_filter``, the launcher puts the filter's descriptor in place of ``SECCOMP_FD``."""
+    ``seccomp_filter``, the launcher puts the filter's descriptor in place of ``SECCOMP_FD``;
+    ``egress_binds`` is (the kernel's egress dir, the bridge's source), both bound read-only."""
     argv = [
         bwrap,
         *(["--seccomp", SECCOMP_FD] if seccomp_filter else []),
@@ -91,6 +94,8 @@ def bwrap_argv(
         "--bind", str(kernel_dir), str(kernel_dir),
         "--bind", str(workspace), WORKSPACE_MOUNT,
         *(["--ro-bind", str(packages), PACKAGES_MOUNT] if packages is not None else []),
+        *(["--ro-bind", str(egress_binds[0]), egress.EGRESS_MOUNT,
+           "--ro-bind", str(egress_binds[1]), egress.BRIDGE_MOUNT] if egress_binds is not None else []),
         "--remount-ro", "/",
         "--chdir", WORKSPACE_MOUNT,
         "--clearenv",
@@ -164,6 +169,11 @@ class BwrapProvisioner(KernelmodeProvisioner):
         packages = self.params.packages_dir()
         if packages is not None:
             kenv[PACKAGES_ENV] = PACKAGES_MOUNT
+        # The sandbox's first process is the egress bridge, which then execs the kernel.
+        egress_dir = egress.prepare(Path(self.runtime_dir), self.kernel_id, gid)
+        kenv.update(egress.environment())
+        cmd, argv_env = egress.bridged(cmd, cmd[0])
+        kenv.update(argv_env)
         argv = bwrap_argv(
             bwrap=bwrap,
             kernel_dir=kdir,
@@ -174,6 +184,7 @@ class BwrapProvisioner(KernelmodeProvisioner):
             env=kenv,
             command=cmd,
             packages=packages,
+            egress_binds=(egress_dir, egress.bridge_file(self.runtime_dir)),
         )
         launcher = [sys.executable, "-I", LAUNCHER, json.dumps(spec), "--"]
         # bwrap itself starts from a scrubbed environment: its pid 1 inside the sandbox keeps
@@ -213,6 +224,7 @@ class BwrapProvisioner(KernelmodeProvisioner):
         if not restart:
             uids.release(self.kernel_id)
             shutil.rmtree(self.etc_dir, ignore_errors=True)
+            egress.remove(Path(self.runtime_dir), self.kernel_id)
         with contextlib.suppress(OSError):
             for sock in self.kernel_dir.glob("k-*"):
                 sock.unlink()

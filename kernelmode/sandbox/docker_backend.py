@@ -2,8 +2,9 @@
 
 ``--network none``, ``--read-only``, ``--cap-drop ALL``, ``no-new-privileges``, an unprivileged
 uid of its own, pids/memory/CPU limits, a size-capped tmpfs ``/tmp``, the session's workspace at
-``/mnt/data`` and the kernel's ipc socket directory (at the same path as on the host, so the
-connection file's socket paths hold on both sides): nothing else of the host. The container runs
+``/mnt/data``, the kernel's ipc socket directory (at the same path as on the host, so the
+connection file's socket paths hold on both sides) and its egress dir at /run/kernelmode/egress
+(read-only; egress.py, with the bridge as the container's command): nothing else of the host. The container runs
 through ``docker_launcher.py`` (the process the gateway watches); the engine is reached with the
 Docker SDK. Containers carry the labels ``app=kernelmode``, ``kernelmode.session_id``,
 ``kernelmode.kernel_id`` and ``kernelmode.server`` (which `serve` made them, for orphan cleanup).
@@ -32,7 +33,7 @@ from tornado import web
 from traitlets import Float, Integer, Unicode
 
 from ..models import LimitCeilings, Limits
-from . import seccomp, uids
+from . import egress, seccomp, uids
 from .base import KernelmodeProvisioner, kernel_environment, log
 from .bwrap import _chown_tree
 from .spec import PACKAGES_ENV, PACKAGES_MOUNT, WORKSPACE_MOUNT
@@ -101,9 +102,14 @@ class DockerProvisioner(KernelmodeProvisioner):
         packages = self.params.packages_dir()
         if packages is not None:
             kenv[PACKAGES_ENV] = PACKAGES_MOUNT
+        # The container's command is the egress bridge, which then execs the kernel.
+        egress_dir = egress.prepare(Path(self.runtime_dir), self.kernel_id, uid)
+        kenv.update(egress.environment())
+        command, argv_env = egress.bridged([IMAGE_PYTHON, *cmd[1:]], IMAGE_PYTHON)
+        kenv.update(argv_env)
         create: dict[str, Any] = {
             "image": self.image,
-            "command": [IMAGE_PYTHON, *cmd[1:]],
+            "command": command,
             "user": f"{uid}:{uid}",
             "environment": kenv,
             "working_dir": WORKSPACE_MOUNT,
@@ -121,6 +127,8 @@ class DockerProvisioner(KernelmodeProvisioner):
                 str(ws): {"bind": WORKSPACE_MOUNT, "mode": "rw"},
                 str(kdir): {"bind": str(kdir), "mode": "rw"},
                 **({str(packages): {"bind": PACKAGES_MOUNT, "mode": "ro"}} if packages is not None else {}),
+                str(egress_dir): {"bind": egress.EGRESS_MOUNT, "mode": "ro"},
+                str(egress.bridge_file(self.runtime_dir)): {"bind": egress.BRIDGE_MOUNT, "mode": "ro"},
                 # Not the engine's copies: they would carry the host's name servers.
                 **{str(etc / name): {"bind": f"/etc/{name}", "mode": "ro"} for name in ("hosts", "resolv.conf")},
             },
@@ -241,6 +249,7 @@ class DockerProvisioner(KernelmodeProvisioner):
             uids.release(self.kernel_id)
             shutil.rmtree(self.etc_dir, ignore_errors=True)
             self.status_path.unlink(missing_ok=True)
+            egress.remove(Path(self.runtime_dir), self.kernel_id)
         with contextlib.suppress(OSError):
             for sock in self.kernel_dir.glob("k-*"):
                 sock.unlink()

@@ -90,6 +90,7 @@ class Kernels:
     state_dir: Path
     broker: ToolBroker
     packages: PackageService | None = None  # the package layers, mounted into each kernel
+    egress_root: Path | None = None  # the gateway's runtime dir, of the kernels' egress dirs
     # Background DELETEs of kernels given up (lost, or a failed start): nothing waits on them.
     retiring: set[asyncio.Task[None]] = field(default_factory=set)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..gateway.client import KernelConnection
 from ..models import SessionInfo
+from ..sandbox.egress import egress_dir
 from .kernels import Kernel
 
 
@@ -43,6 +44,17 @@ class LiveSession:
     @property
     def workspace(self) -> Path:
         return self.kernel.workspace
+
+    @property
+    def egress_dir(self) -> Path | None:
+        """The host directory mounted at /run/kernelmode/egress in this session's kernel, where
+        the egress proxy puts the session's ``proxy.sock`` (and ``ca-bundle.pem``); None when
+        the kernel has none (unsandboxed, or on a gateway elsewhere). A replaced kernel (after a
+        death or a wake) has a new one; a restarted kernel keeps its own."""
+        env = self.kernel.env
+        if env.egress_root is None or env.remote:
+            return None
+        return egress_dir(env.egress_root, self.kernel_id)
 
     def touch(self) -> None:
         t = now()

@@ -99,7 +99,8 @@ class SessionManager:
         self.metrics = Metrics(known_tool=broker.knows)
         self.packages = SessionPackages(PackageService(settings, data_dir, sandbox), self._live.get)
         broker.reserved[PIP] = self.packages.from_kernel  # %pip install in a cell
-        self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service)
+        self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service,
+                               egress_root=data_dir / "run" if sandbox != "none" else None)
         self.pool = WarmPool(settings, self.kernels, sandbox)
         self.runner = Runner(settings, store, harvester, self.metrics, self._live, self.kernels.collector,
                              broker.approvals, policy)

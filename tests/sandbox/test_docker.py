@@ -55,12 +55,13 @@ def test_container_is_locked_down(api, session_factory, run) -> None:
     uid = int(c.attrs["Config"]["User"].split(":")[0])
     assert uid >= 200_000  # not root, and not another kernel's uid
     # Nothing of the host but the workspace, the kernel's socket directory, the session's package
-    # layer (read-only) and two tiny files.
+    # layer (read-only), its egress dir and the egress bridge (read-only) and two tiny files.
     mounts = {m["Destination"]: m for m in c.attrs["Mounts"]}
     assert set(mounts) == {"/mnt/data", mounts_kdir(mounts), "/opt/kernelmode/packages", "/etc/hosts",
-                           "/etc/resolv.conf"}
+                           "/etc/resolv.conf", "/run/kernelmode/egress", "/run/kernelmode/egress-bridge.py"}
     assert mounts["/mnt/data"]["RW"] is True and mounts["/etc/hosts"]["RW"] is False
-    assert mounts["/opt/kernelmode/packages"]["RW"] is False
+    for ro in ("/opt/kernelmode/packages", "/run/kernelmode/egress", "/run/kernelmode/egress-bridge.py"):
+        assert mounts[ro]["RW"] is False, ro
     assert not any("docker.sock" in m["Source"] for m in c.attrs["Mounts"])
     labels = c.labels
     assert labels["app"] == "kernelmode" and labels["kernelmode.session_id"] in (sid, "pool")
@@ -69,7 +70,7 @@ def test_container_is_locked_down(api, session_factory, run) -> None:
 
 
 def mounts_kdir(mounts: dict) -> str:
-    (kdir,) = [d for d in mounts if d.startswith("/tmp/") or "/run/" in d]
+    (kdir,) = [d for d in mounts if (d.startswith("/tmp/") or "/run/" in d) and not d.startswith("/run/kernelmode/")]
     return kdir
 
 

@@ -75,6 +75,18 @@ def test_bwrap_argv_isolates_everything(tmp_path: Path):
     assert argv.index("/tmp") < argv.index("/opt/venv") and argv.index("/tmp") < argv.index(str(tmp_path / "k"))
 
 
+
+def test_bwrap_argv_binds_the_egress_dir_and_bridge_read_only(tmp_path: Path):
+    argv = bwrap_argv(bwrap="bwrap", kernel_dir=tmp_path / "k", etc_dir=tmp_path / "etc",
+                      workspace=tmp_path / "ws", ro_paths=[], tmp_bytes=1 << 20, env={},
+                      command=["python"], egress_binds=(tmp_path / "e", tmp_path / "b.py"))
+    i = argv.index(str(tmp_path / "e"))
+    assert argv[i - 1:i + 5] == ["--ro-bind", str(tmp_path / "e"), "/run/kernelmode/egress",
+                                 "--ro-bind", str(tmp_path / "b.py"), "/run/kernelmode/egress-bridge.py"]
+    assert i < argv.index("--remount-ro")
+    assert "--share-net" not in argv
+
+
 @pytest.mark.parametrize("code,oom,expected", [
     (3, False, {"kind": "exit", "exit_code": 3}),
     (139, False, {"kind": "signal", "exit_code": 139, "signal": 11}),

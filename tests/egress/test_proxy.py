@@ -10,9 +10,11 @@ import ssl
 import httpx
 import pytest
 
+from kernelmode.egress.tls import kernel_bundle
 from tests.support.server import wait_for
 
 from .conftest import SECRET, Rig
+from .upstreams import start_hop
 
 
 def test_plain_http_get_and_post(rig: Rig, open_session) -> None:
@@ -228,14 +230,35 @@ def test_audit_metrics_and_run_usage(rig: Rig, open_session, caplog: pytest.LogC
     assert "kernelmode_egress_bytes_total" in text
 
 
-def test_open_is_idempotent_and_close_takes_the_files_away(rig: Rig, open_session) -> None:
+def test_open_is_idempotent_and_close_takes_the_socket_away(rig: Rig, open_session) -> None:
     s = open_session()
     rig.loop.run(rig.egress.open(s.session_id, "team-a", s.policy, s.egress_dir))
     with s.client() as c:
         assert c.get(f"http://plain.test:{rig.http.port}/echo").status_code == 200
     rig.loop.run(rig.egress.close(s.session_id))
-    assert not (s.egress_dir / "proxy.sock").exists() and not (s.egress_dir / "ca-bundle.pem").exists()
+    # The kernel's CA variables still name a bundle: the system's alone (no upstream or deployment CA).
+    assert not (s.egress_dir / "proxy.sock").exists()
+    assert (s.egress_dir / "ca-bundle.pem").read_bytes() == kernel_bundle(None, None)
     assert rig.egress.usage(s.session_id) == []
+
+
+def test_a_moved_proxy_keeps_the_sessions_usage_and_byte_budget(rig: Rig, open_session) -> None:
+    """A replaced kernel (a new egress dir) must not hand its session a fresh byte cap."""
+    s = open_session(max_bytes_per_session=300_000)
+    with s.client() as c:
+        assert c.get(f"http://plain.test:{rig.http.port}/bytes/200000").status_code == 200
+    moved = rig.root / f"{s.session_id}-moved"
+    moved.mkdir()
+    rig.loop.run(rig.egress.open(s.session_id, "team-a", s.policy, moved))
+    assert not (s.egress_dir / "proxy.sock").exists() and (moved / "proxy.sock").exists()
+    assert rig.egress.usage(s.session_id)[0].bytes >= 200_000
+    hop, port = rig.loop.run(start_hop(moved / "proxy.sock"))
+    try:
+        with httpx.Client(proxy=f"http://127.0.0.1:{port}", timeout=30, trust_env=False) as c:
+            with pytest.raises(httpx.HTTPError):  # 200 kB more would pass a fresh 300 kB cap
+                c.get(f"http://plain.test:{rig.http.port}/bytes/200000").read()
+    finally:
+        hop.close()
 
 
 def test_no_egress_opens_nothing(rig: Rig, tmp_path) -> None:

@@ -71,6 +71,8 @@ class Hibernation:
                     log.warning("session %s: not hibernated, its checkpoint failed: %s", sid, e)
                     return False
             await k.shutdown()
+            if self.kernels.egress is not None:
+                await self.kernels.egress.detach(sid)
             # A hibernated session holds files only: its volume is detached (kept), no loop device.
             # A remote kernel's workspace went with it: its checkpoint holds the files.
             if not self.kernels.remote:

@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..artifacts.volume import WorkspaceVolumes
 from ..audit import audit
@@ -35,49 +35,15 @@ from ..sandbox.spec import ENV_SESSION, KernelParams, pop_death_record
 from ..tools.base import ToolInfo
 from ..tools.broker import ToolBroker
 from .boot import kernel_boot
+from .interrupts import InterruptLatch
+
+__all__ = ["InterruptLatch", "Kernel", "Kernels"]
+
+if TYPE_CHECKING:  # egress_wiring.py reads kernels: importing it here would be a cycle
+    from .egress_wiring import EgressWiring
 
 log = logging.getLogger("kernelmode.sessions")
 REMOTE_ATTEMPT_SECONDS = 5.0  # a remote kernel's websocket that does not answer is replaced
-
-
-class InterruptLatch:
-    """Where an interrupt goes. ipykernel ignores SIGINT between cells, so an interrupt asked
-    for before the run's cell has started (kernel being readied, preamble, request in flight) is
-    held and delivered when the cell starts."""
-
-    def __init__(self) -> None:
-        self.requested = False  # the current run was asked to stop (its KeyboardInterrupt is ours)
-        self.held = False
-        self.cell_started = True  # no run waiting for its cell: an interrupt goes out at once
-
-    def arm(self) -> None:
-        """A run takes the kernel: from here an interrupt is its own, even before its cell starts."""
-        self.requested, self.held, self.cell_started = False, False, False
-
-    def disarm(self) -> None:
-        """The run is over: interrupts go straight to the kernel again."""
-        self.cell_started, self.held = True, False
-
-    def request(self, console_busy: bool) -> bool:
-        """Someone asks for an interrupt; True: deliver it now (else it is held for the cell)."""
-        self.requested = True
-        if not self.cell_started and not console_busy:
-            self.held = True
-            return False
-        return True  # the run's cell, or a person's console cell, is what the kernel runs
-
-    def stop(self) -> bool:
-        """The run passed its timeout; True: deliver now (else held until its cell starts)."""
-        if self.cell_started:
-            return True
-        self.held = True
-        return False
-
-    def cell_start(self) -> bool:
-        """The run's cell started; True: an interrupt was held for it, deliver it now."""
-        self.cell_started = True
-        held, self.held = self.held, False
-        return held
 
 
 @dataclass
@@ -90,7 +56,7 @@ class Kernels:
     state_dir: Path
     broker: ToolBroker
     packages: PackageService | None = None  # the package layers, mounted into each kernel
-    egress_root: Path | None = None  # the gateway's runtime dir, of the kernels' egress dirs
+    egress: EgressWiring | None = None  # the sessions' egress proxies, in the kernels' egress dirs
     # Background DELETEs of kernels given up (lost, or a failed start): nothing waits on them.
     retiring: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -189,6 +155,8 @@ class Kernels:
         """Start ``k`` (its id) in the gateway and connect to it."""
         await self.gateway.start_kernel(k.kernel_id, k.start_env(), self.start_timeout)
         await k.connect(self.start_timeout)
+        if self.egress is not None:  # its session's proxy moves into this kernel's egress dir
+            await self.egress.attach(k)
 
 
 class Kernel:

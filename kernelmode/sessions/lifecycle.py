@@ -47,6 +47,7 @@ class Lifecycle:
         in_flight = {r.session_id: r for r in store.runs_in_flight()}
         for s in await recovery.adopt(m.kernels, store, adoptable, in_flight):
             self.live[s.info.session_id] = s
+            await m.egress.attach(s.kernel)  # its proxy's socket again, for a kernel that kept running
         recovery.end_interrupted_runs(store, in_flight, set(self.live))
         strays = running_kernels - {s.kernel_id for s in self.live.values()}
         if strays:  # pool kernels of the dead manager, and the like: after start, in the background
@@ -82,6 +83,7 @@ class Lifecycle:
         await asyncio.to_thread(m.volumes.sweep,
                                 {s.workspace for s in self.live.values()} | store.hibernated_workspaces())
         self.live.clear()
+        await m.egress.stop()  # kept kernels meet the bridge's "not answering" until a successor adopts them
 
     async def _shut_down(self, kernel_ids: set[str] | frozenset[str]) -> None:
         for kernel_id in kernel_ids:

@@ -59,6 +59,7 @@ from ..tools.broker import ToolBroker
 from . import listing
 from .admission import Admission
 from .checkpoints import Checkpoints
+from .egress_wiring import EgressWiring
 from .files import SessionFiles
 from .forks import Forks
 from .gateway_loss import GatewayLoss
@@ -99,8 +100,8 @@ class SessionManager:
         self.metrics = Metrics(known_tool=broker.knows)
         self.packages = SessionPackages(PackageService(settings, data_dir, sandbox), self._live.get)
         broker.reserved[PIP] = self.packages.from_kernel  # %pip install in a cell
-        self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service,
-                               egress_root=data_dir / "run" if sandbox != "none" else None)
+        self.egress = EgressWiring(settings, data_dir, self.metrics, data_dir / "run" if sandbox != "none" else None)
+        self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service, self.egress)
         self.pool = WarmPool(settings, self.kernels, sandbox)
         self.runner = Runner(settings, store, harvester, self.metrics, self._live, self.kernels.collector,
                              broker.approvals, policy)
@@ -259,12 +260,13 @@ class SessionManager:
                 info.from_pool = True
                 k.info = info
                 self.pool.refill(delay=self.settings.sessions.pool_refill_delay_seconds)
-                if req.tools is not None:  # the pool kernel's preamble offers every tool
-                    try:
+                try:
+                    if req.tools is not None:  # the pool kernel's preamble offers every tool
                         await k.install_preamble(self.kernels.start_timeout)
-                    except BaseException:
-                        await k.discard()
-                        raise
+                    await self.egress.attach(k)  # its session's proxy, in the kernel's egress dir
+                except BaseException:
+                    await k.discard()
+                    raise
             else:
                 k = await self.kernels.new(info)
         finally:
@@ -314,6 +316,7 @@ class SessionManager:
         else:
             await s.kernel.discard()
             self.broker.forget_session(session_id)
+        await self.egress.detach(session_id)
         await self.checkpoints.forget(session_id)
         self.store.delete(session_id)
         self.metrics.sessions_ended.labels(reason, tenant or ADMIN_TENANT).inc()

@@ -76,6 +76,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(chunk[:n])
                 n -= len(chunk)
             return
+        if self.path.endswith(".csv"):  # a small table (pandas.read_csv over egress)
+            body = b"city,rain_mm\nOslo,763\nBergen,2250\nTromso,1030\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/csv")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         # Answers which header names arrived, never their values (a real API does not echo them).
         self._json({"path": self.path, "header_names": sorted(k.lower() for k in self.headers)})
 

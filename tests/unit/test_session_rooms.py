@@ -10,6 +10,7 @@ from pathlib import Path
 from kernelmode.config import Settings
 from kernelmode.models import Limits, SessionInfo
 from kernelmode.sandbox.egress import egress_dir
+from kernelmode.sessions.egress_wiring import EgressWiring
 from kernelmode.sessions.kernels import InterruptLatch, Kernel, Kernels
 from kernelmode.sessions.live import LiveSession
 from kernelmode.sessions.reaper import expired
@@ -64,14 +65,18 @@ async def test_reaper_picks_expired_idle_sessions_only() -> None:
     assert sorted(expired(live, now)) == ["busy", "old"]
 
 
+def _wiring(data_dir: Path) -> EgressWiring:
+    return EgressWiring(Settings(), data_dir, None, data_dir / "run")
+
+
 def test_a_sessions_egress_dir_is_its_kernels_where_the_bridge_connects(tmp_path: Path) -> None:
     """LiveSession.egress_dir (the manager's proxy puts proxy.sock there) is the directory the
     sandbox backends bind at /run/kernelmode/egress for that kernel (sandbox/egress.py)."""
     t = datetime.now(timezone.utc)
-    local = Kernels(Settings(), None, None, tmp_path, None, egress_root=tmp_path / "run")  # type: ignore[arg-type]
+    local = Kernels(Settings(), None, None, tmp_path, None, egress=_wiring(tmp_path))  # type: ignore[arg-type]
     assert _live(local, "s1", t).egress_dir == egress_dir(tmp_path / "run", "k-s1") == tmp_path / "run" / "k-s1.egress"
     unsandboxed = Kernels(Settings(), None, None, tmp_path, None)  # type: ignore[arg-type]
     assert _live(unsandboxed, "s1", t).egress_dir is None
     remote = Kernels(Settings.model_validate({"gateway": {"url": "http://gw.test:8888"}}), None, None, tmp_path, None,  # type: ignore[arg-type]
-                     egress_root=tmp_path / "run")
+                     egress=_wiring(tmp_path))
     assert _live(remote, "s1", t).egress_dir is None

@@ -88,6 +88,8 @@ def test_refusals_name_the_host_and_the_reason(rig: Rig, open_session) -> None:
         r = c.get(f"http://nope.test:{hp}/")
         assert r.status_code == 403
         assert r.text == f"kernelmode: nope.test:{hp} is not in this session's egress allow-list\n"
+        # The status line says it too (all that http.client shows of a refused CONNECT).
+        assert r.reason_phrase == f"kernelmode: nope.test:{hp} is not in this session's egress allow-list"
         assert "denied by this session's egress policy" in c.get(f"http://denied.test:{hp}/").text
         assert "is an IP address" in c.get(f"http://127.0.0.2:{hp}/").text
         r = c.get(f"http://far.test:{hp}/")

@@ -217,6 +217,10 @@ try:
     out["dns"] = "resolved"
 except OSError as e:
     out["dns"] = type(e).__name__
+try:  # a refused CONNECT: http.client shows only the status line, which says why
+    urllib.request.urlopen("https://nothere.test/", timeout=30)
+except urllib.error.URLError as e:
+    out["tunnel"] = str(e.reason)
 u = socket.socket(socket.AF_UNIX)
 try:
     u.connect({str(other_sock)!r})
@@ -234,7 +238,15 @@ print(_json.dumps(out))
     assert out["wrong_port"][0] == 403 and "not in this session's egress allow-list" in out["wrong_port"][1], out
     assert out["fronting_status"].startswith("HTTP/1.1 200") and out["fronting"] != "handshake completed", out
     assert out["dns"] == "gaierror" and out["other_session"] == "ENOENT", out
+    assert "403 kernelmode: nothere.test is not in this session's egress allow-list" in out["tunnel"], out
     refused = {e["host"] for e in r["egress"] if not e["allowed"]}
+    # Uncaught, a refusal says it is the policy (a hint, as for a missing network), and code that
+    # skips the proxy is told where the way out is.
+    r2 = run(sid, FETCH + "urllib.request.urlopen('http://nothere.test/y', timeout=30)")
+    assert r2["error"]["ename"] == "HTTPError" and "nothere.test is not in this session's egress allow-list. " \
+        "kernelmode: this is the session's egress policy, so retrying will not help" in r2["error"]["evalue"], r2
+    r2 = run(sid, "import socket\nsocket.create_connection(('plain.test', 80), timeout=5)")
+    assert "HTTP and HTTPS go through the session's egress proxy" in r2["error"]["evalue"], r2["error"]
     assert {"nothere.test", "denied.test", "127.0.0.2", "far.test", "secure.test"} <= refused, r["egress"]
     assert not u.http.seen or all(p != "/x" for _, p, _ in u.http.seen), u.http.seen  # nothing got through
 
@@ -253,6 +265,8 @@ print(_json.dumps(out))
     # Code that skips the proxy meets no network at all, and the error says it is by design.
     r = run(sid, "import socket\nsocket.create_connection(('plain.test', 80), timeout=5)")
     assert r["status"] == "error" and "no network by design" in r["error"]["evalue"], r["error"]
+    r = run(sid, "import urllib.request\nurllib.request.urlopen('http://plain.test/', timeout=5)")
+    assert "no network by design" in r["error"]["evalue"] and "tools.help()" in r["error"]["evalue"], r["error"]
 
 
 def test_proxy_comes_back_after_a_manager_restart_without_restarting_kernels(upstreams, server):

@@ -21,7 +21,7 @@ import pytest
 
 from kernelmode.sandbox.egress import egress_dir
 from kernelmode.sandbox.egress_bridge import NO_EGRESS
-from tests.conftest import Server, start_server
+from tests.conftest import Server, start_server, wait_for
 from tests.egress.upstreams import Upstream, make_test_ca
 from tests.security.conftest import PRELUDE, report
 from tests.support.package_index import PackageIndex, temporary_index
@@ -269,10 +269,11 @@ print(_json.dumps(out))
     assert "no network by design" in r["error"]["evalue"] and "tools.help()" in r["error"]["evalue"], r["error"]
 
 
-def test_proxy_comes_back_after_a_manager_restart_without_restarting_kernels(upstreams, server):
+def test_proxy_comes_back_after_a_manager_restart_and_follows_a_woken_session(upstreams, server):
     """kill -9 of `serve`: the proxy dies with it (kernels meet the bridge's "not answering"); the
-    next `serve` adopts the kernels and opens their sessions' sockets again. Last in the module:
-    it replaces the module's server."""
+    next `serve` adopts the kernels and opens their sessions' sockets again. That one hibernates
+    idle sessions: a woken session's new kernel gets the proxy too. Last in the module: it
+    replaces the module's server."""
     u, _ = upstreams
     hp = u.http.port
     with server.client() as c:
@@ -284,13 +285,18 @@ def test_proxy_comes_back_after_a_manager_restart_without_restarting_kernels(ups
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait(30)
     env, args = server.restart_args  # type: ignore[attr-defined]
-    srv2 = start_server(env, data_dir=server.data_dir, args=args)
+    srv2 = start_server({**env, "KERNELMODE_SESSIONS__HIBERNATE_AFTER_SECONDS": "2"},
+                        data_dir=server.data_dir, args=args)
+    again = {"code": FETCH + f"\nprint(x, fetch('http://plain.test:{hp}/echo')[0])"}
     try:
         with srv2.client() as c:
-            r = c.post(f"/v1/sessions/{sid}/execute",
-                       json={"code": FETCH + f"\nprint(x, fetch('http://plain.test:{hp}/echo')[0])"}).json()
+            r = c.post(f"/v1/sessions/{sid}/execute", json=again).json()
             assert r["status"] == "ok" and r["stdout"].strip() == "7 200", r  # variables kept: same kernel
             assert c.get(f"/v1/sessions/{sid}").json()["kernel_id"] == kernel
             assert {(e["host"], e["allowed"]) for e in r["egress"]} == {("plain.test", True)}, r
+            wait_for(lambda: c.get(f"/v1/sessions/{sid}").json()["status"] == "hibernated", "hibernation", 60)
+            r = c.post(f"/v1/sessions/{sid}/execute", json=again).json()
+            assert r["status"] == "ok" and r["stdout"].strip() == "7 200", r  # woken: a new kernel, restored
+            assert c.get(f"/v1/sessions/{sid}").json()["kernel_id"] != kernel
     finally:
         srv2.stop()

@@ -1,7 +1,7 @@
 """Egress from kernel code through the host-side proxy vs the same request made from the host.
 
 A real `kernelmode serve` with an egress policy, and a real HTTPS upstream on 127.0.0.1 with a
-test CA (tests/egress/upstreams.py), named through `egress.hosts`. In one run, interleaved round
+test CA (tests/support/upstreams.py), named through `egress.hosts`. In one run, interleaved round
 by round (the order rotates, so machine noise hits every path alike):
 
   tunnel     a 1 MB HTTPS GET from kernel code (urllib, a new connection each): the bridge in the
@@ -33,7 +33,7 @@ from harness import BENCH, Stats, loadavg, require_kernel_venv, write_section
 from servers import KmServer
 
 from kernelmode.egress.tls import kernel_bundle
-from tests.egress.upstreams import Upstream, make_test_ca
+from tests.support.upstreams import Upstream, make_test_ca
 
 MB = 1_000_000
 SMALL, LARGE = MB, 100 * MB

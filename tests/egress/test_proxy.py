@@ -12,9 +12,9 @@ import pytest
 
 from kernelmode.egress.tls import kernel_bundle
 from tests.support.server import wait_for
+from tests.support.upstreams import start_hop
 
 from .conftest import SECRET, Rig
-from .upstreams import start_hop
 
 
 def test_plain_http_get_and_post(rig: Rig, open_session) -> None:

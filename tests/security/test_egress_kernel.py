@@ -22,9 +22,9 @@ import pytest
 from kernelmode.sandbox.egress import egress_dir
 from kernelmode.sandbox.egress_bridge import NO_EGRESS
 from tests.conftest import Server, start_server, wait_for
-from tests.egress.upstreams import Upstream, make_test_ca
 from tests.security.conftest import PRELUDE, report
 from tests.support.package_index import PackageIndex, temporary_index
+from tests.support.upstreams import Upstream, make_test_ca
 
 SECRET = "Bearer egress-kernel-canary-5d1e08b2"
 

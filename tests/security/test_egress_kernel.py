@@ -249,6 +249,14 @@ print(_json.dumps(out))
     assert "HTTP and HTTPS go through the session's egress proxy" in r2["error"]["evalue"], r2["error"]
     assert {"nothere.test", "denied.test", "127.0.0.2", "far.test", "secure.test"} <= refused, r["egress"]
     assert not u.http.seen or all(p != "/x" for _, p, _ in u.http.seen), u.http.seen  # nothing got through
+    # Each connection is an audit line naming the session and the run, and a metrics sample.
+    lines = [json.loads(x) for x in server.log().splitlines() if x.startswith('{"ts"')]
+    mine = [e for e in lines if e["event"] == "egress" and e["session_id"] == sid and e["run_id"] == r["run_id"]]
+    assert {(e["host"], e["decision"], e["rule"]) for e in mine} >= {
+        ("nothere.test", "refused", "not_allowed"), ("denied.test", "refused", "denied.test"),
+        ("far.test", "refused", "address"), ("secure.test", "refused", "sni")}, mine
+    metrics = api.get("/metrics").text
+    assert 'kernelmode_egress_connections_total{decision="refused"}' in metrics
 
 
 def test_a_session_without_egress_is_offline_with_a_clear_refusal(session_factory, run, api):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from ..config import Settings
 from ..egress.policy import EgressPolicy, stored_policy
 from ..egress.service import Egress
+from ..errors import KernelUnavailable
 from ..metrics import Metrics
 from ..models import EgressUse
 from ..sandbox.egress import egress_dir
@@ -50,7 +51,10 @@ class EgressWiring:
         policy = self._policies.get(sid)
         if policy is None:  # secrets and addresses come from the settings of now (a restart)
             policy = self._policies[sid] = stored_policy(self.settings, info.egress)
-        await self.service.open(sid, info.tenant, policy, where)
+        try:
+            await self.service.open(sid, info.tenant, policy, where)
+        except OSError as e:  # the dir went with its kernel, or a data dir path too long for a socket
+            raise KernelUnavailable(f"the session's egress proxy could not listen in {where}: {e}") from e
 
     async def detach(self, session_id: str) -> None:
         self._policies.pop(session_id, None)

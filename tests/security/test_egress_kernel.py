@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import signal
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +24,7 @@ import pytest
 
 from kernelmode.sandbox.egress import egress_dir
 from kernelmode.sandbox.egress_bridge import NO_EGRESS
-from tests.conftest import Server, start_server, wait_for
+from tests.conftest import BACKEND, Server, start_server, wait_for
 from tests.security.conftest import PRELUDE, report
 from tests.support.package_index import PackageIndex, temporary_index
 from tests.support.upstreams import Upstream, make_test_ca
@@ -34,6 +37,11 @@ class Upstreams:
     http: Upstream
     https: Upstream
     index: PackageIndex
+    git: Upstream | None  # a repository over HTTPS ("dumb" protocol), when this host has git
+
+    @property
+    def git_port(self) -> int:
+        return self.git.port if self.git is not None else 1
 
     @property
     def index_port(self) -> int:
@@ -45,21 +53,37 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Upstre
     root = tmp_path_factory.mktemp("upstreams")
     ca, cert = make_test_ca(root)
     http, https = Upstream(), Upstream(cert)
+    git = Upstream(cert, files=_git_repository(root)) if shutil.which("git") else None
     try:
         with temporary_index() as index:
-            yield Upstreams(http, https, index), ca
+            yield Upstreams(http, https, index, git), ca
     finally:
-        http.stop()
-        https.stop()
+        for server in (http, https, git):
+            if server is not None:
+                server.stop()
+
+
+def _git_repository(root: Path) -> Path:
+    """``root/served/repo.git``: a bare repository with one commit, ready for "dumb" HTTP."""
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    work, served = root / "work", root / "served"
+    served.mkdir()
+    subprocess.run(["git", "init", "-q", str(work)], check=True, env=env)
+    (work / "README").write_text("cloned through the egress proxy\n")
+    for cmd in (["add", "README"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one"]):
+        subprocess.run(["git", "-C", str(work), *cmd], check=True, env=env)
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(served / "repo.git")], check=True, env=env)
+    subprocess.run(["git", "-C", str(served / "repo.git"), "update-server-info"], check=True, env=env)
+    return served
 
 
 def _config(u: Upstreams, ca: Path) -> str:
-    hp, sp, ip = u.http.port, u.https.port, u.index_port
+    hp, sp, ip, gp = u.http.port, u.https.port, u.index_port, u.git_port
     loopback = {n: "127.0.0.1" for n in ("plain.test", "secure.test", "secret.test", "other.test",
                                           "denied.test", "index.test")}
     egress = {
         "allow": [f"plain.test:{hp}", f"denied.test:{hp}", f"far.test:{hp}", f"secure.test:{sp}",
-                  f"secret.test:{sp}", f"other.test:{sp}", f"index.test:{ip}"],
+                  f"secret.test:{sp}", f"other.test:{sp}", f"index.test:{ip}", f"other.test:{gp}"],
         "deny": ["denied.test"],
         "hosts": {**loopback, "far.test": "127.0.0.2"},
         "allow_addresses": ["127.0.0.1/32"],
@@ -130,6 +154,13 @@ p = subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--no
                     "--trusted-host", "index.test",
                     "-d", "/tmp/dl", "kmtest-lib"], capture_output=True, text=True, timeout=120)
 out["pip"] = [p.returncode, sorted(os.listdir("/tmp/dl")) if p.returncode == 0 else p.stderr[-2000:]]
+import shutil
+if shutil.which("git"):  # HTTPS_PROXY and GIT_SSL_CAINFO from the kernel's environment
+    p = subprocess.run(["git", "clone", "-q", "https://other.test:{u.git_port}/repo.git", "/tmp/clone"],
+                       capture_output=True, text=True, timeout=120)
+    out["git"] = open("/tmp/clone/README").read() if p.returncode == 0 else p.stderr[-2000:]
+else:
+    out["git"] = None
 print(_json.dumps(out))
 """
     r = run(sid, PRELUDE + code, timeout_seconds=300)
@@ -141,11 +172,18 @@ print(_json.dumps(out))
     assert out["csv"] == {"city": ["Oslo", "Bergen", "Tromso"], "rain_mm": [763, 2250, 1030]}
     assert out["requests"] in (None, {"length": 1000, "sha256": hashlib.sha256(b"x" * 1000).hexdigest()})
     assert out["pip"][0] == 0 and out["pip"][1] == ["kmtest_lib-1.0-py3-none-any.whl"], out["pip"]
+    # git is in a bwrap kernel when the host has it; kernelmode's Docker image has none.
+    if BACKEND == "bwrap" and u.git is not None:
+        assert out["git"] == "cloned through the egress proxy\n", out["git"]
+    else:
+        assert out["git"] in (None, "cloned through the egress proxy\n"), out["git"]
     # The run's result lists what it reached.
     used = _egress(r)
     assert used[("plain.test", True)]["requests"] >= 2 and used[("index.test", True)]["requests"] >= 1, r["egress"]
     assert used[("secure.test", True)]["bytes"] >= (40 << 20) + 300_000, r["egress"]
     assert not any(not e["allowed"] for e in r["egress"]), r["egress"]
+    if out["git"] is not None:
+        assert any(e["host"] == "other.test" and e["port"] == u.git_port for e in r["egress"]), r["egress"]
 
 
 def test_secret_reaches_the_upstream_never_the_kernel(upstreams, session_factory, probe, server):

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import hashlib
 import ipaddress
 import json
 import ssl
 import threading
 from collections.abc import Coroutine
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -93,11 +94,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._json({"length": len(body), "sha256": hashlib.sha256(body).hexdigest()})
 
 
-class Upstream:
-    """A threaded HTTP(S) server on 127.0.0.1 that records what it received (``seen``)."""
+class _Files(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
-    def __init__(self, tls_cert: Path | None = None) -> None:
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+
+class Upstream:
+    """A threaded HTTP(S) server on 127.0.0.1 that records what it received (``seen``); with
+    ``files``, a static file server of that directory instead (a git repository over "dumb" HTTP)."""
+
+    def __init__(self, tls_cert: Path | None = None, files: Path | None = None) -> None:
+        handler: Any = _Handler if files is None else functools.partial(_Files, directory=str(files))
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.httpd.seen = []  # type: ignore[attr-defined]
         if tls_cert is not None:

@@ -49,19 +49,22 @@ async def answer(conn: h11.Connection, writer: Writer, status: int, text: str,
     body = f"kernelmode: {text}\n".encode()
     headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()),
                (b"server", SERVER)] + ([(b"connection", b"close")] if close else [])
-    data = conn.send(h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b"")))
+    data = conn.send(h11.Response(status_code=status, headers=headers, reason=reason_phrase(text)))
     data = (data or b"") + (conn.send(h11.Data(data=body)) or b"") + (conn.send(h11.EndOfMessage()) or b"")
     await Link.write(writer, data)
 
 
-_REASONS = {200: b"Connection established", 400: b"Bad Request", 403: b"Forbidden",
-            502: b"Bad Gateway", 504: b"Gateway Timeout"}
+def reason_phrase(text: str) -> bytes:
+    """The status line says why too: http.client shows only the status line of a refused
+    ``CONNECT`` (requests' ProxyError, pip, git), and urllib's HTTPError its reason, not the body."""
+    line = " ".join(f"kernelmode: {text}".split())[:300]
+    return line.encode("ascii", "replace")
 
 
 def raw_refusal(text: str) -> bytes:
     """A 403 sent before any request was read (the connection cap): h11 answers only requests."""
     body = f"kernelmode: {text}\n".encode()
-    return (b"HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+    return (b"HTTP/1.1 403 " + reason_phrase(text) + b"\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 

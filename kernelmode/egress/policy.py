@@ -76,7 +76,11 @@ def narrow(policy: EgressPolicy, by: EgressNarrowing | None, *, who: str = "this
     if by.allow is not None:
         wider = first_uncovered(list(policy.allow), by.allow)
         if wider is None:
-            wider = next((a for a in by.allow if "*" not in a and _denied(policy.deny, *_one(a))), None)
+            # A host the deny list refuses is refused here too, unless the policy's own allow
+            # list names it (a stored session's or a fork's narrowing repeats that list; deny
+            # still wins for it at the proxy).
+            wider = next((a for a in by.allow if "*" not in a and a not in policy.allow
+                          and _denied(policy.deny, *_one(a))), None)
         if wider is not None:
             raise EgressRefused(f"egress to {wider!r} is not allowed for {who}: ask only for hosts "
                                 f"within {list(policy.allow)!r}" if policy.allow else

@@ -58,6 +58,9 @@ class Egress:
             if current[0] == egress_dir and current[1].policy == policy:
                 return
             await self.close(session_id)
+        # A session's caps and usage outlive its kernel (a kernel that dies on purpose must not
+        # get a fresh byte budget); a new policy starts afresh.
+        carried = current[1] if current is not None and current[1].policy == policy else None
         if not policy.enabled:
             return
         bundle = kernel_bundle(self.certs.ca_pem() if policy.secrets else None, policy.upstream_ca_file)
@@ -67,17 +70,22 @@ class Egress:
             tls = self._upstream_tls[policy.upstream_ca_file] = upstream_context(policy.upstream_ca_file)
         proxy = SessionProxy(session_id, tenant, policy, egress_dir / SOCKET_NAME, self.certs, tls,
                              self.own, self.metrics)
+        if carried is not None:
+            proxy.meter, proxy.usage, proxy.run_id = carried.meter, carried.usage, carried.run_id
         await proxy.start()
         self._proxies[session_id] = (egress_dir, proxy)
 
     async def close(self, session_id: str) -> None:
-        """Stop the session's proxy and take its files out of the directory (no-op if none)."""
+        """Stop the session's proxy and take its socket out of the directory (no-op if none).
+        The kernel's bundle goes back to the system's alone: its CA variables name that file,
+        and a client given a missing one fails at construction (httpx), not only on HTTPS."""
         entry = self._proxies.pop(session_id, None)
         if entry is None:
             return
         egress_dir, proxy = entry
         await proxy.close()
-        (egress_dir / BUNDLE_NAME).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the kernel, and its dir, may be gone already
+            _write_public(egress_dir / BUNDLE_NAME, kernel_bundle(None, None))
 
     def set_run(self, session_id: str, run_id: str | None) -> None:
         """Connections opened from now on count toward this run (None: between runs)."""

@@ -14,6 +14,7 @@ Loaded once per kernel process by the preamble's boot code, with its config as J
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from typing import Any
 
@@ -22,6 +23,21 @@ NETWORK_HINT = (
     "kernelmode: this sandbox has no network by design (no DNS, no route), so retrying will not "
     "help. Fetch data through a host tool (tools.help() lists them), or upload it as a file to "
     "/mnt/data and read it from there."
+)
+# With egress (the proxy's socket is in the sandbox), HTTP(S) clients that honour HTTP_PROXY get
+# out to the allowed hosts; only code that skips the proxy meets the missing network.
+EGRESS_SOCKET = "/run/kernelmode/egress/proxy.sock"
+EGRESS_NETWORK_HINT = (
+    "kernelmode: this sandbox has no network of its own (no DNS, no route): HTTP and HTTPS go "
+    "through the session's egress proxy (the HTTP_PROXY/HTTPS_PROXY variables, which requests, "
+    "httpx, urllib and pip honour) to the hosts its egress policy allows."
+)
+# Added to a refusal by the egress proxy or the sandbox's bridge (an HTTP 403 whose status line
+# says why, starting "kernelmode: "): that it is a policy, not an outage.
+EGRESS_REFUSAL_HINT = (
+    "kernelmode: this is the session's egress policy, so retrying will not help. Fetch data "
+    "through a host tool (tools.help() lists them), upload it as a file to /mnt/data, or ask "
+    "the operator to allow the host."
 )
 
 
@@ -63,6 +79,32 @@ def is_network_failure(exc: BaseException) -> bool:
     return network_failure(exc) is not None
 
 
+def egress_refusal(exc: BaseException) -> bool:
+    """Whether the exception (or one in its chain) is a refusal answered by the egress proxy or
+    the bridge: urllib's HTTPError, http.client's tunnel error (requests' ProxyError wraps it)."""
+    seen: set[int] = set()
+    todo: list[Any] = [exc]
+    while todo and len(seen) < 32:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        text = str(e)[:2000]
+        if "kernelmode: " in text and "403" in text:  # a 503 (proxy down) is worth a retry
+            return True
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *tuple(getattr(e, "args", ()))[:8]]
+    return False
+
+
+def _add(exc: BaseException, hint: str) -> None:
+    if hint in str(exc):
+        return
+    if len(exc.args) == 1 and isinstance(exc.args[0], str):
+        exc.args = (f"{exc.args[0]}. {hint}",)
+    elif hasattr(exc, "add_note"):  # Python 3.11+; the message is an object: the traceback shows the note
+        exc.add_note(hint)
+
+
 def with_hint(exc: BaseException, config: dict[str, Any]) -> bool:
     """Add the hint that fits ``exc`` to its message; False when none fits."""
     if isinstance(exc, ModuleNotFoundError):
@@ -73,14 +115,19 @@ def with_hint(exc: BaseException, config: dict[str, Any]) -> bool:
         return True
     cause = network_failure(exc)
     if cause is None:
-        return False
+        if not egress_refusal(exc):
+            return False
+        msg = getattr(exc, "msg", None)
+        if isinstance(msg, str) and isinstance(getattr(exc, "code", None), int):  # urllib's HTTPError
+            if EGRESS_REFUSAL_HINT not in msg:  # its text is its code and msg, not its args
+                exc.msg = f"{msg}. {EGRESS_REFUSAL_HINT}"  # type: ignore[attr-defined]
+        else:
+            _add(exc, EGRESS_REFUSAL_HINT)
+        return True
+    hint = EGRESS_NETWORK_HINT if os.path.exists(EGRESS_SOCKET) else NETWORK_HINT
     if cause.strerror:  # wrappers that print their cause (urllib's URLError) show it too
-        cause.strerror = f"{cause.strerror}. {NETWORK_HINT}"
-    if NETWORK_HINT not in str(exc):
-        if len(exc.args) == 1 and isinstance(exc.args[0], str):
-            exc.args = (f"{exc.args[0]}. {NETWORK_HINT}",)
-        elif hasattr(exc, "add_note"):  # Python 3.11+; the message is an object: the traceback shows the note
-            exc.add_note(NETWORK_HINT)
+        cause.strerror = f"{cause.strerror}. {hint}"
+    _add(exc, hint)
     return True
 
 

@@ -124,6 +124,16 @@ def restore_line(r: RunResult) -> str | None:
     return f"{head}: {len(r.restored_variables)} variables are back; what later runs made is gone."
 
 
+def egress_refused_line(r: RunResult) -> str | None:
+    """One line naming the hosts the run's code was refused by the egress proxy (None: none)."""
+    hosts = [e.host if e.port in (80, 443) else f"{e.host}:{e.port}" for e in r.egress if not e.allowed]
+    if not hosts:
+        return None
+    shown = ", ".join(hosts[:10]) + (f" and {len(hosts) - 10} more" if len(hosts) > 10 else "")
+    return (f"NOTE: egress refused: {shown} (not in this session's egress policy; the proxy's 403 "
+            "says why, and the session's info lists the hosts it may reach).")
+
+
 def run_text(r: RunResult, page: Page, budget: int, page_chars: int) -> str:
     """The run for a model, in at most ``budget`` characters: fixed lines (status, notes) whole,
     the variable parts (streams, value, traceback, calls, files) sharing what is left."""
@@ -180,6 +190,9 @@ def run_text(r: RunResult, page: Page, budget: int, page_chars: int) -> str:
                     f"read it all from REST GET /v1/runs/{r.run_id}.")
     if r.artifact_error:
         tail.append(f"NOTE: files could not be kept: {r.artifact_error}")
+    refused = egress_refused_line(r)
+    if refused:
+        tail.append(refused)
     if r.status == "ok" and not parts and len(fixed) == 1 and not page.more:
         fixed.append("(no output)")
 

@@ -70,6 +70,8 @@ class Hibernation:
                 return False
         await k.shutdown()
         k.to(KernelState.HIBERNATED)
+        if self.kernels.egress is not None:
+            await self.kernels.egress.detach(sid)
         # A hibernated session holds files only: its volume is detached (kept), no loop device.
         # A remote kernel's workspace went with it: its checkpoint holds the files.
         if not self.kernels.remote:

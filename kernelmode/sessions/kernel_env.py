@@ -10,6 +10,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..artifacts.volume import WorkspaceVolumes
 from ..audit import audit
@@ -22,6 +23,9 @@ from ..packages.service import PackageService
 from ..sandbox.spec import pop_death_record
 from ..tools.broker import ToolBroker
 from .kernels import Kernel
+
+if TYPE_CHECKING:  # egress_wiring.py reads kernels: importing it here would be a cycle
+    from .egress_wiring import EgressWiring
 
 log = logging.getLogger("kernelmode.sessions")
 
@@ -36,7 +40,7 @@ class Kernels:
     state_dir: Path
     broker: ToolBroker
     packages: PackageService | None = None  # the package layers, mounted into each kernel
-    egress_root: Path | None = None  # the gateway's runtime dir, of the kernels' egress dirs
+    egress: EgressWiring | None = None  # the sessions' egress proxies, in the kernels' egress dirs
     # Background DELETEs of kernels given up (lost, or a failed start): nothing waits on them.
     retiring: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -135,3 +139,5 @@ class Kernels:
         """Start ``k`` (its id) in the gateway and connect to it."""
         await self.gateway.start_kernel(k.kernel_id, k.start_env(), self.start_timeout)
         await k.connect(self.start_timeout)
+        if self.egress is not None:  # its session's proxy moves into this kernel's egress dir
+            await self.egress.attach(k)

@@ -54,6 +54,8 @@ class Lifecycle:
         """Start's second half, with the adopted sessions live: interrupted runs ended, stray
         kernels and litter cleared, the reaper, the liveness probes and the warm pool begun."""
         m, store = self.m, self.m.store
+        for s in list(self.live):  # its proxy's socket again, for a kernel that kept running
+            await m.egress.attach(s.kernel)
         recovery.end_interrupted_runs(store, self._in_flight, set(self.live.ids()))
         self._in_flight = {}
         strays = running_kernels - {s.kernel_id for s in self.live}
@@ -89,6 +91,7 @@ class Lifecycle:
                              m.pool.stop(), return_exceptions=True)
         await asyncio.to_thread(m.volumes.sweep,
                                 {s.workspace for s in self.live} | store.hibernated_workspaces())
+        await m.egress.stop()  # kept kernels meet the bridge's "not answering" until a successor adopts them
 
     async def _shut_down(self, kernel_ids: set[str] | frozenset[str]) -> None:
         for kernel_id in kernel_ids:

@@ -17,7 +17,6 @@ from pathlib import Path
 from ..errors import SessionExists
 from ..gateway.client import KernelConnection
 from ..models import SessionInfo
-from ..sandbox.egress import egress_dir
 from .kernels import Kernel
 
 
@@ -59,9 +58,9 @@ class LiveSession:
         the kernel has none (unsandboxed, or on a gateway elsewhere). A replaced kernel (after a
         death or a wake) has a new one; a restarted kernel keeps its own."""
         env = self.kernel.env
-        if env.egress_root is None or env.remote:
+        if env.egress is None or env.remote:
             return None
-        return egress_dir(env.egress_root, self.kernel_id)
+        return env.egress.dir_of(self.kernel_id)
 
     def touch(self) -> None:
         t = now()

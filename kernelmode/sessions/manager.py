@@ -57,6 +57,7 @@ from ..tools.broker import ToolBroker
 from . import listing
 from .admission import Admission
 from .checkpoints import Checkpoints
+from .egress_wiring import EgressWiring
 from .files import SessionFiles
 from .forks import Forks
 from .gateway_loss import GatewayLoss
@@ -99,8 +100,8 @@ class SessionManager:
         self.metrics = Metrics(known_tool=broker.knows)
         self.packages = SessionPackages(PackageService(settings, data_dir, sandbox), self.live.get)
         broker.reserved[PIP] = self.packages.from_kernel  # %pip install in a cell
-        self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service,
-                               egress_root=data_dir / "run" if sandbox != "none" else None)
+        self.egress = EgressWiring(settings, data_dir, self.metrics, data_dir / "run" if sandbox != "none" else None)
+        self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service, self.egress)
         # Where each kernel's memory use can be read (its cgroup), if anywhere.
         self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
         self.pool = WarmPool(
@@ -271,12 +272,13 @@ class SessionManager:
                 info.from_pool = True
                 k.info = info
                 self.pool.refill(delay=self.settings.sessions.pool_refill_delay_seconds)
-                if req.tools is not None:  # the pool kernel's preamble offers every tool
-                    try:
+                try:
+                    if req.tools is not None:  # the pool kernel's preamble offers every tool
                         await k.install_preamble(self.kernels.start_timeout)
-                    except BaseException:
-                        await k.discard()
-                        raise
+                    await self.egress.attach(k)  # its session's proxy, in the kernel's egress dir
+                except BaseException:
+                    await k.discard()
+                    raise
             else:
                 k = await self.pool.start_for(info)  # in its turn; 503 server_busy if too late
         finally:
@@ -327,6 +329,7 @@ class SessionManager:
         else:
             await s.kernel.discard()
             self.broker.forget_session(session_id)
+        await self.egress.detach(session_id)
         await self.checkpoints.forget(session_id)
         self.store.delete(session_id)
         self.metrics.sessions_ended.labels(reason, tenant or ADMIN_TENANT).inc()

@@ -29,6 +29,7 @@ from ..models import DeathCause, RunError, RunResult, RunStatus, ToolCall
 from ..protocol import memory_hint
 from ..protocol.frames import refuse_lone_surrogates
 from ..tools.approvals import Approvals
+from .egress_wiring import counted
 from .kernels import Kernel, KernelState
 from .live import LiveSession, LiveView
 from .readying import Readying, RestartCut, restart_in_place
@@ -176,7 +177,9 @@ class Runner:
                         # Recorded as running first: if this server dies now, its successor can
                         # say the run was interrupted.
                         self.store.add_run(run.code, run.snapshot())
-                        result = await self._run(k, run, timeout)
+                        with counted(k, run.run_id) as egress_used:
+                            result = await self._run(k, run, timeout)
+                        result.egress = egress_used()  # hosts its code reached or was refused
                         if restore is not None:
                             restore.apply(result)
                         if result.status != "kernel_died":  # what a dead kernel made died with it

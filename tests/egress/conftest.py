@@ -21,8 +21,7 @@ from kernelmode.config import EgressNarrowing, EgressSettings
 from kernelmode.egress.policy import EgressPolicy, narrow, server_policy
 from kernelmode.egress.service import Egress
 from kernelmode.metrics import Metrics
-
-from .upstreams import Loop, Upstream, make_test_ca, start_hop
+from tests.support.upstreams import Loop, Upstream, make_test_ca, start_hop
 
 SECRET = "Bearer egress-canary-7f3a9c1d"
 

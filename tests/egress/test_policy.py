@@ -127,3 +127,17 @@ def test_deny_without_a_port_refuses_every_port() -> None:
     assert not decide_name(policy, "bad.example.com", 8443).allowed
     assert not decide_name(policy, "odd.example.com", 8443).allowed
     assert decide_name(policy, "odd.example.com", 443).allowed
+
+
+def test_a_stored_or_forked_policy_keeps_an_allowed_host_its_deny_list_refuses() -> None:
+    """An allow entry that deny also refuses (deny wins at the proxy) must not turn a session's
+    stored policy into no egress at all, nor its fork into a 403; asking for it anew still is one."""
+    from kernelmode.egress.policy import egress_info, narrowing_of, stored_policy
+    settings = EgressSettings(allow=["a.example.com", "b.example.com"], deny=["b.example.com"])
+    policy = server_policy(settings)
+    again = stored_policy(settings, egress_info(policy))
+    assert again == policy and decide_name(again, "b.example.com", 443).allowed is False
+    assert narrow(policy, narrowing_of(egress_info(policy))) == policy  # a fork
+    with pytest.raises(EgressRefused):
+        narrow(server_policy(EgressSettings(allow=["*.example.com"], deny=["b.example.com"])),
+               EgressNarrowing(allow=["b.example.com"]))

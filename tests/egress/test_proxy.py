@@ -10,7 +10,9 @@ import ssl
 import httpx
 import pytest
 
+from kernelmode.egress.tls import kernel_bundle
 from tests.support.server import wait_for
+from tests.support.upstreams import start_hop
 
 from .conftest import SECRET, Rig
 
@@ -86,6 +88,8 @@ def test_refusals_name_the_host_and_the_reason(rig: Rig, open_session) -> None:
         r = c.get(f"http://nope.test:{hp}/")
         assert r.status_code == 403
         assert r.text == f"kernelmode: nope.test:{hp} is not in this session's egress allow-list\n"
+        # The status line says it too (all that http.client shows of a refused CONNECT).
+        assert r.reason_phrase == f"kernelmode: nope.test:{hp} is not in this session's egress allow-list"
         assert "denied by this session's egress policy" in c.get(f"http://denied.test:{hp}/").text
         assert "is an IP address" in c.get(f"http://127.0.0.2:{hp}/").text
         r = c.get(f"http://far.test:{hp}/")
@@ -228,14 +232,35 @@ def test_audit_metrics_and_run_usage(rig: Rig, open_session, caplog: pytest.LogC
     assert "kernelmode_egress_bytes_total" in text
 
 
-def test_open_is_idempotent_and_close_takes_the_files_away(rig: Rig, open_session) -> None:
+def test_open_is_idempotent_and_close_takes_the_socket_away(rig: Rig, open_session) -> None:
     s = open_session()
     rig.loop.run(rig.egress.open(s.session_id, "team-a", s.policy, s.egress_dir))
     with s.client() as c:
         assert c.get(f"http://plain.test:{rig.http.port}/echo").status_code == 200
     rig.loop.run(rig.egress.close(s.session_id))
-    assert not (s.egress_dir / "proxy.sock").exists() and not (s.egress_dir / "ca-bundle.pem").exists()
+    # The kernel's CA variables still name a bundle: the system's alone (no upstream or deployment CA).
+    assert not (s.egress_dir / "proxy.sock").exists()
+    assert (s.egress_dir / "ca-bundle.pem").read_bytes() == kernel_bundle(None, None)
     assert rig.egress.usage(s.session_id) == []
+
+
+def test_a_moved_proxy_keeps_the_sessions_usage_and_byte_budget(rig: Rig, open_session) -> None:
+    """A replaced kernel (a new egress dir) must not hand its session a fresh byte cap."""
+    s = open_session(max_bytes_per_session=300_000)
+    with s.client() as c:
+        assert c.get(f"http://plain.test:{rig.http.port}/bytes/200000").status_code == 200
+    moved = rig.root / f"{s.session_id}-moved"
+    moved.mkdir()
+    rig.loop.run(rig.egress.open(s.session_id, "team-a", s.policy, moved))
+    assert not (s.egress_dir / "proxy.sock").exists() and (moved / "proxy.sock").exists()
+    assert rig.egress.usage(s.session_id)[0].bytes >= 200_000
+    hop, port = rig.loop.run(start_hop(moved / "proxy.sock"))
+    try:
+        with httpx.Client(proxy=f"http://127.0.0.1:{port}", timeout=30, trust_env=False) as c:
+            with pytest.raises(httpx.HTTPError):  # 200 kB more would pass a fresh 300 kB cap
+                c.get(f"http://plain.test:{rig.http.port}/bytes/200000").read()
+    finally:
+        hop.close()
 
 
 def test_no_egress_opens_nothing(rig: Rig, tmp_path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import io
 import socket
 import urllib.error
 
@@ -55,3 +56,14 @@ def test_memory_error_names_the_limit_and_other_errors_are_untouched() -> None:
     v = ValueError("plain")
     assert not hints.with_hint(v, {"installs": True, "memory_mb": 512})
     assert str(v) == "plain"
+
+
+def test_an_egress_refusal_says_it_is_the_policy() -> None:
+    refused = urllib.error.HTTPError("http://x.test/", 403, "kernelmode: x.test is not in this session's "
+                                     "egress allow-list", {}, io.BytesIO(b""))  # type: ignore[arg-type]
+    assert hints.with_hint(refused, {}) and str(refused).startswith("HTTP Error 403: kernelmode: x.test is not")
+    assert "retrying will not help" in str(refused) and "tools.help()" in str(refused)
+    tunnel = OSError("Tunnel connection failed: 403 kernelmode: x.test is not in this session's egress allow-list")
+    assert hints.with_hint(tunnel, {}) and "egress policy, so retrying will not help" in str(tunnel)
+    # An upstream's own 403 is the upstream's business.
+    assert not hints.with_hint(urllib.error.HTTPError("http://x.test/", 403, "Forbidden", {}, io.BytesIO(b"")), {})  # type: ignore[arg-type]

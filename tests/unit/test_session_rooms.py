@@ -16,6 +16,7 @@ from kernelmode.config import Settings
 from kernelmode.errors import SessionExists
 from kernelmode.models import Limits, SessionInfo
 from kernelmode.sandbox.egress import egress_dir
+from kernelmode.sessions.egress_wiring import EgressWiring
 from kernelmode.sessions.kernel_env import Kernels
 from kernelmode.sessions.kernels import InterruptLatch, Kernel
 from kernelmode.sessions.live import LiveSession, LiveSessions, LiveView
@@ -94,14 +95,18 @@ def test_only_the_manager_changes_which_sessions_are_live() -> None:
     assert writers == ["manager.py"]
 
 
+def _wiring(data_dir: Path) -> EgressWiring:
+    return EgressWiring(Settings(), data_dir, None, data_dir / "run")
+
+
 def test_a_sessions_egress_dir_is_its_kernels_where_the_bridge_connects(tmp_path: Path) -> None:
     """LiveSession.egress_dir (the manager's proxy puts proxy.sock there) is the directory the
     sandbox backends bind at /run/kernelmode/egress for that kernel (sandbox/egress.py)."""
     t = datetime.now(timezone.utc)
-    local = Kernels(Settings(), None, None, tmp_path, None, egress_root=tmp_path / "run")  # type: ignore[arg-type]
+    local = Kernels(Settings(), None, None, tmp_path, None, egress=_wiring(tmp_path))  # type: ignore[arg-type]
     assert _live(local, "s1", t).egress_dir == egress_dir(tmp_path / "run", "k-s1") == tmp_path / "run" / "k-s1.egress"
     unsandboxed = Kernels(Settings(), None, None, tmp_path, None)  # type: ignore[arg-type]
     assert _live(unsandboxed, "s1", t).egress_dir is None
     remote = Kernels(Settings.model_validate({"gateway": {"url": "http://gw.test:8888"}}), None, None, tmp_path, None,  # type: ignore[arg-type]
-                     egress_root=tmp_path / "run")
+                     egress=_wiring(tmp_path))
     assert _live(remote, "s1", t).egress_dir is None

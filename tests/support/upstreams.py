@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import hashlib
 import ipaddress
 import json
 import ssl
 import threading
 from collections.abc import Coroutine
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,6 +77,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(chunk[:n])
                 n -= len(chunk)
             return
+        if self.path.endswith(".csv"):  # a small table (pandas.read_csv over egress)
+            body = b"city,rain_mm\nOslo,763\nBergen,2250\nTromso,1030\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/csv")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         # Answers which header names arrived, never their values (a real API does not echo them).
         self._json({"path": self.path, "header_names": sorted(k.lower() for k in self.headers)})
 
@@ -85,11 +94,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._json({"length": len(body), "sha256": hashlib.sha256(body).hexdigest()})
 
 
-class Upstream:
-    """A threaded HTTP(S) server on 127.0.0.1 that records what it received (``seen``)."""
+class _Files(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
-    def __init__(self, tls_cert: Path | None = None) -> None:
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+
+class Upstream:
+    """A threaded HTTP(S) server on 127.0.0.1 that records what it received (``seen``); with
+    ``files``, a static file server of that directory instead (a git repository over "dumb" HTTP)."""
+
+    def __init__(self, tls_cert: Path | None = None, files: Path | None = None) -> None:
+        handler: Any = _Handler if files is None else functools.partial(_Files, directory=str(files))
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.httpd.seen = []  # type: ignore[attr-defined]
         if tls_cert is not None:

@@ -1,0 +1,58 @@
+"""sessions/egress_wiring.py without a gateway: a session's proxy follows its kernel's egress dir
+(opened, moved to a replacing kernel's, closed), a warm kernel gets none, and a dir it cannot
+listen in is a KernelUnavailable that says where, not an internal error."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from kernelmode.config import Settings
+from kernelmode.egress.policy import egress_info, server_policy
+from kernelmode.errors import KernelUnavailable
+from kernelmode.models import Limits, SessionInfo
+from kernelmode.sessions.egress_wiring import EgressWiring
+from kernelmode.sessions.kernels import Kernel, Kernels
+
+SETTINGS = Settings.model_validate({"egress": {"allow": ["api.example.com"]}})
+
+
+def _kernel(kernels: Kernels, kernel_id: str, sid: str = "s1", egress: bool = True) -> Kernel:
+    t = datetime.now(timezone.utc)
+    info = SessionInfo(session_id=sid, status="idle", created_at=t, last_activity=t, ttl_seconds=60,
+                       limits=Limits(), sandbox="bwrap",
+                       egress=egress_info(server_policy(SETTINGS.egress)) if egress else None)
+    return Kernel(kernels, kernel_id, Path("/nonexistent"), info)
+
+
+async def test_the_proxy_follows_the_sessions_kernel(tmp_path: Path) -> None:
+    wiring = EgressWiring(SETTINGS, tmp_path, None, tmp_path / "run")
+    kernels = Kernels(SETTINGS, None, None, tmp_path, None, egress=wiring)  # type: ignore[arg-type]
+    for kid in ("k1", "k2", "pool"):
+        (tmp_path / "run" / f"{kid}.egress").mkdir(parents=True)
+    try:
+        k = _kernel(kernels, "k1")
+        await wiring.attach(k)
+        await wiring.attach(k)  # again: nothing changes
+        assert (tmp_path / "run" / "k1.egress" / "proxy.sock").exists()
+        k.kernel_id = "k2"  # replaced (a death, a wake): the proxy moves
+        await wiring.attach(k)
+        assert not (tmp_path / "run" / "k1.egress" / "proxy.sock").exists()
+        assert (tmp_path / "run" / "k2.egress" / "proxy.sock").exists()
+        await wiring.attach(_kernel(kernels, "pool", sid="pool", egress=False))  # a warm kernel: none
+        assert not (tmp_path / "run" / "pool.egress" / "proxy.sock").exists()
+        await wiring.detach("s1")
+        assert not (tmp_path / "run" / "k2.egress" / "proxy.sock").exists()
+        assert (tmp_path / "run" / "k2.egress" / "ca-bundle.pem").exists()  # the kernel's CA variables name it
+    finally:
+        await wiring.stop()
+
+
+async def test_a_dir_it_cannot_listen_in_says_where(tmp_path: Path) -> None:
+    wiring = EgressWiring(SETTINGS, tmp_path, None, tmp_path / "run")
+    kernels = Kernels(SETTINGS, None, None, tmp_path, None, egress=wiring)  # type: ignore[arg-type]
+    with pytest.raises(KernelUnavailable, match="egress proxy could not listen in .*gone.egress"):
+        await wiring.attach(_kernel(kernels, "gone"))
+    await wiring.stop()

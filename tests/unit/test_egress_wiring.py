@@ -14,7 +14,8 @@ from kernelmode.egress.policy import egress_info, server_policy
 from kernelmode.errors import KernelUnavailable
 from kernelmode.models import Limits, SessionInfo
 from kernelmode.sessions.egress_wiring import EgressWiring
-from kernelmode.sessions.kernels import Kernel, Kernels
+from kernelmode.sessions.kernel_env import Kernels
+from kernelmode.sessions.kernels import Kernel
 
 SETTINGS = Settings.model_validate({"egress": {"allow": ["api.example.com"]}})
 

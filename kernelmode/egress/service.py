@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import os
 import ssl
-import tempfile
 from pathlib import Path
 
 import psutil
@@ -23,7 +21,7 @@ from ..metrics import Metrics
 from ..models import EgressUse
 from .policy import EgressPolicy, IPAddress
 from .proxy import SessionProxy
-from .tls import Certificates, kernel_bundle, upstream_context
+from .tls import Certificates, kernel_bundle, upstream_context, write_atomic
 
 SOCKET_NAME = "proxy.sock"
 BUNDLE_NAME = "ca-bundle.pem"
@@ -64,7 +62,7 @@ class Egress:
         if not policy.enabled:
             return
         bundle = kernel_bundle(self.certs.ca_pem() if policy.secrets else None, policy.upstream_ca_file)
-        _write_public(egress_dir / BUNDLE_NAME, bundle)
+        write_atomic(egress_dir / BUNDLE_NAME, bundle, 0o644)
         tls = self._upstream_tls.get(policy.upstream_ca_file)
         if tls is None:
             tls = self._upstream_tls[policy.upstream_ca_file] = upstream_context(policy.upstream_ca_file)
@@ -85,7 +83,7 @@ class Egress:
         egress_dir, proxy = entry
         await proxy.close()
         with contextlib.suppress(OSError):  # the kernel, and its dir, may be gone already
-            _write_public(egress_dir / BUNDLE_NAME, kernel_bundle(None, None))
+            write_atomic(egress_dir / BUNDLE_NAME, kernel_bundle(None, None), 0o644)
 
     def set_run(self, session_id: str, run_id: str | None) -> None:
         """Connections opened from now on count toward this run (None: between runs)."""
@@ -104,13 +102,3 @@ class Egress:
     async def stop(self) -> None:
         for session_id in list(self._proxies):
             await self.close(session_id)
-
-
-def _write_public(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, 0o644)
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)

@@ -24,11 +24,11 @@ CA_NAME = "kernelmode egress interception CA"
 MAX_CLIENT_HELLO = 64 * 1024  # bytes read before the SNI must be known (a real one is ~0.5-2 KB)
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Write a file only the manager can read, atomically (a crash leaves the old one or none)."""
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """Write a file with ``mode``, atomically (a crash leaves the old one or none)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        os.fchmod(fd, 0o600)
+        os.fchmod(fd, mode)
         os.write(fd, data)
     finally:
         os.close(fd)
@@ -83,8 +83,8 @@ class Certificates:
                                              encipher_only=False, decipher_only=False), critical=True)
                 .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
                 .sign(key, hashes.SHA256()))
-        _write_private(self.directory / "ca-key.pem", key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        write_atomic(self.directory / "ca-key.pem", key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()), 0o600)
         self.ca_pem_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         return cert, key
 
@@ -118,7 +118,7 @@ class Certificates:
         leaf_dir = self.directory / "leaf"
         leaf_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = leaf_dir / f"{os.getpid()}-{len(self._contexts)}.pem"
-        _write_private(path, chain)
+        write_atomic(path, chain, 0o600)
         try:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(path)

@@ -10,6 +10,7 @@ from typing import Any
 
 RUNS = 64
 HOSTS = 100
+MAX_HOST = 253  # a DNS name's longest: a refused request may name anything up to h11's line cap
 
 
 class Usage:
@@ -42,7 +43,7 @@ class Usage:
                 while len(self._runs) > RUNS:
                     self._runs.popitem(last=False)
             runs.append(self._runs[run_id])
-        key = (host, port, allowed)
+        key = (host[:MAX_HOST], port, allowed)
         # Beyond HOSTS entries a run's new hosts are not listed (the audit log has them all).
         return [tally.setdefault(key, [0, 0]) for tally in runs if key in tally or len(tally) < HOSTS]
 

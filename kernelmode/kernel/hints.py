@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 NETWORK_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EADDRNOTAVAIL}
@@ -58,9 +59,9 @@ def memory_hint(memory_mb: int | None) -> str:
             "larger limits.memory_mb (up to the server's ceiling), or work on the data in chunks.")
 
 
-def network_failure(exc: BaseException) -> OSError | None:
-    """The socket error of a name that could not be resolved or a network that cannot be reached,
-    anywhere in the exception's chain (requests, urllib3, urllib and httpx wrap it); or None."""
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and those in its chain (causes, contexts, a few args and ``reason``s: how
+    requests, urllib3, urllib and httpx wrap one another), at most 32, each once."""
     seen: set[int] = set()
     todo: list[Any] = [exc]
     while todo and len(seen) < 32:
@@ -68,10 +69,17 @@ def network_failure(exc: BaseException) -> OSError | None:
         if not isinstance(e, BaseException) or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, socket.gaierror) or (isinstance(e, OSError) and e.errno in NETWORK_ERRNOS):
-            return e
+        yield e
         # a few args only: an exception's args are whatever the code raised (a huge tuple, too)
         todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *tuple(getattr(e, "args", ()))[:8]]
+
+
+def network_failure(exc: BaseException) -> OSError | None:
+    """The socket error of a name that could not be resolved or a network that cannot be reached,
+    anywhere in the exception's chain; or None."""
+    for e in _chain(exc):
+        if isinstance(e, socket.gaierror) or (isinstance(e, OSError) and e.errno in NETWORK_ERRNOS):
+            return e
     return None
 
 
@@ -82,17 +90,10 @@ def is_network_failure(exc: BaseException) -> bool:
 def egress_refusal(exc: BaseException) -> bool:
     """Whether the exception (or one in its chain) is a refusal answered by the egress proxy or
     the bridge: urllib's HTTPError, http.client's tunnel error (requests' ProxyError wraps it)."""
-    seen: set[int] = set()
-    todo: list[Any] = [exc]
-    while todo and len(seen) < 32:
-        e = todo.pop()
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in _chain(exc):
         text = str(e)[:2000]
         if "kernelmode: " in text and "403" in text:  # a 503 (proxy down) is worth a retry
             return True
-        todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *tuple(getattr(e, "args", ()))[:8]]
     return False
 
 

@@ -48,7 +48,7 @@ def cluster() -> Iterator[tuple[rig_mod.Rig, eg_mod.EnterpriseGateway, Server]]:
         if srv is not None:
             srv.stop()
         if eg is not None:
-            eg.stop()
+            eg.stop(hard=True)
         rig.down()
         shutil.rmtree(data_dir, ignore_errors=True)
         for p in (cfg, data_dir.with_suffix(".log")):

@@ -101,7 +101,12 @@ class EnterpriseGateway:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self) -> None:
+    def stop(self, hard: bool = False) -> None:
+        """SIGTERM, SIGKILL after 30 s; ``hard``: SIGKILL at once (a rig with a failed node is
+        thrown away: EG's graceful stop would only wait on ssh to the dead node)."""
+        if self.proc.poll() is None and hard:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:

@@ -171,3 +171,28 @@ def test_the_command_refuses_to_start_without_egress_listen(tmp_path: Path) -> N
     r = subprocess.run([sys.executable, "-m", "kernelmode.cli", "egress-proxy", "--data-dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "egress.listen" in r.stderr, r.stderr
+
+
+def test_the_command_serves_kernels_and_its_metrics(tmp_path: Path) -> None:
+    """`kernelmode egress-proxy` as a process: listens where egress.listen says (printing where),
+    answers a request without a credential with the 407 text, and counts it on /metrics."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_port = s.getsockname()[1]
+    cfg = tmp_path / "kernelmode.yaml"
+    cfg.write_text(f"egress:\n  allow: [plain.test]\n  listen: 127.0.0.1:0\n  metrics_listen: 127.0.0.1:{metrics_port}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "kernelmode.cli", "egress-proxy", "--config", str(cfg),
+                             "--data-dir", str(tmp_path / "data")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        assert line.startswith("kernelmode egress-proxy listening on 127.0.0.1:"), line
+        port = int(line.rsplit(":", 1)[1])
+        with httpx.Client(proxy=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as c:
+            r = c.get("http://plain.test/")
+        assert r.status_code == 407 and r.text.startswith("kernelmode: ")
+        text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).text
+        assert 'kernelmode_egress_connections_total{decision="refused"} 1.0' in text
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0

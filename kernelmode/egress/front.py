@@ -51,6 +51,7 @@ LIVE = frozenset({"starting", "idle", "busy", "restarting"})
 REALM = (b"proxy-authenticate", b'Basic realm="kernelmode egress"')
 NO_CREDENTIAL = ("this proxy needs the kernel's own credential (Proxy-Authorization): use the "
                  "HTTP_PROXY the kernel was started with")
+STORE_DOWN = "the egress proxy cannot read the session store now; try again shortly"
 BAD_CREDENTIAL = "the Proxy-Authorization credential is not a kernel's (wrong token, or its kernel is gone)"
 
 
@@ -148,7 +149,11 @@ class EgressFront:
         key = token_hash(token)
         known = self._known.get(key)
         if known is None or known.until <= time.monotonic():
-            known = await asyncio.to_thread(self._lookup, token)
+            try:
+                known = await asyncio.to_thread(self._lookup, token)
+            except Exception:  # the store down or cut (any backend's error): say so, keep serving
+                log.warning("egress: the session store did not answer a credential lookup", exc_info=True)
+                return None, 503, STORE_DOWN, None
             if len(self._known) >= CACHE_MAX:
                 self._known.clear()
             self._known[key] = known
@@ -223,6 +228,6 @@ class EgressFront:
         audit("egress", tenant=known.tenant if known else None, session_id=known.session_id if known else None,
               kernel_id=known.kernel_id if known else None, host=request.target.decode("latin-1")[:253],
               decision="refused",
-              rule="credential" if status == 407 else "session", reason=why)
+              rule={407: "credential", 503: "store"}.get(status, "session"), reason=why)
         if self.metrics is not None:
             self.metrics.egress_connections.labels("refused").inc()

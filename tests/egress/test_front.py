@@ -167,6 +167,21 @@ def test_a_deleted_hibernated_or_unclaimed_sessions_token_opens_nothing(front: F
         assert c.get(f"http://plain.test:{hp}/echo").status_code == 407
 
 
+def test_a_store_that_cannot_answer_is_a_503_that_says_so(rig: Rig, tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "sessions.sqlite3")
+    kernel_id, token = str(uuid.uuid4()), new_token()
+    store.egress_tokens.add(kernel_id, token)
+    f = EgressFront(rig.settings, store.egress_tokens, tmp_path, cache_seconds=0)
+    _, port = rig.loop.run(f.start("127.0.0.1", 0))
+    store.close()  # every read fails from now on
+    try:
+        with httpx.Client(proxy=f"http://{kernel_id}:{token}@127.0.0.1:{port}", trust_env=False, timeout=30) as c:
+            r = c.get(f"http://plain.test:{rig.http.port}/")
+        assert r.status_code == 503 and "cannot read the session store" in r.text
+    finally:
+        rig.loop.run(f.close())
+
+
 def test_the_command_refuses_to_start_without_egress_listen(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "kernelmode.cli", "egress-proxy", "--data-dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})

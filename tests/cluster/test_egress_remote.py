@@ -1,4 +1,4 @@
-"""Egress from kernels on Enterprise Gateway nodes: each kernel reaches `kernelmode egress-proxy`
+"""Egress from kernels on Enterprise Gateway nodes (a warm pool kernel among them): each kernel reaches `kernelmode egress-proxy`
 (on the gateway's address of the rig, the one port the node's firewall opens for it) with its own
 id and token, and gets its own session's policy; without the token, or with another kernel's id,
 it gets a 407. The upstream is a real HTTP server on the host's 127.0.0.1, named through
@@ -19,6 +19,7 @@ from tests.cluster.test_cluster import run
 from tests.conftest import Server, start_server
 from tests.support.cluster import eg as eg_mod
 from tests.support.cluster.rig import Rig
+from tests.support.server import wait_for
 from tests.support.upstreams import Upstream
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +46,9 @@ egress:
   listen: "{address}"
   proxy_address: "{address}"
 """)
-    srv = start_server({**eg.env(), "KERNELMODE_SESSIONS__POOL_SIZE": "0"}, data_dir=data_dir,
+    # A pool of one: the first session gets a warm kernel whose token was minted before any
+    # session was known (the session is found by kernel id at request time).
+    srv = start_server({**eg.env(), "KERNELMODE_SESSIONS__POOL_SIZE": "1"}, data_dir=data_dir,
                        args=["--config", str(cfg)])
     log = data_dir.with_suffix(".egress.log").open("wb")
     proxy = subprocess.Popen([sys.executable, "-m", "kernelmode.cli", "egress-proxy", "--config", str(cfg),
@@ -95,8 +98,10 @@ def test_a_node_kernel_reaches_what_its_session_allows_through_the_egress_proxy(
         egress_served: Server, upstream: Upstream) -> None:
     port = upstream.port
     with egress_served.client() as c:
+        wait_for(lambda: c.get("/readyz").json()["checks"]["pool"]["ready"] >= 1, "a warm kernel on a node",
+                 timeout=180)
         r = c.post("/v1/sessions", json={"session_id": "eg-egress-a", "egress": {"allow": [f"plain.test:{port}"]}})
-        assert r.status_code == 201, r.text
+        assert r.status_code == 201 and r.json()["from_pool"], r.text
         assert run(c, "eg-egress-a", GET + RAW.replace("{port}", str(port)))["status"] == "ok"
         r = run(c, "eg-egress-a", f"get('http://plain.test:{port}/echo')")
         assert r["status"] == "ok" and r["result"].strip("'\"").startswith("200 "), r

@@ -1,6 +1,6 @@
-"""Egress from kernels on Enterprise Gateway nodes (a warm pool kernel among them): each kernel reaches `kernelmode egress-proxy`
-(on the gateway's address of the rig, the one port the node's firewall opens for it) with its own
-id and token, and gets its own session's policy; without the token, or with another kernel's id,
+"""Egress from kernels on Enterprise Gateway nodes (a claimed pool kernel among them): each kernel
+reaches `kernelmode egress-proxy` (on the gateway's address of the rig, the one port the node's
+firewall opens for it) with its own id and token, and gets its own session's policy; without the token, or with another kernel's id,
 it gets a 407. The upstream is a real HTTP server on the host's 127.0.0.1, named through
 `egress.hosts` (opened by `allow_addresses: 127.0.0.1/32`): no packet leaves this machine."""
 

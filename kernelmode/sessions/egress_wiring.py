@@ -14,6 +14,7 @@ the address of `kernelmode egress-proxy` (egress/front.py), which finds its sess
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +23,7 @@ from ..config import Settings
 from ..egress.credentials import new_token
 from ..egress.policy import EgressPolicy, stored_policy
 from ..egress.service import Egress
-from ..errors import KernelUnavailable
+from ..errors import KernelUnavailable, SessionStoreUnavailable
 from ..metrics import Metrics
 from ..models import EgressUse
 from ..sandbox.egress import ENV_PROXY, ENV_TOKEN, egress_dir
@@ -30,6 +31,8 @@ from .store.egress_tokens import EgressTokens
 
 if TYPE_CHECKING:  # kernels.py holds a wiring: importing it here would be a cycle
     from .kernels import Kernel
+
+log = logging.getLogger("kernelmode.sessions")
 
 
 class EgressWiring:
@@ -74,9 +77,13 @@ class EgressWiring:
         return {ENV_TOKEN: token, ENV_PROXY: self.settings.proxy_address}
 
     def forget(self, kernel_id: str) -> None:
-        """The kernel is gone: its token opens nothing any more."""
+        """The kernel is gone: its token opens nothing any more. A store that cannot answer
+        does not stop a teardown: the token's kernel has no session either way."""
         if self.tokens is not None and self.settings.proxy_address is not None:
-            self.tokens.forget(kernel_id)
+            try:
+                self.tokens.forget(kernel_id)
+            except SessionStoreUnavailable as e:
+                log.warning("kernel %s: its egress token stays in the store (%s)", kernel_id, e.message)
 
     async def detach(self, session_id: str) -> None:
         self._policies.pop(session_id, None)

@@ -20,7 +20,7 @@ from tests.conftest import Server, start_server
 from tests.support.cluster import eg as eg_mod
 from tests.support.cluster.rig import Rig
 from tests.support.server import wait_for
-from tests.support.upstreams import Upstream
+from tests.support.upstreams import Upstream, make_test_ca
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,15 +33,25 @@ def upstream() -> Iterator[Upstream]:
 
 
 @pytest.fixture(scope="module")
-def egress_served(rig: Rig, eg: eg_mod.EnterpriseGateway, upstream: Upstream) -> Iterator[Server]:
+def tls_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Upstream, str]]:
+    """An HTTPS upstream with a test CA of its own, and that CA's PEM (for kernel code)."""
+    ca, cert = make_test_ca(tmp_path_factory.mktemp("tlsup"))
+    u = Upstream(cert)
+    yield u, ca.read_text()
+    u.stop()
+
+
+@pytest.fixture(scope="module")
+def egress_served(rig: Rig, eg: eg_mod.EnterpriseGateway, upstream: Upstream,
+                  tls_upstream: tuple[Upstream, str]) -> Iterator[Server]:
     """`serve` on the rig's EG, and `kernelmode egress-proxy` beside it (same file, same store)."""
     data_dir = Path(tempfile.mkdtemp(prefix="kmclegress-", dir="/tmp"))
     cfg = data_dir.with_suffix(".yaml")
     address = f"{rig.gateway_address}:{rig.egress_port}"
     cfg.write_text(f"""
 egress:
-  allow: ["plain.test:{upstream.port}", "other.test:{upstream.port}"]
-  hosts: {{"plain.test": "127.0.0.1", "other.test": "127.0.0.1"}}
+  allow: ["plain.test:{upstream.port}", "other.test:{upstream.port}", "secure.test:{tls_upstream[0].port}"]
+  hosts: {{"plain.test": "127.0.0.1", "other.test": "127.0.0.1", "secure.test": "127.0.0.1"}}
   allow_addresses: ["127.0.0.1/32"]
   listen: "{address}"
   proxy_address: "{address}"
@@ -95,16 +105,22 @@ def raw(auth):
 
 
 def test_a_node_kernel_reaches_what_its_session_allows_through_the_egress_proxy(
-        egress_served: Server, upstream: Upstream) -> None:
-    port = upstream.port
+        egress_served: Server, upstream: Upstream, tls_upstream: tuple[Upstream, str]) -> None:
+    port, (https, ca_pem) = upstream.port, tls_upstream
     with egress_served.client() as c:
         wait_for(lambda: c.get("/readyz").json()["checks"]["pool"]["ready"] >= 1, "a warm kernel on a node",
                  timeout=180)
-        r = c.post("/v1/sessions", json={"session_id": "eg-egress-a", "egress": {"allow": [f"plain.test:{port}"]}})
+        r = c.post("/v1/sessions", json={"session_id": "eg-egress-a", "egress": {
+            "allow": [f"plain.test:{port}", f"secure.test:{https.port}"]}})
         assert r.status_code == 201 and r.json()["from_pool"], r.text
         assert run(c, "eg-egress-a", GET + RAW.replace("{port}", str(port)))["status"] == "ok"
         r = run(c, "eg-egress-a", f"get('http://plain.test:{port}/echo')")
         assert r["status"] == "ok" and r["result"].strip("'\"").startswith("200 "), r
+        # HTTPS: a CONNECT with the kernel's credential, tunnelled (the kernel verifies the upstream).
+        code = (f"import ssl\nctx = ssl.create_default_context(cadata={ca_pem!r})\n"
+                f"get('https://secure.test:{https.port}/bytes/5000', context=ctx)")
+        r = run(c, "eg-egress-a", code)
+        assert r["result"].strip("'\"").startswith("200 " + "x" * 100), r
         # In the server's allow-list, not in this session's: the session's policy refuses it.
         r = run(c, "eg-egress-a", f"get('http://other.test:{port}/echo')")
         assert r["result"].strip("'\"").startswith("403 kernelmode: other.test") and "allow-list" in r["result"], r

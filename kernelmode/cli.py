@@ -1,4 +1,4 @@
-"""`kernelmode serve | mcp | console | sessions | setup | doctor | config check`."""
+"""`kernelmode serve | egress-proxy | mcp | console | sessions | setup | doctor | config check`."""
 
 from __future__ import annotations
 
@@ -55,6 +55,23 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"kernelmode: {_flag_problem(e)}", file=sys.stderr)
         return 2
     return loops.run(serve(settings, token_source=_token_source(args)), settings.server.event_loop)
+
+
+def _egress_proxy(args: argparse.Namespace) -> int:
+    from .egress.front_main import run
+
+    setup_logging(args.log_level, args.log_format or "auto")
+    try:
+        settings = load_settings(args.config)
+        if args.data_dir is not None:
+            settings.server.data_dir = Path(args.data_dir)
+        if args.listen is not None:
+            settings.egress.listen = args.listen
+    except (ConfigError, ValueError) as e:
+        print(f"kernelmode: {e.message if isinstance(e, ConfigError) else _flag_problem(e)}", file=sys.stderr)
+        return 2
+    setup_logging(args.log_level, args.log_format or settings.server.log_format)
+    return loops.run(run(settings), settings.server.event_loop)
 
 
 def _mcp(args: argparse.Namespace) -> int:
@@ -203,6 +220,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-format", choices=["text", "json"], help="stderr log lines (default "
                        "server.log_format: text on a terminal, JSON lines with ts and level otherwise)")
     serve.set_defaults(func=_serve)
+    egress = sub.add_parser("egress-proxy", help="the egress proxy for kernels on other hosts (Enterprise "
+                            "Gateway nodes, Kubernetes pods), on TCP at egress.listen")
+    egress.add_argument("--config", help="kernelmode.yaml (the managers' own: same egress and store)")
+    egress.add_argument("--listen", help="host:port (default egress.listen)")
+    egress.add_argument("--data-dir", help="as for serve (the SQLite store and the egress CA live there)")
+    egress.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    egress.add_argument("--log-format", choices=["text", "json"], help="as for serve")
+    egress.set_defaults(func=_egress_proxy)
     mcp = sub.add_parser("mcp", help="serve the MCP tools over stdio (for MCP clients that launch commands)")
     mcp.add_argument("--url", help="use a running server (else $KERNELMODE_URL; neither: start an embedded one)")
     mcp.add_argument("--token", help="that server's token (default $KERNELMODE_TOKEN)")

@@ -20,6 +20,9 @@ from .base import _Section
 
 __all__ = ["EgressNarrowing", "EgressSecret", "EgressSettings"]
 
+# A name or IPv4 address and a port: also a valid KERNEL_* launch value (gateway/launch.py).
+HOST_PORT = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,252}:[0-9]{1,5}$"
+
 class EgressSecret(_Section):
     """A header the proxy adds to (or replaces in) every request to a host; the kernel never sees
     its value, because the proxy intercepts TLS to that host to add it."""
@@ -83,6 +86,19 @@ class EgressSettings(_Section):
     idle_timeout_seconds: float = Field(60.0, gt=0)
     """A proxied connection with no byte either way for this long is closed (also bounds how long
     a client may take to send its request head)."""
+    listen: str | None = Field(None, pattern=HOST_PORT)
+    """`host:port` where `kernelmode egress-proxy` listens (TCP) for kernels on other hosts
+    (Enterprise Gateway nodes, Kubernetes pods), e.g. `0.0.0.0:3128`. Unset: that command refuses
+    to start. `serve` never listens here: local kernels use their own unix socket."""
+    metrics_listen: str | None = Field(None, pattern=HOST_PORT)
+    """`host:port` where `kernelmode egress-proxy` answers `GET /metrics` (Prometheus: its
+    `kernelmode_egress_*` counters). Unset: no metrics endpoint. Never the `listen` port: kernels
+    reach that one."""
+    proxy_address: str | None = Field(None, pattern=HOST_PORT)
+    """`host:port` at which kernels on an external gateway (`gateway.url`) reach that proxy, e.g.
+    `egress-proxy.kernelmode.svc:3128`. Set, each such kernel is launched with its own token
+    (`KERNEL_KM_EGRESS_TOKEN`) and this address (`KERNEL_KM_EGRESS_PROXY`), from which its
+    kernelspec or pod template makes `HTTP_PROXY`; unset, remote kernels have no egress."""
 
     @field_validator("allow", "deny", mode="after")
     @classmethod

@@ -44,11 +44,11 @@ async def next_request(conn: h11.Connection, reader: Reader, link: Link) -> h11.
 
 
 async def answer(conn: h11.Connection, writer: Writer, status: int, text: str,
-                 *, close: bool = True) -> None:
+                 *, close: bool = True, extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     """A plain-text answer from the proxy itself (a refusal, a failed upstream)."""
     body = f"kernelmode: {text}\n".encode()
     headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()),
-               (b"server", SERVER)] + ([(b"connection", b"close")] if close else [])
+               (b"server", SERVER), *extra] + ([(b"connection", b"close")] if close else [])
     data = conn.send(h11.Response(status_code=status, headers=headers, reason=reason_phrase(text)))
     data = (data or b"") + (conn.send(h11.Data(data=body)) or b"") + (conn.send(h11.EndOfMessage()) or b"")
     await Link.write(writer, data)

@@ -64,9 +64,10 @@ class _Record:
 
 
 class SessionProxy:
-    """The proxy of one session, listening on ``path`` until ``close``."""
+    """The proxy of one session, listening on ``path`` until ``close`` (None: no listener of its
+    own; the TCP front hands it the connections of the session's kernels, ``serve``)."""
 
-    def __init__(self, session_id: str, tenant: str | None, policy: EgressPolicy, path: Path,
+    def __init__(self, session_id: str, tenant: str | None, policy: EgressPolicy, path: Path | None,
                  certs: Certificates, upstream_tls: ssl.SSLContext, own: frozenset[IPAddress],
                  metrics: Metrics | None = None) -> None:
         self.session_id, self.tenant, self.policy, self.path = session_id, tenant, policy, path
@@ -78,7 +79,13 @@ class SessionProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.AbstractServer | None = None
 
+    @property
+    def busy(self) -> bool:
+        """Whether a connection of the session is open."""
+        return self._open > 0
+
     async def start(self) -> None:
+        assert self.path is not None
         self.path.unlink(missing_ok=True)  # a socket left by an earlier manager
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.path), limit=64 * 1024)
         # The directory is this kernel's alone; the socket itself must be reachable by its uid.
@@ -90,12 +97,19 @@ class SessionProxy:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        with contextlib.suppress(OSError):
-            self.path.unlink(missing_ok=True)
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink(missing_ok=True)
 
     # -- one client connection ------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self.serve(reader, writer)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    first: tuple[h11.Connection, h11.Request] | None = None) -> None:
+        """One client connection under this session's policy, to its end. ``first``: its first
+        request, already read by the TCP front (egress/front.py) to learn whose it is."""
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
@@ -114,7 +128,7 @@ class SessionProxy:
             if rec.reason is not None:
                 await Link.write(writer, raw_refusal(rec.reason))
                 return
-            await self._handle(reader, writer, link, rec)
+            await self._handle(reader, writer, link, rec, first)
         except EgressCapReached:
             rec.error = "byte cap reached (egress.max_bytes_per_session)"
         except asyncio.CancelledError:
@@ -132,7 +146,10 @@ class SessionProxy:
             self._finish(rec, link)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: Link,
-                      rec: _Record) -> None:
+                      rec: _Record, first: tuple[h11.Connection, h11.Request] | None) -> None:
+        if first is not None:
+            await self._dispatch(first[1], first[0], reader, writer, link, rec)
+            return
         client = new_server()
         try:
             request = await next_request(client, reader, link)
@@ -141,8 +158,11 @@ class SessionProxy:
             with contextlib.suppress(h11.LocalProtocolError):
                 await answer(client, writer, e.error_status_hint, rec.reason or "")
             return
-        if request is None:
-            return
+        if request is not None:
+            await self._dispatch(request, client, reader, writer, link, rec)
+
+    async def _dispatch(self, request: h11.Request, client: h11.Connection, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter, link: Link, rec: _Record) -> None:
         if request.method == b"CONNECT":
             await self._connect(request, client, reader, writer, link, rec)
         else:

@@ -18,6 +18,9 @@ from ..sandbox.spec import LAUNCH_LIMITS
 # template would read as syntax ($, quotes, ;, spaces, newlines, backticks, braces).
 SAFE_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,62}")
 SAFE_NAME = re.compile(r"KERNEL_[A-Z0-9_]{1,64}")
+# A value that is host:port (the egress proxy's address): the charset above and one colon.
+ADDRESS_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,252}:[0-9]{1,5}")
+ADDRESS_NAMES = frozenset({"KERNEL_KM_EGRESS_PROXY"})
 # KERNEL_USERNAME when the session has no tenant: Enterprise Gateway would otherwise fall back
 # to its own user (root is in its default unauthorized_users, and the rig refuses none).
 DEFAULT_USERNAME = "kernelmode"
@@ -28,6 +31,8 @@ def checked(name: str, value: str) -> str:
     naming the parameter)."""
     if not SAFE_NAME.fullmatch(name):
         raise InvalidRequest(f"launch parameter name {name!r} is not KERNEL_[A-Z0-9_]")
+    if name in ADDRESS_NAMES and ADDRESS_VALUE.fullmatch(value):
+        return value
     if not SAFE_VALUE.fullmatch(value):
         raise InvalidRequest(
             f"launch parameter {name} refused: {value[:80]!r} is not 1-63 characters of "

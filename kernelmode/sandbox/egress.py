@@ -35,6 +35,10 @@ PROXY_URL = f"http://127.0.0.1:{PORT}"
 CA_PATH = f"{EGRESS_MOUNT}/{CA_NAME}"
 # Every HTTP client's name for "trust this bundle": Python's ssl (and httpx), requests, curl, pip, git.
 CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT", "GIT_SSL_CAINFO")
+# A kernel on an external gateway (no egress dir): its launch values, from which its kernelspec
+# or pod template makes HTTP_PROXY (:func:`remote_environment`).
+ENV_TOKEN = "KERNEL_KM_EGRESS_TOKEN"
+ENV_PROXY = "KERNEL_KM_EGRESS_PROXY"
 
 
 def egress_dir(runtime_dir: Path, kernel_id: str) -> Path:
@@ -50,6 +54,20 @@ def environment() -> dict[str, str]:
     env = {name: PROXY_URL for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
     env.update({name: "localhost,127.0.0.1,::1" for name in ("NO_PROXY", "no_proxy")})
     env.update({name: CA_PATH for name in CA_VARIABLES})
+    return env
+
+
+def remote_environment(launch: dict[str, str]) -> dict[str, str]:
+    """The proxy variables of a kernel on another host, from its launch values (``KERNEL_ID``,
+    :data:`ENV_TOKEN`, :data:`ENV_PROXY`): ``http://KERNEL_ID:TOKEN@PROXY`` ({} without a token:
+    such a kernel has no way out). What a Kubernetes pod template writes as
+    ``http://$(KERNEL_ID):$(KERNEL_KM_EGRESS_TOKEN)@$(KERNEL_KM_EGRESS_PROXY)``."""
+    kernel_id, token, proxy = (launch.get(k) for k in ("KERNEL_ID", ENV_TOKEN, ENV_PROXY))
+    if not (kernel_id and token and proxy):
+        return {}
+    url = f"http://{kernel_id}:{token}@{proxy}"
+    env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+    env.update({name: "localhost,127.0.0.1,::1" for name in ("NO_PROXY", "no_proxy")})
     return env
 
 

@@ -6,34 +6,44 @@ kernel, a replaced one after a death or a wake), when a warm kernel is claimed f
 its kernel is adopted after a manager restart; ``detach`` when it ends or hibernates. A restarted
 kernel keeps its id and its dir, so its socket stays. ``Egress.open`` is idempotent: attaching
 again is a dict lookup. The runner marks each run (``run_started``) and reads its usage.
+
+A kernel on an external gateway has no egress dir: ``remote_launch`` gives it its own token and
+the address of `kernelmode egress-proxy` (egress/front.py), which finds its session by kernel id.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import Settings
+from ..egress.credentials import new_token
 from ..egress.policy import EgressPolicy, stored_policy
 from ..egress.service import Egress
-from ..errors import KernelUnavailable
+from ..errors import KernelUnavailable, SessionStoreUnavailable
 from ..metrics import Metrics
 from ..models import EgressUse
-from ..sandbox.egress import egress_dir
+from ..sandbox.egress import ENV_PROXY, ENV_TOKEN, egress_dir
+from .store.egress_tokens import EgressTokens
 
 if TYPE_CHECKING:  # kernels.py holds a wiring: importing it here would be a cycle
     from .kernels import Kernel
+
+log = logging.getLogger("kernelmode.sessions")
 
 
 class EgressWiring:
     """``root``: the gateway's runtime dir, where each kernel's egress dir is (None: the kernels
     have none, unsandboxed or on a gateway elsewhere, and no proxy is opened)."""
 
-    def __init__(self, settings: Settings, data_dir: Path, metrics: Metrics | None, root: Path | None) -> None:
+    def __init__(self, settings: Settings, data_dir: Path, metrics: Metrics | None, root: Path | None,
+                 tokens: EgressTokens | None = None) -> None:
         self.settings = settings.egress
         self.root = root
+        self.tokens = tokens
         self.service = Egress(data_dir, metrics)
         self._policies: dict[str, EgressPolicy] = {}  # session id -> its policy, rebuilt once
 
@@ -55,6 +65,25 @@ class EgressWiring:
             await self.service.open(sid, info.tenant, policy, where)
         except OSError as e:  # the dir went with its kernel, or a data dir path too long for a socket
             raise KernelUnavailable(f"the session's egress proxy could not listen in {where}: {e}") from e
+
+    def remote_launch(self, kernel_id: str) -> dict[str, str]:
+        """The ``KERNEL_*`` values that give a kernel on an external gateway its egress: a fresh
+        token (only its hash is stored) and the proxy's address; {} when egress.proxy_address is
+        unset. Minted for every kernel, pool ones too: the session is looked up per request."""
+        if self.settings.proxy_address is None or self.tokens is None:
+            return {}
+        token = new_token()
+        self.tokens.add(kernel_id, token)
+        return {ENV_TOKEN: token, ENV_PROXY: self.settings.proxy_address}
+
+    def forget(self, kernel_id: str) -> None:
+        """The kernel is gone: its token opens nothing any more. A store that cannot answer
+        does not stop a teardown: the token's kernel has no session either way."""
+        if self.tokens is not None and self.settings.proxy_address is not None:
+            try:
+                self.tokens.forget(kernel_id)
+            except SessionStoreUnavailable as e:
+                log.warning("kernel %s: its egress token stays in the store (%s)", kernel_id, e.message)
 
     async def detach(self, session_id: str) -> None:
         self._policies.pop(session_id, None)

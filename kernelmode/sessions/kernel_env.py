@@ -73,6 +73,8 @@ class Kernels:
                 audit("kernel_orphaned", kernel_id=kernel_id, error=str(e)[:300])
             pop_death_record(self.state_dir, kernel_id)
 
+        if self.egress is not None:
+            self.egress.forget(kernel_id)
         task = asyncio.create_task(delete(), name=f"retire-{kernel_id}")
         self.retiring.add(task)
         task.add_done_callback(self.retiring.discard)

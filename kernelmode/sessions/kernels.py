@@ -121,6 +121,8 @@ class Kernel:
         extra = {"KERNEL_ID": self.kernel_id}
         if SAFE_VALUE.fullmatch(self.info.session_id):  # else the label just goes without it
             extra[ENV_SESSION] = self.info.session_id
+        if self.env.egress is not None:  # its token for `kernelmode egress-proxy`
+            extra.update(self.env.egress.remote_launch(self.kernel_id))
         return launch_env(self.info.tenant, self.info.limits, extra)
 
     def take_state_lost(self) -> bool:
@@ -389,6 +391,8 @@ class Kernel:
         if self.conn is not None:
             await self.conn.close()
         if in_gateway:
+            if self.env.egress is not None:
+                self.env.egress.forget(self.kernel_id)
             with contextlib.suppress(KernelmodeError):
                 await self.env.gateway.shutdown_kernel(self.kernel_id)
         pop_death_record(self.env.state_dir, self.kernel_id)

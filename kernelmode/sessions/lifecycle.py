@@ -95,6 +95,7 @@ class Lifecycle:
 
     async def _shut_down(self, kernel_ids: set[str] | frozenset[str]) -> None:
         for kernel_id in kernel_ids:
+            self.m.egress.forget(kernel_id)
             with contextlib.suppress(KernelmodeError):
                 await self.m.gateway.shutdown_kernel(kernel_id)
         # Their workspaces are no session's: the start-up sweep of workspaces/ removed them.

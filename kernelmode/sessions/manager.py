@@ -100,7 +100,8 @@ class SessionManager:
         self.metrics = Metrics(known_tool=broker.knows)
         self.packages = SessionPackages(PackageService(settings, data_dir, sandbox), self.live.get)
         broker.reserved[PIP] = self.packages.from_kernel  # %pip install in a cell
-        self.egress = EgressWiring(settings, data_dir, self.metrics, data_dir / "run" if sandbox != "none" else None)
+        self.egress = EgressWiring(settings, data_dir, self.metrics, data_dir / "run" if sandbox != "none" else None,
+                                   store.egress_tokens)
         self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service, self.egress)
         # Where each kernel's memory use can be read (its cgroup), if anywhere.
         self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None

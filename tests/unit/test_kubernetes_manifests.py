@@ -10,6 +10,7 @@ from the session's; the NetworkPolicies evaluated pod to pod (tests/kubernetes_r
 from __future__ import annotations
 
 import copy
+import ipaddress
 import re
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import yaml
 from kernelmode.config import load_settings
 from kernelmode.gateway.launch import launch_env
 from kernelmode.models import Limits
+from kernelmode.sandbox.egress import ENV_PROXY, ENV_TOKEN, remote_environment
 from kernelmode.sandbox.spec import KernelParams
 from tests.kubernetes_render import (
     Cluster,
@@ -190,7 +192,7 @@ def test_a_client_value_cannot_add_yaml_to_the_pod(base: list[dict[str, Any]]) -
 
 def test_every_workload_runs_non_root_read_only_without_capabilities(base: list[dict[str, Any]]) -> None:
     workloads = [d for d in base if d["kind"] in WORKLOADS]
-    assert {d["metadata"]["name"] for d in workloads} == {"kernelmode", "enterprise-gateway", "minio"}
+    assert {d["metadata"]["name"] for d in workloads} == {"kernelmode", "enterprise-gateway", "minio", "egress-proxy"}
     for d in workloads:
         spec = pod_spec(d)
         assert spec["securityContext"]["runAsNonRoot"] is True
@@ -267,9 +269,14 @@ def test_network_paths_are_exactly_the_designed_ones(which: str, request: pytest
     response = int(eg["EG_RESPONSE_PORT"])
     allowed = {("outside", "kernelmode", 8888), ("kernelmode", "enterprise-gateway", 8888),
                ("kernelmode", "minio", 9000), ("enterprise-gateway", "outside", 443)}
-    for k in ("kernel", "other-kernel"):  # EG to the kernel's port range; the kernel to EG's response port
-        allowed |= {("enterprise-gateway", k, lo), ("enterprise-gateway", k, hi), (k, "enterprise-gateway", response)}
-    ports = {8888, 8877, 9000, 443, 53, 22, lo, hi, lo - 1, hi + 1, 2375, 10250}
+    for k in ("kernel", "other-kernel"):  # EG to the kernel's port range; the kernel to EG's response
+        # port and to the egress proxy
+        allowed |= {("enterprise-gateway", k, lo), ("enterprise-gateway", k, hi), (k, "enterprise-gateway", response),
+                    (k, "egress-proxy", 3128)}
+    ports = {8888, 8877, 9000, 443, 53, 22, lo, hi, lo - 1, hi + 1, 2375, 10250, 3128}
+    # The egress proxy: out to the internet on any port (an allowed host may be on 8443); its
+    # ipBlock's exceptions are checked by test_the_egress_proxy_reaches_no_private_range.
+    allowed |= {("egress-proxy", "outside", port) for port in ports}
     for src in p.values():
         for dst in p.values():
             if src == dst:
@@ -290,3 +297,58 @@ def test_every_pod_is_covered_both_ways(base: list[dict[str, Any]]) -> None:
     named = [pol for pol in net.selecting(kernel, "Ingress") if pol["spec"]["podSelector"]]
     assert [pol["metadata"]["name"] for pol in named] == ["kernels"]
     assert {"Ingress", "Egress"} <= set(named[0]["spec"]["policyTypes"])
+
+
+# -- egress ---------------------------------------------------------------------------------------
+
+def egress_settings(base: list[dict[str, Any]], tmp_path: Path) -> Any:
+    cm = find(base, "ConfigMap", "kernelmode-config", "kernelmode")
+    manager = find(base, "Deployment", "kernelmode", "kernelmode")
+    secret_env = {e["name"]: "x" * 24 for e in pod_spec(manager)["containers"][0]["env"] if "valueFrom" in e}
+    (tmp_path / "kernelmode.yaml").write_text(cm["data"]["kernelmode.yaml"])
+    return load_settings(tmp_path / "kernelmode.yaml", environ=secret_env).egress
+
+
+def test_kernel_pods_reach_the_egress_proxy_with_their_own_token(base: list[dict[str, Any]], tmp_path: Path) -> None:
+    egress = egress_settings(base, tmp_path)
+    svc = find(base, "Service", "egress-proxy", "kernelmode")
+    proxy = find(base, "Deployment", "egress-proxy", "kernelmode")
+    # The managers' address is the Service, on the port the proxy listens on (the same file).
+    assert egress.proxy_address == f"egress-proxy.kernelmode.svc.cluster.local:{svc['spec']['ports'][0]['port']}"
+    assert egress.listen.rsplit(":", 1)[1] == str(pod_spec(proxy)["containers"][0]["ports"][0]["containerPort"])
+    assert "/etc/kernelmode/kernelmode.yaml" in pod_spec(proxy)["containers"][0]["command"]
+    # A kernel launched with a token (EgressWiring.remote_launch): its pod's HTTP_PROXY names it.
+    token = "ab" * 24
+    limits = Limits()
+    client_env = {**KernelParams(Path("/unused"), limits, "s1").to_env(),
+                  **launch_env("team-a", limits, {"KERNEL_ID": KERNEL_ID, ENV_TOKEN: token,
+                                                  ENV_PROXY: egress.proxy_address})}
+    pod = kernel_pod(base, client_env=client_env)
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    want = remote_environment({"KERNEL_ID": KERNEL_ID, ENV_TOKEN: token, ENV_PROXY: egress.proxy_address})
+    assert want["HTTP_PROXY"] == f"http://{KERNEL_ID}:{token}@{egress.proxy_address}"
+    assert {k: env.get(k) for k in want} == want
+    assert_locked_down(pod)
+    validate(pod)
+    # Without a token (egress.proxy_address unset), no proxy variable at all.
+    env = {e["name"] for e in kernel_pod(base)["spec"]["containers"][0]["env"]}
+    assert not env & {"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"}
+
+
+def test_the_egress_proxy_reaches_no_private_range(base: list[dict[str, Any]]) -> None:
+    pol = find(base, "NetworkPolicy", "egress-proxy", "kernelmode")
+    blocks = [peer["ipBlock"] for rule in pol["spec"]["egress"] for peer in rule["to"] if "ipBlock" in peer]
+    assert blocks
+
+    def reachable(address: str) -> bool:
+        a = ipaddress.ip_address(address)
+        return any(a in ipaddress.ip_network(b["cidr"]) and not any(
+            a in ipaddress.ip_network(e) for e in b.get("except", [])) for b in blocks
+            if ipaddress.ip_network(b["cidr"]).version == a.version)
+    for private in ("10.0.0.1", "10.96.0.1", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1",
+                    "127.0.0.1", "fd00::1", "fe80::1", "::1"):
+        assert not reachable(private), private
+    assert reachable("8.8.8.8") and reachable("2001:4860:4860::8888")
+    # Kernel pods: no ipBlock at all (they reach the internet only through the proxy).
+    for p in (d for d in base if d["kind"] == "NetworkPolicy" and d["metadata"]["namespace"] == "kernelmode-kernels"):
+        assert "ipBlock" not in str(p["spec"].get("egress", [])), p["metadata"]["name"]

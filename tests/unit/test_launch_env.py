@@ -56,3 +56,12 @@ def test_a_kernelmode_gateway_reads_the_limits_a_remote_start_sends() -> None:
     assert params is not None and params.limits == limits and params.workspace == Path("/own/k1")
     with pytest.raises(ValueError):  # a value that is no limit fails the start
         KernelParams.pop_from_env({**env, "KERNEL_PIDS": "1"}, Limits(), Path("/own/k1"))
+
+
+def test_the_egress_proxy_address_passes_and_nothing_else_with_a_colon() -> None:
+    assert checked("KERNEL_KM_EGRESS_PROXY", "egress-proxy.kernelmode.svc:3128") == "egress-proxy.kernelmode.svc:3128"
+    for bad in ("a:3128;rm", "a:b", "host:3128\n", "-x:1", "a:3128:1", "$(id):1"):
+        with pytest.raises(InvalidRequest):
+            checked("KERNEL_KM_EGRESS_PROXY", bad)
+    with pytest.raises(InvalidRequest):  # only that name takes host:port
+        checked("KERNEL_USERNAME", "a:3128")

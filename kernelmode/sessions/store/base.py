@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...models import Artifact, CheckpointInfo, RunResult, SessionInfo
+from .egress_tokens import EgressTokens
 from .leases import Leases
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -45,6 +46,7 @@ class SessionStore(ABC):
     transaction. ``leases``: which manager owns which session (leases.py)."""
 
     leases: Leases
+    egress_tokens: EgressTokens  # remote kernels' egress credentials (egress_tokens.py)
 
     # -- the backend's primitives ------------------------------------------------------------------
     @abstractmethod

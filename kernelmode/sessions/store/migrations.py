@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import ConfigError
+from .egress_tokens import SCHEMA as EGRESS_TOKENS
 
 # pg_advisory_lock's key: a constant every kernelmode shares ("kernelmd" in ASCII, fit to an int8).
 LOCK_KEY = int.from_bytes(b"kernelmd", "big") >> 1
@@ -74,6 +75,8 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX leases_by_expiry ON leases (expires_at);
     """,
+    # 2: remote kernels' egress credentials (a hash of each kernel's token).
+    EGRESS_TOKENS,
 )
 
 

@@ -22,6 +22,7 @@ from psycopg.conninfo import conninfo_to_dict
 from ...errors import ConfigError, SessionStoreUnavailable
 from ...models import Artifact, RunResult, SessionInfo
 from .base import Args, SessionStore, micros
+from .egress_tokens import EgressTokens
 from .leases import PostgresLeases
 from .migrations import migrate
 
@@ -80,6 +81,7 @@ class PostgresStore(SessionStore):
             self._conn.close()
             raise
         self.leases = PostgresLeases(self._rows)
+        self.egress_tokens = EgressTokens(self._rows, self._run)
 
     def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         return self._open(self._url)

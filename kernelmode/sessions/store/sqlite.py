@@ -13,6 +13,8 @@ from typing import Any
 
 from ...models import Artifact, RunResult, SessionInfo
 from .base import Args, SessionStore, micros
+from .egress_tokens import SCHEMA as EGRESS_TOKENS
+from .egress_tokens import EgressTokens
 from .leases import SqliteLeases
 
 _SCHEMA = """
@@ -101,9 +103,11 @@ class SqliteStore(SessionStore):
         self._path = path
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self.leases = SqliteLeases(self._rows)
+        self.egress_tokens = EgressTokens(self._rows, self._run)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        self._db.executescript(EGRESS_TOKENS)
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(runs)")}
         if "events" not in columns:  # a store made before outputs were kept in order
             self._db.execute("ALTER TABLE runs ADD COLUMN events TEXT")

@@ -27,7 +27,7 @@ from tests.support.cluster.node_kernel import __file__ as NODE_KERNEL
 from tests.support.cluster.rig import Rig
 
 REPO = Path(__file__).resolve().parents[3]
-EG_VENV = REPO / ".eg-venv"
+EG_VENV = (REPO / ".eg-venv").resolve()  # a real path: bwrap binds its launcher dir
 LAUNCHER = EG_VENV / "share" / "eg-launchers" / "launch_ipykernel.py"
 KERNEL_NAME = "kernelmode-remote"
 SERVICE_PYTHON = sys.executable  # runs node_kernel.py (it imports kernelmode.sandbox)

@@ -10,7 +10,8 @@ the rig directory: nothing is left behind.
 
 Per node (``inet`` table, so IPv6 is covered too): input drop except ``lo``, established, and
 from the gateway's address TCP 22 and the kernel port range; output drop except ``lo``,
-established, and to the gateway's address its response port.
+established, and to the gateway's address its response port and the egress proxy's port (the
+only way out of a node's kernel: `kernelmode egress-proxy` on the gateway's address).
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class Rig:
     prefix: int
     port_range: tuple[int, int]  # the kernels' ports on the nodes (EG's port_range)
     response_port: int  # EG's response port on gateway_address
+    egress_port: int  # `kernelmode egress-proxy` on gateway_address (test_egress_remote.py)
     nodes: list[Node] = field(default_factory=list)
 
     @property
@@ -133,6 +135,7 @@ class Rig:
         oif "lo" accept
         ct state established,related accept
         ip daddr {gw} tcp dport {self.response_port} accept
+        ip daddr {gw} tcp dport {self.egress_port} accept
     }}
 }}
 """
@@ -231,7 +234,7 @@ def describe(slot: int) -> Rig:
     rig = Rig(slot=slot, root=Path(f"/tmp/kmrig{suffix or '0'}"), bridge=f"kmbr{slot}",
               gateway_address=f"{net}.1", other_address=f"{net}.2", prefix=24,
               port_range=(41000 + 1000 * slot, 41000 + 1000 * slot + 1000),  # EG: hi - lo >= 1000
-              response_port=18877 + slot)
+              response_port=18877 + slot, egress_port=13128 + slot)
     rig.nodes = [Node(name, f"kmnode{suffix}-{name}", f"{net}.{11 + i}", f"kmv{slot}{name}")
                  for i, name in enumerate(("a", "b"))]
     return rig

@@ -24,7 +24,7 @@ import pytest
 
 from kernelmode.sandbox.egress import egress_dir
 from kernelmode.sandbox.egress_bridge import NO_EGRESS
-from tests.conftest import BACKEND, Server, start_server, wait_for
+from tests.conftest import Server, start_server, wait_for
 from tests.security.conftest import PRELUDE, report
 from tests.support.package_index import PackageIndex, temporary_index
 from tests.support.upstreams import Upstream, make_test_ca

@@ -3,7 +3,8 @@
 
 ``CONNECT`` to a host without a secret rule is a tunnel: the proxy connects to an address it
 checked, answers 200, reads the ClientHello and refuses unless its SNI is the host ``CONNECT``
-named, then copies bytes without decrypting them. A host with a secret rule is intercepted: TLS
+named, then moves bytes without decrypting them (pump.py: splice, counted and capped). A host
+with a secret rule is intercepted: TLS
 is terminated with a certificate from the deployment CA, each request is forwarded (h11) with the
 secret header set, over TLS verified against the system store and ``egress.upstream_ca_file``.
 Plain ``http://`` requests are forwarded the same way. Every refusal is a 403 whose body says why
@@ -27,6 +28,7 @@ import h11
 from ..audit import audit
 from ..errors import EgressCapReached
 from ..metrics import Metrics
+from . import pump
 from .http import (
     Upstream,
     answer,
@@ -238,7 +240,10 @@ class SessionProxy:
         link.on_bytes = self.usage.track(rec.run_id, host, rec.port or 0)
         link.on_bytes(len(hello))
         await Link.write(uwriter, hello)
-        await link.splice((reader, writer), (ureader, uwriter))
+        if pump.available():
+            await pump.tunnel(link, (reader, writer), (ureader, uwriter))
+        else:
+            await link.splice((reader, writer), (ureader, uwriter))
 
     async def _intercept(self, host: str, port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          ureader: asyncio.StreamReader, uwriter: asyncio.StreamWriter, link: Link,

@@ -69,15 +69,19 @@ class Link:
     async def read(self, reader: Reader, *, upstream: bool) -> bytes:
         """Up to CHUNK bytes (b"" at EOF), counted and charged to the session."""
         data = await reader.read(CHUNK)
+        self.count(len(data), upstream=upstream)
+        return data
+
+    def count(self, n: int, *, upstream: bool) -> None:
+        """``n`` bytes moved: counted, and charged to the session (raises past its cap)."""
         self.last = time.monotonic()
         if upstream:
-            self.down += len(data)
+            self.down += n
         else:
-            self.up += len(data)
+            self.up += n
         if self.on_bytes is not None:
-            self.on_bytes(len(data))
-        self.meter.charge(len(data))
-        return data
+            self.on_bytes(n)
+        self.meter.charge(n)
 
     @staticmethod
     async def write(writer: Writer, data: bytes) -> None:

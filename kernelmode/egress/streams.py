@@ -97,7 +97,9 @@ class Link:
             writer.write_eof()
 
     async def splice(self, client: tuple[Reader, Writer], upstream: tuple[Reader, Writer]) -> None:
-        """Both directions until both ended, or one failed (idle, cap, reset)."""
+        """Both directions until both ended, or one failed (idle, cap, reset). Where a side
+        cannot take a half-close (TLS), one direction ending ends both."""
+        half_close = client[1].can_write_eof() and upstream[1].can_write_eof()
         tasks = [asyncio.ensure_future(self.pipe(client[0], upstream[1], upstream=False)),
                  asyncio.ensure_future(self.pipe(upstream[0], client[1], upstream=True))]
         try:
@@ -107,6 +109,8 @@ class Link:
                 for task in done:
                     if task.exception() is not None:
                         raise task.exception()  # type: ignore[misc]
+                if not half_close:
+                    break
         finally:
             for task in tasks:
                 task.cancel()

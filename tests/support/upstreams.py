@@ -100,13 +100,17 @@ class _Files(SimpleHTTPRequestHandler):
         pass
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # many clients at once (bench/egress_fleet.py), not socketserver's 5
+
+
 class Upstream:
     """A threaded HTTP(S) server on 127.0.0.1 that records what it received (``seen``); with
     ``files``, a static file server of that directory instead (a git repository over "dumb" HTTP)."""
 
     def __init__(self, tls_cert: Path | None = None, files: Path | None = None) -> None:
         handler: Any = _Handler if files is None else functools.partial(_Files, directory=str(files))
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = _Server(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.httpd.seen = []  # type: ignore[attr-defined]
         if tls_cert is not None:

@@ -166,16 +166,29 @@ class TlsStream:
         await asyncio.wait_for(run(), timeout)
 
     async def read(self, n: int = -1) -> bytes:
+        limit = CHUNK if n < 0 else n
         while True:
             try:
-                data = self._obj.read(CHUNK if n < 0 else n)
-                self._flush()
-                return data
+                data = self._obj.read(limit)
             except ssl.SSLWantReadError:
                 self._flush()
                 await self._fill()
+                continue
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 return b""
+            # One read gives one TLS record (16 KiB at most): take the records already here too,
+            # so a large body moves in few h11 events and writes, not one per record.
+            parts = [data]
+            size = len(data)
+            while data and size < limit:
+                try:
+                    data = self._obj.read(limit - size)
+                except (ssl.SSLWantReadError, ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                    break  # an EOF is for the next call, after these bytes
+                parts.append(data)
+                size += len(data)
+            self._flush()
+            return b"".join(parts) if len(parts) > 1 else parts[0]
 
     def write(self, data: bytes) -> None:
         self._obj.write(data)

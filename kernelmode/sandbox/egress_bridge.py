@@ -123,6 +123,8 @@ class Conn:
         try:
             if mask & selectors.EVENT_READ:
                 self._read(i)
+                if self.pending[1 - i] and self.socks[1 - i] is not None and not self.closed:
+                    self._write(1 - i)  # on at once: the other socket can almost always take it
             if mask & selectors.EVENT_WRITE and not self.closed:
                 self._write(i)
         except (BlockingIOError, InterruptedError):

@@ -1,6 +1,12 @@
 """HTTP/1.1 for the egress proxy, with h11 doing all the parsing and framing: read a client's
 request head, answer a refusal, and forward one request and its response between a client and an
-upstream (adding the secret headers on the way out)."""
+upstream (adding the secret headers on the way out).
+
+``Expect: 100-continue`` is answered by the proxy itself (as nginx does): the client gets its
+``100 Continue`` at once and the upstream the whole body without the expectation. An
+``Upgrade`` (a WebSocket over ``ws://``, or ``wss://`` to an intercepted host) is forwarded with
+its headers; when the upstream answers ``101`` the connection becomes a byte pipe both ways,
+still counted against the session's byte cap and idle timeout."""
 
 from __future__ import annotations
 
@@ -68,19 +74,30 @@ def raw_refusal(text: str) -> bytes:
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
+def upgrade_of(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``Connection: upgrade`` and the ``Upgrade`` header of a message that asks to switch
+    protocols (what a proxy passes on for it), else []."""
+    named = {v.strip().lower() for k, v in headers if k == b"connection" for v in v.split(b",")}
+    upgrade = [(k, v) for k, v in headers if k == b"upgrade"]
+    return [(b"connection", b"upgrade"), *upgrade] if upgrade and b"upgrade" in named else []
+
+
 def forwarded_headers(headers: list[tuple[bytes, bytes]], host: bytes,
                       secrets: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The request's headers without hop-by-hop ones (and those its Connection header names),
-    with ``Host`` set and each secret header added or replacing the client's."""
+    """The request's headers without hop-by-hop ones (and those its Connection header names) or
+    a 100-continue expectation (the proxy answers it), with ``Host`` set, each secret header
+    added or replacing the client's, and an upgrade passed on."""
     named = {v.strip().lower() for k, v in headers if k == b"connection" for v in v.split(b",")}
     replaced = {name.lower() for name, _ in secrets} | {b"host"}
-    kept = [(k, v) for k, v in headers if k not in HOP_BY_HOP and k not in named and k not in replaced]
-    return [(b"host", host), *kept, *secrets]
+    kept = [(k, v) for k, v in headers if k not in HOP_BY_HOP and k not in named and k not in replaced
+            and not (k == b"expect" and v.strip().lower() == b"100-continue")]
+    return [(b"host", host), *kept, *secrets, *upgrade_of(headers)]
 
 
-def response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+def response_headers(headers: list[tuple[bytes, bytes]], *, switching: bool = False) -> list[tuple[bytes, bytes]]:
     named = {v.strip().lower() for k, v in headers if k == b"connection" for v in v.split(b",")}
-    return [(k, v) for k, v in headers if k not in HOP_BY_HOP and k not in named]
+    kept = [(k, v) for k, v in headers if k not in HOP_BY_HOP and k not in named]
+    return kept + upgrade_of(headers) if switching else kept
 
 
 @dataclass
@@ -113,6 +130,8 @@ async def forward(request: h11.Request, target: bytes, host_header: bytes,
     out = h11.Request(method=request.method, target=target, http_version=b"1.1",
                       headers=forwarded_headers(list(request.headers), host_header, secrets))
     await Link.write(up.writer, up.conn.send(out) or b"")
+    if client.they_are_waiting_for_100_continue:
+        await Link.write(cwriter, client.send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")) or b"")
     while True:  # the request body, CHUNK at a time
         event = await next_event(client, creader, link, upstream=False)
         if isinstance(event, h11.Data):
@@ -122,10 +141,14 @@ async def forward(request: h11.Request, target: bytes, host_header: bytes,
             break
         else:
             raise h11.RemoteProtocolError(f"unexpected {type(event).__name__} in a request body", 400)
-    while True:  # the response head (1xx first, except 101: no protocol switch through the proxy)
+    while True:  # the response head (1xx first; a 101 switches to a byte pipe)
         event = await next_event(up.conn, up.reader, link, upstream=True)
         if isinstance(event, h11.InformationalResponse):
-            if event.status_code != 101:
+            if event.status_code == 101:  # h11 accepts one only when the request proposed it
+                ex.status, ex.keep_alive = 101, False
+                await switch(event, client, creader, cwriter, up, link)
+                return ex
+            if event.status_code not in (100, 101):  # the 100 was the proxy's to send
                 await Link.write(cwriter, client.send(event) or b"")
             continue
         if not isinstance(event, h11.Response):
@@ -151,6 +174,21 @@ async def forward(request: h11.Request, target: bytes, host_header: bytes,
         up.close()
         ex.keep_alive = False
     return ex
+
+
+async def switch(response: h11.InformationalResponse, client: h11.Connection, creader: Reader,
+                 cwriter: Writer, up: Upstream, link: Link) -> None:
+    """The upstream accepted the upgrade: the client gets the 101, then bytes flow both ways
+    (what either side sent past the handshake first) until both ends close."""
+    if client.their_state is not h11.MIGHT_SWITCH_PROTOCOL:  # the client asked for no switch (h11 would refuse the 101)
+        raise h11.RemoteProtocolError("upstream switched protocols unasked")
+    await Link.write(cwriter, client.send(h11.InformationalResponse(
+        status_code=101, headers=response_headers(list(response.headers), switching=True),
+        reason=response.reason)) or b"")
+    await Link.write(up.writer, client.trailing_data[0])
+    await Link.write(cwriter, up.conn.trailing_data[0])
+    up.closed = True  # not reusable: it speaks another protocol now
+    await link.splice((creader, cwriter), (up.reader, up.writer))
 
 
 __all__ = ["CHUNK", "Exchange", "Upstream", "answer", "forward", "new_server",

@@ -3,7 +3,9 @@
 
 ``CONNECT`` to a host without a secret rule is a tunnel: the proxy connects to an address it
 checked, answers 200, reads the ClientHello and refuses unless its SNI is the host ``CONNECT``
-named, then copies bytes without decrypting them. A host with a secret rule is intercepted: TLS
+named, then moves bytes without decrypting them (pump.py: splice, counted and capped); a tunnel
+that starts with a plain HTTP request instead (``ws://`` through ``CONNECT``) is forwarded as
+``http://`` to that host would be. A host with a secret rule is intercepted: TLS
 is terminated with a certificate from the deployment CA, each request is forwarded (h11) with the
 secret header set, over TLS verified against the system store and ``egress.upstream_ca_file``.
 Plain ``http://`` requests are forwarded the same way. Every refusal is a 403 whose body says why
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import socket
 import ssl
 import time
@@ -27,6 +30,7 @@ import h11
 from ..audit import audit
 from ..errors import EgressCapReached
 from ..metrics import Metrics
+from . import pump
 from .http import (
     Upstream,
     answer,
@@ -42,6 +46,7 @@ from .tls import Certificates, ClientHelloReader
 from .usage import Usage
 
 CONNECT_TIMEOUT = 10.0  # resolving a name, connecting to an upstream, a TLS handshake
+ORIGIN_FORM = re.compile(rb"[A-Z]{3,10} /")  # the start of an origin-form HTTP request line
 
 
 @dataclass
@@ -249,6 +254,14 @@ class SessionProxy:
             result = parsed.feed(data)
         is_tls, sni = result
         sni = sni.lower().rstrip(".") if sni else None
+        if not is_tls and ORIGIN_FORM.match(hello):
+            # Plain HTTP in the tunnel (clients send ws:// through CONNECT): forwarded request by
+            # request to the host CONNECT named, as an http:// URL to it would be.
+            rec.mode = "http"
+            client = new_server()
+            client.receive_data(hello)
+            await self._requests(None, client, reader, writer, link, rec, Upstream(ureader, uwriter, (host, rec.port or 0)))
+            return
         if not is_tls or sni != host and not (sni is None and ip_literal(host)):
             # The 200 is sent: all the client gets now is a closed connection (said in the audit).
             rec.refuse("sni", f"the TLS ClientHello names {sni}, not {host} as CONNECT did" if is_tls
@@ -258,7 +271,10 @@ class SessionProxy:
         link.on_bytes = self.usage.track(rec.run_id, host, rec.port or 0)
         link.on_bytes(len(hello))
         await Link.write(uwriter, hello)
-        await link.splice((reader, writer), (ureader, uwriter))
+        if pump.available():
+            await pump.tunnel(link, (reader, writer), (ureader, uwriter))
+        else:
+            await link.splice((reader, writer), (ureader, uwriter))
 
     async def _intercept(self, host: str, port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          ureader: asyncio.StreamReader, uwriter: asyncio.StreamWriter, link: Link,

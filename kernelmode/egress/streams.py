@@ -69,15 +69,19 @@ class Link:
     async def read(self, reader: Reader, *, upstream: bool) -> bytes:
         """Up to CHUNK bytes (b"" at EOF), counted and charged to the session."""
         data = await reader.read(CHUNK)
+        self.count(len(data), upstream=upstream)
+        return data
+
+    def count(self, n: int, *, upstream: bool) -> None:
+        """``n`` bytes moved: counted, and charged to the session (raises past its cap)."""
         self.last = time.monotonic()
         if upstream:
-            self.down += len(data)
+            self.down += n
         else:
-            self.up += len(data)
+            self.up += n
         if self.on_bytes is not None:
-            self.on_bytes(len(data))
-        self.meter.charge(len(data))
-        return data
+            self.on_bytes(n)
+        self.meter.charge(n)
 
     @staticmethod
     async def write(writer: Writer, data: bytes) -> None:
@@ -93,7 +97,9 @@ class Link:
             writer.write_eof()
 
     async def splice(self, client: tuple[Reader, Writer], upstream: tuple[Reader, Writer]) -> None:
-        """Both directions until both ended, or one failed (idle, cap, reset)."""
+        """Both directions until both ended, or one failed (idle, cap, reset). Where a side
+        cannot take a half-close (TLS), one direction ending ends both."""
+        half_close = client[1].can_write_eof() and upstream[1].can_write_eof()
         tasks = [asyncio.ensure_future(self.pipe(client[0], upstream[1], upstream=False)),
                  asyncio.ensure_future(self.pipe(upstream[0], client[1], upstream=True))]
         try:
@@ -103,6 +109,8 @@ class Link:
                 for task in done:
                     if task.exception() is not None:
                         raise task.exception()  # type: ignore[misc]
+                if not half_close:
+                    break
         finally:
             for task in tasks:
                 task.cancel()
@@ -158,16 +166,29 @@ class TlsStream:
         await asyncio.wait_for(run(), timeout)
 
     async def read(self, n: int = -1) -> bytes:
+        limit = CHUNK if n < 0 else n
         while True:
             try:
-                data = self._obj.read(CHUNK if n < 0 else n)
-                self._flush()
-                return data
+                data = self._obj.read(limit)
             except ssl.SSLWantReadError:
                 self._flush()
                 await self._fill()
+                continue
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 return b""
+            # One read gives one TLS record (16 KiB at most): take the records already here too,
+            # so a large body moves in few h11 events and writes, not one per record.
+            parts = [data]
+            size = len(data)
+            while data and size < limit:
+                try:
+                    data = self._obj.read(limit - size)
+                except (ssl.SSLWantReadError, ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                    break  # an EOF is for the next call, after these bytes
+                parts.append(data)
+                size += len(data)
+            self._flush()
+            return b"".join(parts) if len(parts) > 1 else parts[0]
 
     def write(self, data: bytes) -> None:
         self._obj.write(data)

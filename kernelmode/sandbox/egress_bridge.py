@@ -11,8 +11,10 @@ execs the kernel in its own process: the kernel keeps the pid, exit status and s
 watches. The bridge dies with the kernel (PR_SET_PDEATHSIG: it is the kernel's child), and with
 the sandbox (the end of its pid namespace).
 
-Each accepted connection is connected to the socket and bytes are copied both ways through
-bounded buffers, half-closes passed on. With no socket (a session without egress) or none
+Each accepted connection is connected to the socket and bytes are moved both ways through
+bounded buffers, half-closes passed on: a pipe per direction that ``os.splice`` fills from one
+socket and empties into the other (the bytes never enter this process), or a bytearray where
+splice is missing or no pipe can be had. With no socket (a session without egress) or none
 answering (the proxy is down or restarting), the bridge answers one HTTP response itself, for a
 plain request or a ``CONNECT`` alike, that says so in its status line and body (http.client shows
 only the status line of a refused ``CONNECT``). The bridge is no security boundary: kernel code
@@ -23,6 +25,7 @@ the host. Stdlib only: it runs with ``-S``, in any kernel environment.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import selectors
 import signal
@@ -36,7 +39,9 @@ ARGV_ENV = "KM_KERNEL_ARGV"
 NO_EGRESS = ("kernelmode: this session has no egress; the sandbox has no network by design "
              "(ask the operator for an egress allow-list, or use a host tool)")
 NOT_ANSWERING = "kernelmode: the egress proxy is not answering; try again shortly"
-BUFFER = 64 * 1024  # per direction and connection: a slow reader stops the other side's reads
+BUFFER = 256 * 1024  # per direction and connection: a slow reader stops the other side's reads
+SPLICE = getattr(os, "splice", None)  # Linux, Python 3.10+
+SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 MAX_CONNECTIONS = 256  # beyond, the listener's backlog holds new clients (2 descriptors each)
 REFUSAL_SECONDS = 10.0  # a refused client has this long to send its request and hang up
 REFUSAL_DRAIN = 1 << 20  # and this much of it is read (and dropped) so that closing sends no RST
@@ -67,15 +72,44 @@ def dial(path: str) -> tuple[socket.socket | None, bytes]:
         return None, reply(403, NO_EGRESS) if e.errno in ABSENT else reply(503, NOT_ANSWERING)
 
 
+def pipes() -> tuple[list[tuple[int, int]], int] | None:
+    """A pipe per direction for os.splice and the bytes each may hold, or None (no splice, or
+    out of descriptors: the connection is copied through bytearrays instead)."""
+    if SPLICE is None:
+        return None
+    made: list[tuple[int, int]] = []
+    try:
+        size = BUFFER
+        for _ in range(2):
+            r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            made.append((r, w))
+            try:  # beyond the user's pipe quota a pipe keeps its default size (EPERM)
+                size = min(size, fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, BUFFER))
+            except OSError:
+                size = min(size, fcntl.fcntl(w, fcntl.F_GETPIPE_SZ))
+        return made, size
+    except OSError:
+        for fds in made:
+            for fd in fds:
+                os.close(fd)
+        return None
+
+
 class Conn:
     """One client and its way out (or the refusal it is answered). Side 0 is the client, side 1
-    the upstream socket; ``toward[i]`` holds what is read from the other side, for side i."""
+    the upstream socket; ``toward[i]`` holds what is read from the other side, for side i (a
+    bytearray, or ``pipes[i]``: ``pending[i]`` bytes in the pipe toward side i)."""
 
     def __init__(self, bridge: Bridge, client: socket.socket, upstream: socket.socket | None,
                  refusal: bytes) -> None:
         self.bridge = bridge
         self.socks = [client, upstream]
         self.toward = [bytearray(refusal), bytearray()]
+        piped = pipes() if upstream is not None else None
+        self.pipes: list[tuple[int, int]] | None = piped[0] if piped is not None else None
+        self.limit = piped[1] if piped is not None else BUFFER
+        self.pending = [len(refusal), 0]  # bytes held toward side i
+        self.pipe_full = [False, False]  # the pipe toward side i took no more: wait for its writer
         self.eof = [False, upstream is None]  # EOF read from side i (a refusal has no upstream)
         self.shut = [False, upstream is None]  # side i's write half shut down (all sent)
         self.masks = [0, 0]
@@ -89,6 +123,8 @@ class Conn:
         try:
             if mask & selectors.EVENT_READ:
                 self._read(i)
+                if self.pending[1 - i] and self.socks[1 - i] is not None and not self.closed:
+                    self._write(1 - i)  # on at once: the other socket can almost always take it
             if mask & selectors.EVENT_WRITE and not self.closed:
                 self._write(i)
         except (BlockingIOError, InterruptedError):
@@ -99,8 +135,20 @@ class Conn:
         self.update()
 
     def _read(self, i: int) -> None:
-        other = self.socks[1 - i]
-        room = BUFFER - len(self.toward[1 - i]) if other is not None else BUFFER
+        other, o = self.socks[1 - i], 1 - i
+        room = self.limit - self.pending[o] if other is not None else BUFFER
+        if self.pipes is not None:
+            try:
+                n = os.splice(self.socks[i].fileno(), self.pipes[o][1], room,  # type: ignore[union-attr]
+                              flags=SPLICE_FLAGS)
+            except BlockingIOError:
+                # A pipe holding bytes can be full short of its size (a page per socket read):
+                # wait for its writer rather than spin on a readable socket.
+                self.pipe_full[o] = self.pending[o] > 0
+                raise
+            self.pending[o] += n
+            self.eof[i] = n == 0
+            return
         data = self.socks[i].recv(room)  # type: ignore[union-attr]
         if not data:
             self.eof[i] = True
@@ -109,18 +157,25 @@ class Conn:
             if self.dropped > REFUSAL_DRAIN:
                 self.close()
         else:
-            self.toward[1 - i] += data
+            self.toward[o] += data
+            self.pending[o] += len(data)
 
     def _write(self, i: int) -> None:
-        sent = self.socks[i].send(self.toward[i])  # type: ignore[union-attr]
-        del self.toward[i][:sent]
+        if self.pipes is not None:
+            sent = os.splice(self.pipes[i][0], self.socks[i].fileno(), self.pending[i],  # type: ignore[union-attr]
+                             flags=SPLICE_FLAGS)
+            self.pipe_full[i] = False
+        else:
+            sent = self.socks[i].send(self.toward[i])  # type: ignore[union-attr]
+            del self.toward[i][:sent]
+        self.pending[i] -= sent
 
     def update(self) -> None:
         """Pass on half-closes, close when both directions are done, else re-arm the selector."""
         if self.closed:
             return
         for i, sock in enumerate(self.socks):
-            if sock is not None and self.eof[1 - i] and not self.toward[i] and not self.shut[i]:
+            if sock is not None and self.eof[1 - i] and not self.pending[i] and not self.shut[i]:
                 self.shut[i] = True
                 try:
                     sock.shutdown(socket.SHUT_WR)
@@ -133,9 +188,9 @@ class Conn:
         for i, sock in enumerate(self.socks):
             if sock is None:
                 continue
-            room = self.socks[1 - i] is None or len(self.toward[1 - i]) < BUFFER
+            room = self.socks[1 - i] is None or (self.pending[1 - i] < self.limit and not self.pipe_full[1 - i])
             mask = (selectors.EVENT_READ if not self.eof[i] and room else 0) | (
-                selectors.EVENT_WRITE if self.toward[i] else 0)
+                selectors.EVENT_WRITE if self.pending[i] else 0)
             if mask != self.masks[i]:
                 sel = self.bridge.sel
                 if not self.masks[i]:
@@ -155,6 +210,9 @@ class Conn:
                 if self.masks[i]:
                     self.bridge.sel.unregister(sock)
                 sock.close()
+        for fds in self.pipes or ():
+            for fd in fds:
+                os.close(fd)
         self.bridge.closed(self)
 
 
@@ -191,6 +249,7 @@ class Bridge:
                     break  # wait for a connection to close (a busy loop otherwise)
                 continue  # the client gave up before it was accepted (ECONNABORTED)
             client.setblocking(False)
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a TLS flight, not a stream of bytes
             Conn(self, client, *dial(self.path))
         self._listen(False)
 

@@ -27,7 +27,7 @@ from kernelmode.sandbox.egress_bridge import NO_EGRESS
 from tests.conftest import Server, start_server, wait_for
 from tests.security.conftest import PRELUDE, report
 from tests.support.package_index import PackageIndex, temporary_index
-from tests.support.upstreams import Upstream, make_test_ca
+from tests.support.upstreams import Upstream, WebSocketEcho, make_test_ca
 
 SECRET = "Bearer egress-kernel-canary-5d1e08b2"
 
@@ -37,7 +37,8 @@ class Upstreams:
     http: Upstream
     https: Upstream
     index: PackageIndex
-    git: Upstream | None  # a repository over HTTPS ("dumb" protocol), when this host has git
+    git: Upstream | None
+    wss: WebSocketEcho  # a repository over HTTPS ("dumb" protocol), when this host has git
 
     @property
     def git_port(self) -> int:
@@ -54,11 +55,12 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Upstre
     ca, cert = make_test_ca(root)
     http, https = Upstream(), Upstream(cert)
     git = Upstream(cert, files=_git_repository(root)) if shutil.which("git") else None
+    wss = WebSocketEcho(cert)
     try:
         with temporary_index() as index:
-            yield Upstreams(http, https, index, git), ca
+            yield Upstreams(http, https, index, git, wss), ca
     finally:
-        for server in (http, https, git):
+        for server in (http, https, git, wss):
             if server is not None:
                 server.stop()
 
@@ -83,7 +85,8 @@ def _config(u: Upstreams, ca: Path) -> str:
                                           "denied.test", "index.test")}
     egress = {
         "allow": [f"plain.test:{hp}", f"denied.test:{hp}", f"far.test:{hp}", f"secure.test:{sp}",
-                  f"secret.test:{sp}", f"other.test:{sp}", f"index.test:{ip}", f"other.test:{gp}"],
+                  f"secret.test:{sp}", f"other.test:{sp}", f"index.test:{ip}", f"other.test:{gp}",
+                  f"secure.test:{u.wss.port}", f"secret.test:{u.wss.port}"],
         "deny": ["denied.test"],
         "hosts": {**loopback, "far.test": "127.0.0.2"},
         "allow_addresses": ["127.0.0.1/32"],
@@ -183,6 +186,44 @@ print(_json.dumps(out))
     assert not any(not e["allowed"] for e in r["egress"]), r["egress"]
     if out["git"] is not None:
         assert any(e["host"] == "other.test" and e["port"] == u.git_port for e in r["egress"]), r["egress"]
+
+
+# Kernel side: a WebSocket handshake and one echoed message with the stdlib alone (the kernel's
+# environment has no WebSocket client): http.client through HTTPS_PROXY, the bundle of SSL_CERT_FILE.
+WS_ECHO = """
+import base64, http.client, os, ssl, urllib.parse
+def ws_echo(host, port, message):
+    proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+    c = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=ssl.create_default_context(), timeout=60)
+    c.set_tunnel(host, port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    c.request("GET", "/chat", headers={"Upgrade": "websocket", "Connection": "Upgrade",
+                                       "Sec-WebSocket-Key": key, "Sec-WebSocket-Version": "13"})
+    r = c.getresponse()
+    if r.status != 101:
+        return [r.status, r.read().decode(errors="replace")]
+    data, mask = message.encode(), os.urandom(4)
+    c.sock.sendall(bytes([0x81, 0x80 | len(data)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+    got = b""
+    while len(got) < 2 + len(data):
+        got += c.sock.recv(4096)
+    c.close()
+    return [101, got[2:].decode()]
+"""
+
+
+def test_websockets_from_kernel_code(upstreams, session_factory, probe):
+    """wss:// tunnelled end to end, and to an intercepted host (the secret on the upgrade request)."""
+    u, _ = upstreams
+    wp = u.wss.port
+    sid = session_factory()
+    out = probe(sid, WS_ECHO + f"""
+print(_json.dumps({{"tunnel": ws_echo("secure.test", {wp}, "tunnelled"),
+                    "intercept": ws_echo("secret.test", {wp}, "intercepted")}}))
+""")
+    assert out == {"tunnel": [101, "tunnelled"], "intercept": [101, "intercepted"]}, out
+    assert u.wss.seen[-1]["authorization"] == SECRET
+    assert "authorization" not in u.wss.seen[-2]
 
 
 def test_secret_reaches_the_upstream_never_the_kernel(upstreams, session_factory, probe, server):

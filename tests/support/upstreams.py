@@ -1,5 +1,6 @@
 """Real upstream servers for the egress tests, on 127.0.0.1 only: an HTTP server and an HTTPS one
-with a test CA of their own (trusted by the proxy through egress.upstream_ca_file), and the
+with a test CA of their own (trusted by the proxy through egress.upstream_ca_file), a WebSocket
+echo server (plain or TLS), and the
 loopback hop that stands in for the in-sandbox bridge (TCP on 127.0.0.1 → the session's unix
 socket), so ordinary clients (httpx) can use the proxy."""
 
@@ -99,13 +100,17 @@ class _Files(SimpleHTTPRequestHandler):
         pass
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # many clients at once (bench/egress_fleet.py), not socketserver's 5
+
+
 class Upstream:
     """A threaded HTTP(S) server on 127.0.0.1 that records what it received (``seen``); with
     ``files``, a static file server of that directory instead (a git repository over "dumb" HTTP)."""
 
     def __init__(self, tls_cert: Path | None = None, files: Path | None = None) -> None:
         handler: Any = _Handler if files is None else functools.partial(_Files, directory=str(files))
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = _Server(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.httpd.seen = []  # type: ignore[attr-defined]
         if tls_cert is not None:
@@ -123,6 +128,34 @@ class Upstream:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class WebSocketEcho:
+    """A WebSocket server on 127.0.0.1 (``websockets``; TLS with ``tls_cert``) that echoes each
+    message and records each handshake's headers (``seen``)."""
+
+    def __init__(self, tls_cert: Path | None = None) -> None:
+        from websockets.sync.server import ServerConnection, serve
+
+        ctx = None
+        if tls_cert is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(tls_cert)
+        self.seen: list[dict[str, str]] = []
+
+        def echo(ws: ServerConnection) -> None:
+            assert ws.request is not None
+            self.seen.append({k.lower(): v for k, v in ws.request.headers.raw_items()})
+            for message in ws:
+                ws.send(message)
+
+        self.server = serve(echo, "127.0.0.1", 0, ssl=ctx)
+        self.port = self.server.socket.getsockname()[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
 
 
 class Loop:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import select
 import socket
 import socketserver
 import threading
@@ -82,7 +83,12 @@ def test_a_socket_nobody_listens_on_is_a_503(bridge):
     assert answer.startswith(f"HTTP/1.1 503 {NOT_ANSWERING}".encode()), answer
 
 
-def test_relays_both_ways_through_bounded_buffers_and_passes_the_half_close(bridge):
+@pytest.mark.parametrize("splice", [True, False], ids=["splice", "copy"])
+def test_relays_both_ways_through_bounded_buffers_and_passes_the_half_close(bridge, monkeypatch, splice):
+    if not splice:  # where os.splice is missing, or no pipe can be had
+        monkeypatch.setattr(egress_bridge, "SPLICE", None)
+    elif egress_bridge.SPLICE is None:
+        pytest.skip("os.splice is Linux-only")
     port, path = bridge
     server = _echo_server(path)
     payload = os.urandom(8 << 20)  # 128 times the bridge's buffer, both ways at once
@@ -102,6 +108,48 @@ def test_relays_both_ways_through_bounded_buffers_and_passes_the_half_close(brid
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_client_that_stops_reading_holds_the_buffers_not_the_download(bridge):
+    """The bridge stops reading the proxy's side once its pipe is full: the sender stalls, the
+    bridge's memory does not grow with what is sent, and nothing is lost when reading resumes."""
+    port, path = bridge
+    size = 64 << 20
+    payload = os.urandom(size)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+            client.sendall(b"hello")
+            server, _ = listener.accept()
+            with server:
+                assert server.recv(5) == b"hello"
+                server.setblocking(False)
+                sent, stalls = 0, 0
+                while stalls < 20:  # the bridge stops taking bytes while the client reads none
+                    try:
+                        sent += server.send(memoryview(payload)[sent:sent + (1 << 20)])
+                        stalls = 0
+                    except BlockingIOError:
+                        stalls += 1
+                        select.select([], [server], [], 0.05)
+                # socket buffers on both hops (a few MB on loopback) and one pipe: not the 64 MB
+                assert sent < 24 << 20
+                server.setblocking(True)
+                t = threading.Thread(target=server.sendall, args=(memoryview(payload)[sent:],))
+                t.start()
+                got = hashlib.sha256()
+                n = 0
+                while n < size:
+                    chunk = client.recv(1 << 20)
+                    assert chunk
+                    got.update(chunk)
+                    n += len(chunk)
+                t.join()
+        assert got.digest() == hashlib.sha256(payload).digest()
+    finally:
+        listener.close()
 
 
 def test_connections_beyond_the_cap_wait_in_the_backlog(bridge, monkeypatch):

@@ -46,7 +46,7 @@ from harness import (
     write_section,
 )
 from scale import session_trees
-from servers import KmServer
+from servers import AS_DEPLOYED, KmServer
 
 from tests.support.procfs import descendants, mem_kb, ptable, tree_mem, uid_of
 
@@ -177,7 +177,7 @@ async def sessions_pss(n: int, env: dict[str, str], from_pool: bool) -> tuple[di
             "KERNELMODE_SESSIONS__POOL_MAX": str(n if from_pool else 0),
             # no refill while measuring: pool kernels alive would split the shared pages further
             "KERNELMODE_SESSIONS__POOL_REFILL_DELAY_SECONDS": "86400"}
-    km = KmServer("kernel-memory-pandas", {**pool, **env}, backend="bwrap")
+    km = KmServer("kernel-memory-pandas", {**AS_DEPLOYED, **pool, **env}, backend="bwrap")
     km.start()
     assert km.ctl is not None
     sids: list[str] = []

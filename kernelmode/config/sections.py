@@ -191,8 +191,8 @@ class SessionSettings(_Section):
     pool_size: int = Field(2, ge=0)
     """Warm kernels kept ready at all times, the pool's floor (not counted in `max_sessions`).
     After a burst of creates the pool grows above it, up to `pool_max` (see `pool_memory_mb`).
-    Each costs, idle with the default `pool_preimport`, ~80 MB PSS and ~1 CPU-s to make; a
-    first burst larger than the pool waits for cold starts (about two a second on 2 cores)."""
+    Each costs, idle with the default `pool_preimport`, ~80 MB PSS and ~0.75-1 CPU-s to make; a
+    first burst larger than the pool waits for cold starts (two to three a second on 2 cores)."""
     pool_max: int = Field(20, ge=0)
     """Most warm kernels kept ready: after a burst the pool holds as many as the most creates
     seen in any 10 s of the last 10 minutes, between `pool_size` and this (a value below

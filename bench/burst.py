@@ -6,7 +6,7 @@ Run:  .venv/bin/python bench/burst.py [--n 20] [--rounds 2] [--before REF | --no
 Two `kernelmode serve` started with the defaults (bwrap): one from ``--before`` (a git ref,
 default the merge base with main: the code before this branch; exported to a scratch folder)
 and one from this checkout. Round by round, alternating which goes first, each gets one burst
-while the other idles: the server's warm pool is left to settle (no kernel starting), then N
+while the other idles: both servers' warm pools are left to settle (no kernel starting), then N
 concurrent ``POST /v1/sessions`` each followed at once by ``import pandas as pd; 1+1`` in that
 session (each session also stores a marker of its own and checks that it sees no other's). A
 503 with ``Retry-After`` is honoured (the create is retried after it); any other failure counts
@@ -189,6 +189,11 @@ async def run(args: argparse.Namespace) -> int:
             names = list(servers)
             for rnd in range(args.rounds):
                 for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+                    # Every server settled, not only this one: the other's pool, refilling after
+                    # its own burst (20 kernels importing pandas), would take the cores from this one.
+                    for other in names:
+                        if other != name:
+                            await settle(servers[other])
                     pools[name].append(await settle(servers[name]))
                     res = await burst(clients[name], args.n, f"r{rnd}")
                     results[name].append(res)

@@ -56,9 +56,12 @@ from tests.support.server import Server, start_server
 
 _SESSIONS = SessionSettings()
 # start_server's settings for the tests that are not the service's defaults (the reaper every
-# 0.5 s, a longer interrupt grace) set back: an A/B of the manager's own work runs it as deployed.
+# 0.5 s, a longer interrupt grace, no pool preimport, a pool ceiling of 4) set back: an A/B of the
+# manager's own work, or a burst, runs it as deployed.
 AS_DEPLOYED = {"KERNELMODE_SESSIONS__REAP_INTERVAL_SECONDS": str(_SESSIONS.reap_interval_seconds),
-               "KERNELMODE_SESSIONS__INTERRUPT_GRACE_SECONDS": str(_SESSIONS.interrupt_grace_seconds)}
+               "KERNELMODE_SESSIONS__INTERRUPT_GRACE_SECONDS": str(_SESSIONS.interrupt_grace_seconds),
+               "KERNELMODE_SESSIONS__POOL_PREIMPORT": json.dumps(_SESSIONS.pool_preimport),
+               "KERNELMODE_SESSIONS__POOL_MAX": str(_SESSIONS.pool_max)}
 
 
 # -- another checkout's code ---------------------------------------------------------------------

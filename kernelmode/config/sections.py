@@ -190,7 +190,9 @@ class SessionSettings(_Section):
     error (MCP, whose sessions count too)."""
     pool_size: int = Field(2, ge=0)
     """Warm kernels kept ready at all times, the pool's floor (not counted in `max_sessions`).
-    After a burst of creates the pool grows above it, up to `pool_max` (see `pool_memory_mb`)."""
+    After a burst of creates the pool grows above it, up to `pool_max` (see `pool_memory_mb`).
+    Each costs, idle with the default `pool_preimport`, ~80 MB PSS and ~0.75-1 CPU-s to make; a
+    first burst larger than the pool waits for cold starts (two to three a second on 2 cores)."""
     pool_max: int = Field(20, ge=0)
     """Most warm kernels kept ready: after a burst the pool holds as many as the most creates
     seen in any 10 s of the last 10 minutes, between `pool_size` and this (a value below
@@ -210,7 +212,8 @@ class SessionSettings(_Section):
     pool_parallel_starts: int = Field(4, ge=1, le=64)
     """Kernel starts under way at once (a create's own and the pool's refills; a create's go
     first). A start waits on I/O part of its time, so about twice the machine's cores; many
-    more only make each start slower."""
+    more only make each start slower. Measured on 2 cores: one at a time gave a first burst the
+    best median on a quiet machine and the worst on a loaded one, unbounded the best tail."""
     pool_refill_delay_seconds: float = Field(0.5, ge=0, description="Wait after a take before refilling.")
     create_queue_seconds: float = Field(30.0, ge=0)
     """How long a create that misses the pool may expect to wait before its kernel start

@@ -20,18 +20,18 @@ scores depend on, tools it may not call.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-
-import bm25s
-import numpy as np
-import Stemmer
-from bm25s.stopwords import STOPWORDS_EN_PLUS
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequest
 from .base import ToolInfo, ToolMatch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["MAX_LIMIT", "MAX_QUERY_CHARS", "ToolMatch", "ToolSearch", "check_query", "tokens", "tool_limit"]
 
@@ -42,12 +42,12 @@ _SYNONYM_WEIGHT = 0.5
 _NAME_BONUS = 0.5  # times the best BM25 score, for a name the query says whole
 _KEEP_INDEXES = 8
 
-# English stop words (bm25s's NLTK-like list) but those that name things tools do ("mouse up",
-# "all cookies", "before a date"), and the padding of requests ("please", "I want to").
-_STOP = (frozenset(STOPWORDS_EN_PLUS) - {"up", "down", "all", "off", "out", "on", "over", "under", "before",
-                                          "after", "no", "not", "same", "again"}) | frozenset(
-    "please need needs want wants using via can could would may might also everything something "
-    "anything some still several whats let lets".split())
+# Not English stop words though in bm25s's NLTK-like list: they name things tools do ("mouse
+# up", "all cookies", "before a date"); and words that are, the padding of requests ("please").
+_KEEP_WORDS = {"up", "down", "all", "off", "out", "on", "over", "under", "before", "after", "no", "not", "same",
+               "again"}
+_PADDING = ("please need needs want wants using via can could would may might also everything something "
+            "anything some still several whats let lets").split()
 
 # Words an agent and a tool description use for the same thing (stems after the stemmer).
 _SYNONYM_GROUPS = [
@@ -117,28 +117,42 @@ _SYNONYM_GROUPS = [
 ]
 
 
-_stemmer = Stemmer.Stemmer("english")
 _stem_lock = threading.Lock()  # PyStemmer's stemmer objects are not thread-safe
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _WORD = re.compile(r"[a-z0-9]+")
 
 
+@functools.cache
+def _lexicon() -> tuple[frozenset[str], Any]:
+    """(stop words, the stemmer), loaded at the first search: bm25s and PyStemmer (numpy with
+    them) are ~80 ms of imports that a server's start, and the stdio MCP server's first answer,
+    need not wait for."""
+    import Stemmer
+    from bm25s.stopwords import STOPWORDS_EN_PLUS
+
+    return (frozenset(STOPWORDS_EN_PLUS) - _KEEP_WORDS) | frozenset(_PADDING), Stemmer.Stemmer("english")
+
+
 def _words(text: str) -> list[str]:
-    return [w for w in _WORD.findall(_CAMEL.sub(" ", text).lower()) if w not in _STOP]
+    stop = _lexicon()[0]
+    return [w for w in _WORD.findall(_CAMEL.sub(" ", text).lower()) if w not in stop]
 
 
 def tokens(text: str) -> list[str]:
     """The stems of ``text``'s words: snake_case and camelCase split, stop words out."""
     words = _words(text)
     with _stem_lock:
-        return list(_stemmer.stemWords(words)) if words else []
+        return list(_lexicon()[1].stemWords(words)) if words else []
 
 
-_SYNONYMS: dict[str, set[str]] = {}
-for _group in _SYNONYM_GROUPS:
-    _stems = set(tokens(_group))
-    for _s in _stems:
-        _SYNONYMS.setdefault(_s, set()).update(_stems - {_s})
+@functools.cache
+def _synonyms() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for group in _SYNONYM_GROUPS:
+        stems = set(tokens(group))
+        for s in stems:
+            out.setdefault(s, set()).update(stems - {s})
+    return out
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -203,6 +217,8 @@ class _Index:
 
     def __init__(self, infos: Sequence[ToolInfo]) -> None:
         self.infos = list(infos)
+        import bm25s
+
         docs = [_cached_document(i) for i in self.infos]
         self.bm25 = bm25s.BM25()
         self.bm25.index(docs, show_progress=False)
@@ -214,8 +230,11 @@ class _Index:
         return self.bm25.get_scores_from_ids(ids) if ids else None
 
     def rank(self, query: str, limit: int) -> list[ToolMatch]:
+        import numpy as np
+
         stems = list(dict.fromkeys(tokens(query)))
-        extra = list(dict.fromkeys(s for q in stems for s in sorted(_SYNONYMS.get(q, ())) if s not in stems))
+        synonyms = _synonyms()
+        extra = list(dict.fromkeys(s for q in stems for s in sorted(synonyms.get(q, ())) if s not in stems))
         total = np.zeros(len(self.infos), dtype=np.float64)
         for part, weight in ((stems, 1.0), (extra, _SYNONYM_WEIGHT)):
             scores = self._scores(part)

@@ -1,0 +1,36 @@
+"""What a start imports: `kernelmode serve` and the stdio MCP server (`kernelmode mcp`, launched
+by an MCP host on every start) load the service's modules before they answer, and each module
+they load costs start time. Heavy libraries that only a later request needs are imported when
+it comes (issue 33): tool search's bm25s, PyStemmer and numpy (~80 ms) at the first search."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LATER = ("numpy", "bm25s", "Stemmer")  # tools/search.py, at the first search
+
+
+def _loaded(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_a_start_does_not_import_what_only_a_search_needs() -> None:
+    loaded = _loaded("import kernelmode.cli, kernelmode.mcp.stdio, kernelmode.server")
+    assert not loaded & set(LATER), f"imported at start: {sorted(loaded & set(LATER))}"
+
+
+def test_the_first_search_imports_them_and_ranks() -> None:
+    loaded = _loaded(
+        "from kernelmode.tools.base import ToolInfo\n"
+        "from kernelmode.tools.search import ToolSearch\n"
+        "infos = [ToolInfo(name='github.list_commits', description='List the commits of a repository.',"
+        " signature='list_commits(repo)', namespace='github'),"
+        " ToolInfo(name='mail.send', description='Send an email.', signature='send(to)', namespace='mail')]\n"
+        "assert [m.name for m in ToolSearch().search(infos, 'commits of a repo')][:1] == ['github.list_commits']")
+    assert set(LATER) <= loaded

@@ -186,6 +186,8 @@ class KernelsHandler(JupyterHandler):
 
 
 class KernelHandler(JupyterHandler):
+    forward_by = "kernel"
+
     async def get(self, kernel_id: str) -> None:
         self.send(self.kernel_model(self.session_of(kernel_id)))
 
@@ -202,6 +204,8 @@ class KernelHandler(JupyterHandler):
 
 
 class KernelInterruptHandler(JupyterHandler):
+    forward_by = "kernel"
+
     async def post(self, kernel_id: str) -> None:
         await self.services.sessions.interrupt(self.session_of(kernel_id).session_id)
         self.set_status(204)
@@ -209,6 +213,8 @@ class KernelInterruptHandler(JupyterHandler):
 
 
 class KernelRestartHandler(JupyterHandler):
+    forward_by = "kernel"
+
     async def post(self, kernel_id: str) -> None:
         info = await self.services.sessions.restart(self.session_of(kernel_id).session_id)
         self.send(self.kernel_model(info))
@@ -227,6 +233,7 @@ class JupyterChannelsHandler(ChannelsHandler):
     Jupyter clients, in the v1 binary protocol or the legacy JSON one."""
 
     allow_legacy = True
+    forward_by = "kernel"
 
     def session_of(self, principal: Principal, ref: str) -> str:
         return find_session(self.services.sessions, principal, ref).session_id

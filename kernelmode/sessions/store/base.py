@@ -170,6 +170,19 @@ class SessionStore(ABC):
         row = self._row("SELECT tenant FROM owners WHERE session_id=?", (session_id,))
         return row[0] if row else None
 
+    # -- MCP connections: the manager whose SDK holds each (api/forwarding.py) ---------------------
+    def record_mcp_session(self, mcp_session_id: str, manager_id: str) -> None:
+        self._run("INSERT INTO mcp_sessions (mcp_session_id, manager_id) VALUES (?, ?) "
+                  "ON CONFLICT (mcp_session_id) DO UPDATE SET manager_id=excluded.manager_id",
+                  (mcp_session_id, manager_id))
+
+    def mcp_session_manager(self, mcp_session_id: str) -> str | None:
+        row = self._row("SELECT manager_id FROM mcp_sessions WHERE mcp_session_id=?", (mcp_session_id,))
+        return row[0] if row else None
+
+    def forget_mcp_session(self, mcp_session_id: str) -> None:
+        self._run("DELETE FROM mcp_sessions WHERE mcp_session_id=?", (mcp_session_id,))
+
     def workspace(self, session_id: str) -> Path | None:
         row = self._row("SELECT workspace FROM sessions WHERE session_id=?", (session_id,))
         return Path(row[0]) if row and row[0] else None

@@ -74,6 +74,13 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX leases_by_expiry ON leases (expires_at);
     """,
+    # 2: which manager holds each MCP connection (api/forwarding.py routes its requests there).
+    """
+    CREATE TABLE mcp_sessions (
+        mcp_session_id TEXT PRIMARY KEY,
+        manager_id TEXT NOT NULL
+    );
+    """,
 )
 
 

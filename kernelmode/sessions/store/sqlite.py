@@ -61,6 +61,11 @@ CREATE TABLE IF NOT EXISTS leases (
     manager_id TEXT NOT NULL,
     expires_at REAL NOT NULL
 );
+-- Which manager holds each MCP connection (api/forwarding.py routes its requests there).
+CREATE TABLE IF NOT EXISTS mcp_sessions (
+    mcp_session_id TEXT PRIMARY KEY,
+    manager_id TEXT NOT NULL
+);
 """
 
 

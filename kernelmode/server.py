@@ -24,6 +24,7 @@ from tornado import httpserver, web
 from tornado.netutil import bind_sockets
 
 from . import readiness
+from .api.forwarding import Router
 from .api.handlers import NotFoundHandler, route_table
 from .api.jupyter_api import jupyter_routes
 from .artifacts.base import ArtifactStore
@@ -79,6 +80,7 @@ class KernelmodeApp:
         self.services: Services | None = None  # what the front doors get, once started
         self.mcp: KernelmodeMCP | None = None  # the MCP tools (mcp_server()), for /mcp and stdio
         self.mcp_http: McpHttp | None = None
+        self.router: Router | None = None  # forwarding to other managers (PostgreSQL store)
         self._gateway_watch: asyncio.Task[None] | None = None
         self._lease: asyncio.Task[None] | None = None
         self._stopping = False
@@ -253,16 +255,23 @@ class KernelmodeApp:
                                        s.sandbox.backend, ToolBroker(self.tools, s.tool_calls),
                                        self.harvester, self.policy, self.ownership)
         await self.sessions.start(running_kernels)
+        if self.ownership.active:  # several managers: a session's requests go to its owner
+            store = self.store
+            self.router = Router(self.sessions, store, self.ownership, s.store.lease_seconds,
+                                 lambda manager_id: store.managers.live().get(manager_id))
         self.services = services = Services(
             settings=s, tenants=self.tenants, tools=self.tools, sessions=self.sessions,
             gateway=self.gateway, artifact_store=self.artifact_store, metrics=self.sessions.metrics,
-            readiness=self.readiness)
+            readiness=self.readiness, router=self.router)
         routes = route_table(services)
         routes += [(pattern, handler, {"services": services}) for pattern, handler in jupyter_routes()]
         if s.mcp.enabled:
             from .mcp.http import McpHandler, McpHttp
 
             self.mcp_http = McpHttp(self.mcp_server(), s.mcp.max_request_bytes)
+            if self.router is not None:  # where each MCP connection lives, for the other managers
+                self.mcp_http.record = self.router.record_mcp
+                self.mcp_http.forget = self.router.forget_mcp
             await self.mcp_http.start()
             # First: tornado tries the rules in order, and /mcp is the agents' hot path.
             routes.insert(0, (r"/mcp/?", McpHandler, {"services": services, "mcp_http": self.mcp_http}))
@@ -419,6 +428,8 @@ class KernelmodeApp:
             self.http.stop()
         if self.mcp_http is not None:
             await self.mcp_http.stop()
+        if self.router is not None:
+            await self.router.forwarder.close()
         if getattr(self, "sessions", None) is not None:
             # An external gateway keeps running, with the kernels of live sessions: adoptable.
             await self.sessions.stop(keep_sessions=bool(self.settings.gateway.url))

@@ -106,6 +106,12 @@ class Router:
             return None
         return self.manager_urls(manager)
 
+    def record_mcp(self, mcp_session_id: str) -> None:
+        self.store.record_mcp_session(mcp_session_id, self.manager_id)
+
+    def forget_mcp(self, mcp_session_id: str) -> None:
+        self.store.forget_mcp_session(mcp_session_id)
+
     def gone(self, url: str, error: Exception) -> ManagerGone:
         lease = self.lease_seconds
         return ManagerGone(

@@ -79,8 +79,10 @@ class BaseClient:
             return False
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
             return True  # the request never reached the server
-        if r is not None and r.status_code == 503 and _code(r) == "server_busy":
-            return True  # refused before anything was done (a burst): any request may come again
+        if r is not None and r.status_code == 503 and _code(r) in ("server_busy", "owner_moved"):
+            # Refused before anything was done (a burst; the session's owner changed while the
+            # request was forwarded between managers): any request may come again.
+            return True
         return r is not None and call.route.retry_safe and r.status_code in _RETRYABLE_STATUS
 
     @staticmethod

@@ -212,6 +212,8 @@ class Relay:
     async def _stream(self, response: httpx.Response) -> bool:
         """The owner's status, headers and body to the client: False if either side hung up midway."""
         h = self.handler
+        if isinstance(h.request.connection, HTTP1Connection):  # several writes: Nagle would hold
+            h.request.connection.stream.set_nodelay(True)  # the last for the client's ACK
         h.set_status(response.status_code, response.reason_phrase or "Unknown")
         for name in ("Content-Type", "Cache-Control"):
             h.clear_header(name)

@@ -146,6 +146,34 @@ def test_mcp_client_through_the_round_robin_balancer(three: Managers) -> None:
     assert "20" in outs[-1], outs
 
 
+def test_python_client_and_consoles_through_the_round_robin_balancer(three: Managers) -> None:
+    """A client behind a balancer that sends each request (and each websocket) to the next
+    manager does not notice: its runs, files and three console connections (one per manager)
+    see one session."""
+    with RoundRobin([m.url for m in three.servers]) as lb, Client(lb.url, three.token, timeout=120) as km:
+        with km.create_session() as s:
+            for code in ("total = 0", "total += 1", "total += 1", "total += 1"):
+                assert s.run(code).status == "ok"
+            s.upload("note.txt", b"through the balancer")
+            assert s.download("note.txt") == b"through the balancer"
+            ws_url = "ws" + lb.url.removeprefix("http") + f"/api/kernels/{uuid.UUID(hex=s.id)}/channels"
+            for _ in range(3):
+                with connect(ws_url, additional_headers={"Authorization": f"Bearer {three.token}"},
+                             open_timeout=60) as ws:
+                    msg = JupyterSession(key=b"", username="person").msg(
+                        "execute_request", {"code": "total += 10; total", "silent": False, "store_history": True,
+                                            "user_expressions": {}, "allow_stdin": False})
+                    ws.send(json.dumps({**msg, "channel": "shell"}, default=str))
+                    while True:
+                        got = json.loads(ws.recv(timeout=120))
+                        if got["msg_type"] == "execute_result" and \
+                                got["parent_header"]["msg_id"] == msg["header"]["msg_id"]:
+                            break
+            assert got["content"]["data"]["text/plain"] == "33"
+            assert s.run("print(total)").stdout.strip() == "33"
+        assert len(set(lb.sent)) == 3
+
+
 def test_a_forwarded_request_is_never_forwarded_again(three: Managers) -> None:
     """B gets a request marked as forwarded for a session A owns: it answers 503 owner_moved
     (the client sends it again) instead of passing it on a second time."""

@@ -77,11 +77,16 @@ def test_created_through_a_run_through_b_console_through_c(three: Managers) -> N
 
 
 def test_jupyter_kernel_channels_through_another_manager(three: Managers) -> None:
-    """What JupyterLab attaches to (/api/kernels/{id}/channels, legacy JSON) on a non-owner."""
+    """What JupyterLab lists (/api/kernels) and attaches to (/api/kernels/{id}/channels, legacy
+    JSON) on a non-owner."""
     with client(three, 0) as a:
         s = a.create_session()
         try:
             s.run("jup = 'seen'")
+            kid = str(uuid.UUID(hex=s.id))
+            for m in three.servers:  # JupyterLab's kernel list is the same whichever manager it asks
+                listed = httpx.get(m.url + "/api/kernels", headers={"Authorization": f"Bearer {three.token}"}).json()
+                assert kid in [k["id"] for k in listed], (m.url, listed)
             ws_url = "ws" + three[1].url.removeprefix("http") + f"/api/kernels/{uuid.UUID(hex=s.id)}/channels"
             with connect(ws_url, additional_headers={"Authorization": f"Bearer {three.token}"},
                          open_timeout=60) as ws:

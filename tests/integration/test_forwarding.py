@@ -151,6 +151,29 @@ def test_mcp_client_through_the_round_robin_balancer(three: Managers) -> None:
     assert "20" in outs[-1], outs
 
 
+def test_a_queued_run_is_followed_through_another_manager(three: Managers) -> None:
+    """A run queued behind another on its owner is not in the store yet: polling it through
+    another manager still finds it (the others are asked), and its answer is the owner's."""
+    auth = {"Authorization": f"Bearer {three.token}"}
+    with client(three, 0) as a, httpx.Client(base_url=three[1].url, headers=auth, timeout=120) as b:
+        s = a.create_session()
+        try:
+            first = a.execute(s.id, "import time; time.sleep(3)", wait_seconds=0)
+            queued = a.execute(s.id, "print('after')", wait_seconds=0)
+            assert first.status == queued.status == "running"
+            seen = b.get(f"/v1/runs/{queued.run_id}")
+            assert seen.status_code == 200, seen.text
+            assert seen.json()["run_id"] == queued.run_id
+            progress = seen.json()
+            while not progress["done"]:
+                progress = b.get(f"/v1/runs/{queued.run_id}", params={
+                    "wait_seconds": 30, "offset": progress["next_offset"]}).json()
+            assert progress["result"]["stdout"] == "after\n"
+            assert b.get(f"/v1/runs/{'0' * 32}").status_code == 404  # unknown everywhere
+        finally:
+            s.close()
+
+
 def test_python_client_and_consoles_through_the_round_robin_balancer(three: Managers) -> None:
     """A client behind a balancer that sends each request (and each websocket) to the next
     manager does not notice: its runs, files and three console connections (one per manager)

@@ -76,8 +76,8 @@ class Router:
             return None
         url = self.ownership.owner_url(session_id)
         if url is not None and forwarded:
-            raise SessionOwnedElsewhere(f"session {session_id!r} moved to another manager while this request was "
-                             "forwarded: send it again")
+            raise SessionOwnedElsewhere(f"session {session_id!r} is owned by the manager at {url} (it changed "
+                                        "hands while this request was forwarded): send it again")
         return url
 
     def for_run(self, run_id: str, forwarded: bool) -> str | None:

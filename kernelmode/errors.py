@@ -45,10 +45,14 @@
     │   └── GatewayUnavailable       (503 gateway_unavailable)
     ├── KernelUnavailable            (503 kernel_unavailable) the session's kernel cannot run code
     │   ├── FilesTimeout             (503 files_timeout)      no answer to a file request in time
-    │   └── RestartCut               (503 restart_cut)        a restart cut a kernel's readying short
-    │                                                           (sessions/readying.py; answered in place)
+    │   ├── RestartCut               (503 restart_cut)        a restart cut a kernel's readying short
+    │   │                                                       (sessions/readying.py; answered in place)
+    │   └── SessionOwnedElsewhere    (503 session_owned_elsewhere) another manager owns the session,
+    │                                                           or will once it adopts it (retry)
     ├── StoreError                   (502 store_error)        the artifact store failed
     ├── SessionStoreUnavailable      (503 session_store_unavailable) PostgreSQL (store.url) did not answer
+    ├── ManagerGone                  (503 manager_gone)       the session's manager does not answer;
+    │                                                           another adopts it within the lease
     ├── FileTransferFailed           (502 file_transfer_failed) the kernel's file agent answered wrongly
     ├── ToolFailed                   (502 tool_failed)        a host tool gave no result
     ├── PackageFetchFailed           (502 package_fetch_failed) the package index or pip failed
@@ -323,6 +327,13 @@ class RestartCut(KernelUnavailable):
     code = "restart_cut"
 
 
+class SessionOwnedElsewhere(KernelUnavailable):
+    """Another manager sharing the store owns the session (or its dead owner's lease has not
+    expired yet, and a live manager adopts it soon): retry in a moment (sessions/ownership.py)."""
+
+    code = "session_owned_elsewhere"
+
+
 class StoreError(KernelmodeError):
     """The store could not keep or find an object (outage, refused, missing)."""
 
@@ -336,6 +347,16 @@ class SessionStoreUnavailable(KernelmodeError):
 
     code = "session_store_unavailable"
     http_status = 503
+
+
+class ManagerGone(KernelmodeError):
+    """The manager that owns the session (its lease) did not take the forwarded request
+    (connection refused or timed out): nothing was done; another manager adopts the session once
+    the lease expires (api/forwarding.py). REST adds a Retry-After of the lease bound."""
+
+    code = "manager_gone"
+    http_status = 503
+    retry_after_seconds = 10
 
 
 class FileTransferFailed(KernelmodeError):
@@ -406,7 +427,8 @@ ERRORS: dict[str, type[KernelmodeError]] = {cls.code: cls for cls in (
     PayloadTooLarge, WorkspaceFull, ImageTooLarge,
     TooManyRequests, TooManySessions, QuotaExceeded,
     SandboxUnavailable, ServerBusy, GatewayError, GatewayForbidden, GatewayUnavailable,
-    KernelUnavailable, FilesTimeout, RestartCut, StoreError, SessionStoreUnavailable,
+    KernelUnavailable, FilesTimeout, RestartCut, SessionOwnedElsewhere, StoreError, SessionStoreUnavailable,
+    ManagerGone,
     FileTransferFailed, ToolFailed, PackageFetchFailed,
     MessageTooLarge, IllegalTransition, FrameError, BridgeError, ServerUnreachable,
 )}

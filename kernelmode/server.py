@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from tornado import httpserver, web
 from tornado.netutil import bind_sockets
 
 from . import readiness
+from .api.forwarding import Router
 from .api.handlers import NotFoundHandler, route_table
 from .api.jupyter_api import jupyter_routes
 from .artifacts.base import ArtifactStore
@@ -42,6 +44,7 @@ from .sandbox.docker_engine import server_id
 from .sandbox.kernelspec import check_bwrap, install_kernelspec
 from .services import Services
 from .sessions import SessionManager
+from .sessions.ownership import Ownership
 from .sessions.store import SessionStore, new_manager_id, open_store
 from .tenants import Tenants
 from .tools.broker import ToolBroker
@@ -77,6 +80,7 @@ class KernelmodeApp:
         self.services: Services | None = None  # what the front doors get, once started
         self.mcp: KernelmodeMCP | None = None  # the MCP tools (mcp_server()), for /mcp and stdio
         self.mcp_http: McpHttp | None = None
+        self.router: Router | None = None  # forwarding to other managers (PostgreSQL store)
         self._gateway_watch: asyncio.Task[None] | None = None
         self._lease: asyncio.Task[None] | None = None
         self._stopping = False
@@ -242,28 +246,36 @@ class KernelmodeApp:
         scratch = self.data_dir / "scratch"
         scratch.mkdir(exist_ok=True, mode=0o700)
         self.harvester = Harvester(self.artifact_store, s.artifacts, scratch)
+        # Bound now (served once the routes exist): this manager's address goes in the store first.
+        socks = bind_sockets(s.server.port, s.server.host)
+        self.port = socks[0].getsockname()[1]
+        self.ownership = Ownership(self.store, s, self.manager_id, (s.server.advertise_url or self.url).rstrip("/"),
+                                   f"{socket.gethostname()}:{self.data_dir}")
         self.sessions = SessionManager(s, self.gateway, self.store, self.data_dir, dirs["state"],
                                        s.sandbox.backend, ToolBroker(self.tools, s.tool_calls),
-                                       self.harvester, self.policy)
+                                       self.harvester, self.policy, self.ownership)
         await self.sessions.start(running_kernels)
+        if self.ownership.active:  # several managers: a session's requests go to its owner
+            self.router = Router(self.sessions, self.store, self.ownership, s.store.lease_seconds)
         self.services = services = Services(
             settings=s, tenants=self.tenants, tools=self.tools, sessions=self.sessions,
             gateway=self.gateway, artifact_store=self.artifact_store, metrics=self.sessions.metrics,
-            readiness=self.readiness)
+            readiness=self.readiness, router=self.router)
         routes = route_table(services)
         routes += [(pattern, handler, {"services": services}) for pattern, handler in jupyter_routes()]
         if s.mcp.enabled:
             from .mcp.http import McpHandler, McpHttp
 
             self.mcp_http = McpHttp(self.mcp_server(), s.mcp.max_request_bytes)
+            if self.router is not None:  # where each MCP connection lives, for the other managers
+                self.mcp_http.record = self.router.record_mcp
+                self.mcp_http.forget = self.router.forget_mcp
             await self.mcp_http.start()
             # First: tornado tries the rules in order, and /mcp is the agents' hot path.
             routes.insert(0, (r"/mcp/?", McpHandler, {"services": services, "mcp_http": self.mcp_http}))
         app = web.Application(routes, default_handler_class=NotFoundHandler,
                               default_handler_args={"services": services})
         self.http = httpserver.HTTPServer(app, max_body_size=s.server.max_body_bytes, xheaders=False)
-        socks = bind_sockets(s.server.port, s.server.host)
-        self.port = socks[0].getsockname()[1]
         self.http.add_sockets(socks)
         self.harvester.public_url = (s.artifacts.public_url or self.url).rstrip("/")
 
@@ -414,6 +426,8 @@ class KernelmodeApp:
             self.http.stop()
         if self.mcp_http is not None:
             await self.mcp_http.stop()
+        if self.router is not None:
+            await self.router.forwarder.close()
         if getattr(self, "sessions", None) is not None:
             # An external gateway keeps running, with the kernels of live sessions: adoptable.
             await self.sessions.stop(keep_sessions=bool(self.settings.gateway.url))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .api.forwarding import Router
     from .artifacts.base import ArtifactStore
     from .config import Settings
     from .gateway.client import GatewayClient
@@ -34,3 +35,4 @@ class Services:
     artifact_store: ArtifactStore  # the local store serves its signed download links
     metrics: Metrics  # /metrics renders them
     readiness: Callable[[], Awaitable[dict[str, Any]]]  # /readyz: the checks of each part
+    router: Router | None = None  # several managers: which one serves a session (api/forwarding.py)

@@ -16,7 +16,9 @@ from ..errors import (
     BadJSON,
     InvalidRequest,
     KernelmodeError,
+    ManagerGone,
     ServerBusy,
+    SessionOwnedElsewhere,
     Unauthorized,
     from_wire,
 )
@@ -26,6 +28,7 @@ from ..models import (
 from ..protocol.frames import refuse_lone_surrogates
 from ..services import Services
 from ..tenants import ADMIN, Principal
+from .forwarding import FORWARDED_HEADER, Relay, open_relay
 
 log = logging.getLogger("kernelmode.api")
 M = TypeVar("M", bound=BaseModel)
@@ -51,6 +54,10 @@ class BaseHandler(web.RequestHandler):
     """
 
     public = False
+    # What the first URL argument names, for forwarding to the session's owner (forwarding.py):
+    # "session", "run" or "kernel" (a Jupyter kernel id); None: served by whichever manager.
+    forward_by: str | None = None
+    relay: Relay | None = None  # the request is being forwarded to the session's owner
     principal: Principal = ADMIN  # who sent the request (set by prepare from the token)
     rejected = False  # refused before its body was read: the body is dropped
     _body_chunks: list[bytes]
@@ -69,6 +76,8 @@ class BaseHandler(web.RequestHandler):
         self._body_chunks = []
         try:
             self.authenticate()
+            if self._forward_elsewhere():
+                return
             self.prepare_body()
         except (KernelmodeError, web.HTTPError) as e:
             status = e.http_status if isinstance(e, KernelmodeError) else e.status_code
@@ -86,9 +95,60 @@ class BaseHandler(web.RequestHandler):
     def prepare_body(self) -> None:
         """Check the headers and set up what the body will stream into."""
 
-    def data_received(self, chunk: bytes) -> None:
+    def forward_target(self) -> str | None:
+        """The base URL of the manager that owns what this request is about, if another."""
+        router = self.services.router
+        if router is None or self.forward_by is None or not self.path_args:
+            return None
+        find = {"session": router.for_session, "run": router.for_run, "kernel": router.for_kernel}
+        return find[self.forward_by](self.path_args[0], FORWARDED_HEADER in self.request.headers)
+
+    def forward_body_limit(self) -> int | None:
+        """The cap on a forwarded body (None: the server's max_body_bytes); the owner checks it too."""
+        return None
+
+    def _forward_elsewhere(self) -> bool:
+        """Start forwarding the request if another manager owns its session (the body streams on)."""
+        target = self.forward_target()
+        if target is None or self.services.router is None:
+            return False
+        self.relay = open_relay(self, self.services.router, target, self.forward_body_limit())
+        setattr(self, self.request.method.lower(), self._answer_from_owner)  # as _drain_then_answer
+        return True
+
+    async def _answer_from_owner(self, *_args: Any, **_kwargs: Any) -> None:
+        assert self.relay is not None
+        await self.relay.answer()
+
+    async def forward_whole(self, target: str) -> None:
+        """Forward a request whose body was read here (a create that names another's session)."""
+        assert self.services.router is not None
+        self.relay = Relay(self, self.services.router, target, body=self.body)
+        await self.relay.answer()
+
+    async def forward_unknown_run(self, run_id: str) -> bool:
+        """A run unknown here and to the store: forwarded to the manager that holds it, if one
+        does (queued there, not yet written); False if none does."""
+        router = self.services.router
+        if router is None or FORWARDED_HEADER in self.request.headers:
+            return False
+        target = await router.find_run(run_id, self.request.headers.get("Authorization", ""))
+        if target is None:
+            return False
+        await self.forward_whole(target)
+        return True
+
+    def on_connection_close(self) -> None:
+        if self.relay is not None:
+            self.relay.cancel()
+        super().on_connection_close()
+
+    def data_received(self, chunk: bytes) -> Any:
+        if self.relay is not None:
+            return self.relay.feed(chunk)  # awaited by tornado: the owner's pace
         if not self.rejected:  # the server's max_body_bytes caps the total
             self._body_chunks.append(chunk)
+        return None
 
     @property
     def body(self) -> bytes:
@@ -156,7 +216,7 @@ class BaseHandler(web.RequestHandler):
         self.set_header("Content-Type", "application/json")  # also where defaults are not JSON (/mcp)
         if status == 401:
             self.set_header("WWW-Authenticate", 'Bearer realm="kernelmode"')
-        if status == 429 or isinstance(error, ServerBusy):  # when to come back: the error's own figure, else its class's hint
+        if status == 429 or isinstance(error, (ServerBusy, ManagerGone, SessionOwnedElsewhere)):  # when to come back: the error's own figure, else its class's hint
             details = error.details if isinstance(error.details, dict) else {}
             retry: Any = details.get("retry_after_seconds") or getattr(error, "retry_after_seconds", 1)
             self.set_header("Retry-After", str(max(1, int(retry))))

@@ -26,6 +26,8 @@ from ..protocol.frames import CHANNELS, Bounds, decode_frame, encode_frame
 from ..services import Services
 from ..sessions.console_tap import ConsoleTap
 from ..tenants import Principal
+from .forward_ws import WsRelay
+from .forwarding import FORWARDED_HEADER
 
 log = logging.getLogger("kernelmode.api")
 
@@ -37,6 +39,8 @@ class ChannelsHandler(websocket.WebSocketHandler):
     _refused = False
     _legacy = False  # this client speaks the legacy JSON protocol
     allow_legacy = False  # the console speaks v1 only; Jupyter clients may speak either
+    forward_by = "session"  # what the URL names (forwarding.py's Router)
+    _relay: WsRelay | None = None  # forwarded to the manager that owns the session
 
     services: Services
 
@@ -76,6 +80,11 @@ class ChannelsHandler(websocket.WebSocketHandler):
         if principal is None:
             return self._refuse(Unauthorized("missing or wrong bearer token"))
         try:
+            if (relay := await self._forward_elsewhere(args[0])) is not None:
+                await super().get(*args, **kwargs)
+                if relay.pump is None:  # refused here (origin, version...)
+                    relay.close(1000, None)
+                return
             sid = self.session_of(principal, args[0])
             self.services.sessions.live_session(sid)  # unknown or lost: refused before the upgrade
             if not self._is_upgrade():  # before the upstream is opened: a plain GET would leak it
@@ -98,10 +107,32 @@ class ChannelsHandler(websocket.WebSocketHandler):
         connection = [part.strip().lower() for part in headers.get("Connection", "").split(",")]
         return headers.get("Upgrade", "").lower() == "websocket" and "upgrade" in connection
 
+    async def _forward_elsewhere(self, ref: str) -> WsRelay | None:
+        """Connect to the owner's websocket if another manager owns the session."""
+        router = self.services.router
+        if router is None:
+            return None
+        find = router.for_kernel if self.forward_by == "kernel" else router.for_session
+        target = find(ref, FORWARDED_HEADER in self.request.headers)
+        if target is None:
+            return None
+        if not self._is_upgrade():
+            raise WebsocketRequired("this route is a websocket: send "
+                                    f"`Upgrade: websocket` with the {WS_PROTOCOL} subprotocol")
+        limit = max(self.max_message_size, self.services.gateway.max_frame_bytes)
+        self._relay = await WsRelay.connect(self, router, target, limit)
+        return self._relay
+
     def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        if self._relay is not None:  # the owner chose
+            return self._relay.subprotocol
         return WS_PROTOCOL if WS_PROTOCOL in subprotocols else None
 
     def open(self, *args: Any, **kwargs: Any) -> None:
+        if self._relay is not None:
+            self.set_nodelay(True)
+            self._relay.start(self)
+            return
         if self.selected_subprotocol != WS_PROTOCOL:
             if not self.allow_legacy:
                 self.close(4400, f"speak the {WS_PROTOCOL} subprotocol")
@@ -117,6 +148,9 @@ class ChannelsHandler(websocket.WebSocketHandler):
         await self._upstream.send(encode_frame(msg, channel))
 
     async def on_message(self, message: str | bytes) -> None:
+        if self._relay is not None:
+            await self._relay.to_owner(message)
+            return
         if self._upstream is None or self._tap is None or self._refused:
             return
         if isinstance(message, str) != self._legacy:
@@ -175,6 +209,8 @@ class ChannelsHandler(websocket.WebSocketHandler):
             self.close(1001, "the kernel's connection closed")
 
     def on_close(self) -> None:
+        if self._relay is not None:
+            self._relay.close(self.close_code, self.close_reason)
         if self._pump is not None:
             self._pump.cancel()
         if self._tap is not None:

@@ -35,6 +35,8 @@ _ACTIVE_TYPES = {"text/html", "image/svg+xml", "application/xhtml+xml", "text/xm
 
 
 class FilesHandler(BaseHandler):
+    forward_by = "session"
+
     async def get(self, session_id: str) -> None:
         self.send(await self.services.sessions.list_files(self.own(session_id)))
 
@@ -42,6 +44,7 @@ class FilesHandler(BaseHandler):
 class FileHandler(BaseHandler):
     """Uploads stream to a spool file (not memory) under their own size cap."""
 
+    forward_by = "session"
     _spool: Any = None
     _received = 0
 
@@ -57,7 +60,12 @@ class FileHandler(BaseHandler):
             conn.set_max_body_size(cap + 1)
         self._spool = tempfile.SpooledTemporaryFile(max_size=1 << 20)  # noqa: SIM115
 
-    def data_received(self, chunk: bytes) -> None:
+    def forward_body_limit(self) -> int | None:
+        return self.services.settings.artifacts.max_upload_bytes + 1
+
+    def data_received(self, chunk: bytes) -> Any:
+        if self.relay is not None:
+            return self.relay.feed(chunk)
         self._received += len(chunk)
         if self._spool is not None and not self.rejected \
                 and self._received <= self.services.settings.artifacts.max_upload_bytes:
@@ -109,12 +117,16 @@ class FileHandler(BaseHandler):
 
 
 class ArtifactsHandler(BaseHandler):
+    forward_by = "session"
+
     async def get(self, session_id: str) -> None:
         self.send(ArtifactList(artifacts=await self.services.sessions.artifacts(self.own(session_id))))
 
 
 class NotebookHandler(BaseHandler):
     """The session's runs as an .ipynb (console runs included; also after the session is gone)."""
+
+    forward_by = "session"
 
     async def get(self, session_id: str) -> None:
         # Written run by run to a spool (on disk past 1 MiB), then sent in chunks: a long history

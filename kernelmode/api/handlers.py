@@ -12,6 +12,7 @@ from tornado import web
 from ..errors import (
     Forbidden,
     InvalidRequest,
+    RunNotFound,
     SessionNotFound,
 )
 from ..models import (
@@ -37,6 +38,7 @@ from .file_handlers import (
     NotebookHandler,
     PublicArtifactHandler,
 )
+from .forwarding import FORWARDED_HEADER
 from .openapi import openapi_document
 
 __all__ = ["BaseHandler", "NotFoundHandler", "all_routes", "route_table"]
@@ -71,11 +73,19 @@ class SessionsHandler(BaseHandler):
 
     async def post(self) -> None:
         req = self.body_model(SessionCreate)
+        # A fork checkpoints its source's live kernel: on the manager that owns the source.
+        router = self.services.router
+        if req.fork_of is not None and router is not None and (
+                target := router.for_session(req.fork_of, FORWARDED_HEADER in self.request.headers)):
+            await self.forward_whole(target)
+            return
         info = await self.services.sessions.create(req, self.principal)
         self.send(info, 201)
 
 
 class SessionHandler(BaseHandler):
+    forward_by = "session"
+
     async def get(self, session_id: str) -> None:
         self.send(self.services.sessions.get(self.own(session_id)))
 
@@ -86,6 +96,8 @@ class SessionHandler(BaseHandler):
 
 
 class ExecuteHandler(BaseHandler):
+    forward_by = "session"
+
     async def post(self, session_id: str) -> None:
         self.services.sessions.status(self.own(session_id))  # 404 before validating the body (no usage read)
         req = self.body_model(ExecuteRequest)
@@ -102,8 +114,15 @@ class RunHandler(BaseHandler):
     """Long-run polling: output since ``offset``; ``wait_seconds`` holds the answer until
     there is something new (or the run ends)."""
 
+    forward_by = "run"
+
     async def get(self, run_id: str) -> None:
-        run = self.services.sessions.get_run(run_id, self.principal)
+        try:
+            run = self.services.sessions.get_run(run_id, self.principal)
+        except RunNotFound:
+            if await self.forward_unknown_run(run_id):
+                return
+            raise
         try:
             offset = int(self.get_query_argument("offset", "0"))
             wait = float(self.get_query_argument("wait_seconds", "0"))
@@ -119,8 +138,15 @@ class RunHandler(BaseHandler):
 class ApprovalHandler(BaseHandler):
     """Approve or deny a tool call (or a run, for the code policy) that waits for approval."""
 
+    forward_by = "run"
+
     async def post(self, run_id: str, call_id: str) -> None:
-        self.services.sessions.get_run(run_id, self.principal)  # 404 (another tenant's too) first
+        try:
+            self.services.sessions.get_run(run_id, self.principal)  # 404 (another tenant's too) first
+        except RunNotFound:
+            if await self.forward_unknown_run(run_id):
+                return
+            raise
         req = self.body_model(ApprovalRequest)
         self.send(self.services.sessions.decide_approval(run_id, call_id, req.approve, req.reason,
                                                          self.principal))
@@ -143,11 +169,15 @@ class OneShotHandler(BaseHandler):
 
 
 class InterruptHandler(BaseHandler):
+    forward_by = "session"
+
     async def post(self, session_id: str) -> None:
         self.send(await self.services.sessions.interrupt(self.own(session_id)))
 
 
 class RestartHandler(BaseHandler):
+    forward_by = "session"
+
     async def post(self, session_id: str) -> None:
         self.send(await self.services.sessions.restart(self.own(session_id)))
 
@@ -155,17 +185,23 @@ class RestartHandler(BaseHandler):
 class PackagesHandler(BaseHandler):
     """Install packages into the session (kernelmode/packages/): the kernel stays offline."""
 
+    forward_by = "session"
+
     async def post(self, session_id: str) -> None:
         req = self.body_model(PackagesRequest)
         self.send(await self.services.sessions.install_packages(self.own(session_id), req.packages))
 
 
 class CheckpointHandler(BaseHandler):
+    forward_by = "session"
+
     async def post(self, session_id: str) -> None:
         self.send(await self.services.sessions.checkpoint(self.own(session_id)))
 
 
 class CheckpointsHandler(BaseHandler):
+    forward_by = "session"
+
     async def get(self, session_id: str) -> None:
         self.send(CheckpointList(checkpoints=self.services.sessions.list_checkpoints(self.own(session_id))))
 

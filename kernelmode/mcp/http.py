@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -27,8 +27,9 @@ from mcp.server.transport_security import TransportSecuritySettings
 from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
+from ..api.forwarding import FORWARDED_HEADER
 from ..api.handlers import BaseHandler
-from ..errors import PayloadTooLarge
+from ..errors import ManagerGone, PayloadTooLarge
 from ..services import Services
 from . import oversize
 from .app import KernelmodeMCP
@@ -41,6 +42,8 @@ log = logging.getLogger("kernelmode.mcp")
 
 # The SDK's own answer when no more connections may open (mcp.server.streamable_http_manager).
 _TOO_MANY = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"Too many open sessions"}}'
+# ... and for an id it does not hold: the client opens a new connection (MCP spec, session management).
+_UNKNOWN = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Session not found"}}'
 
 
 def tenant_user(tenant: str) -> AuthenticatedUser:
@@ -72,6 +75,9 @@ class McpHttp:
         self.conns = OpenConnections(mcp.cfg.max_sessions, mcp.cfg.max_sessions_per_tenant)
         # run_python/get_run of plain connections answered without the SDK's machinery (fastcall.py).
         self.fast = FastCalls(mcp) if mcp.cfg.json_answers and mcp.cfg.fast_calls else None
+        # Several managers: where each connection opened here is recorded (api/forwarding.py).
+        self.record: Callable[[str], None] | None = None
+        self.forget: Callable[[str], None] | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._reaper: asyncio.Task[None] | None = None
@@ -110,7 +116,7 @@ class McpHttp:
                     await self.close(sid, tenant)
                 except Exception:  # one connection's failure must not stop the reaper
                     log.exception("could not close idle MCP connection %s", sid[:16])
-                    self.conns.gone(sid)
+                    self.gone(sid)
 
     async def close(self, sid: str, tenant: str) -> int | None:
         """End a connection with a DELETE of its owner, through the SDK's public entry point;
@@ -131,8 +137,14 @@ class McpHttp:
                 status = message["status"]
 
         await self.manager.handle_request(scope, receive, send)
-        self.conns.gone(sid)
+        self.gone(sid)
         return status
+
+    def gone(self, sid: str) -> None:
+        """A connection ended (its owner's DELETE, idle, or unknown to the SDK)."""
+        self.conns.gone(sid)
+        if self.forget is not None:
+            self.forget(sid)
 
 
 class McpHandler(BaseHandler):
@@ -170,9 +182,33 @@ class McpHandler(BaseHandler):
         if isinstance(self.request.connection, HTTP1Connection):
             self.request.connection.set_max_body_size(limit)
 
-    def data_received(self, chunk: bytes) -> None:
+    def forward_target(self) -> str | None:
+        """Another manager's connection (its id recorded in the store): its URL. A forwarded
+        request is served here, where the SDK answers an id it does not hold with a 404."""
+        router, sid = self.services.router, self.request.headers.get(SESSION_HEADER)
+        if router is None or sid is None or self.mcp_http.conns.get(sid) is not None \
+                or FORWARDED_HEADER in self.request.headers:
+            return None
+        return router.for_mcp(sid)
+
+    def forward_body_limit(self) -> int | None:
+        return self.mcp_http.drain_limit
+
+    async def _answer_from_owner(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super()._answer_from_owner(*args, **kwargs)
+        except ManagerGone:  # its manager died with the connection: the client opens a new one
+            sid, router = self.request.headers.get(SESSION_HEADER), self.services.router
+            if sid is not None and router is not None:
+                router.forget_mcp(sid)
+            if not self._headers_written:
+                self._answer(404, _UNKNOWN)
+
+    def data_received(self, chunk: bytes) -> Any:
+        if self.relay is not None:
+            return self.relay.feed(chunk)
         if self.rejected:
-            return
+            return None
         self._received += len(chunk)
         if self._oversize is None and self._received > self.mcp_http.max_body_bytes:
             self._oversize = oversize.OversizeBody()  # from here on only its ends are kept
@@ -183,9 +219,11 @@ class McpHandler(BaseHandler):
             self._oversize.feed(chunk)
         else:
             self._body_chunks.append(chunk)
+        return None
 
     def on_connection_close(self) -> None:
         self._closed.set()
+        super().on_connection_close()
 
     async def get(self) -> None:
         await self._asgi()
@@ -221,7 +259,7 @@ class McpHandler(BaseHandler):
         with conns.using(own):
             status = await self._through_sdk(body, sid, own is not None and conn is not None and conn.plain)
         if own is not None and (status == 404 or (req.method == "DELETE" and status == 200)):
-            conns.gone(own)  # ended by its owner, or no longer known to the SDK
+            self.mcp_http.gone(own)  # ended by its owner, or no longer known to the SDK
 
     async def _through_sdk(self, body: bytes, sid: str | None, plain_conn: bool) -> int | None:
         """Hand the request to the SDK; the HTTP status it answered."""
@@ -291,6 +329,8 @@ class McpHandler(BaseHandler):
             if opening:  # the SDK keeps a connection it answered below 400 (its `established`)
                 if new_sid is not None and status is not None and status < 400:
                     self.mcp_http.conns.opened(new_sid, tenant, plain)
+                    if self.mcp_http.record is not None:
+                        self.mcp_http.record(new_sid)
                 else:
                     self.mcp_http.conns.not_opened(tenant)
         if not self._finished and not self._closed.is_set():
@@ -308,7 +348,7 @@ class McpHandler(BaseHandler):
         """An oversized request's MCP answer (oversize.py); its body was read and dropped."""
         assert self._oversize is not None
         if sid is not None and own is None:  # what the SDK answers for an id this caller has not
-            self._answer(404, b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Session not found"}}')
+            self._answer(404, _UNKNOWN)
             return
         with self.mcp_http.conns.using(own):  # activity: the idle countdown starts again
             status, body = oversize.answer(self._oversize, self.mcp_http.max_body_bytes)

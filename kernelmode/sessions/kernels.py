@@ -395,6 +395,8 @@ class Kernel:
                 self.env.egress.forget(self.kernel_id)
             with contextlib.suppress(KernelmodeError):
                 await self.env.gateway.shutdown_kernel(self.kernel_id)
+            if self.env.marks is not None:
+                self.env.marks.unmark(self.kernel_id)
         pop_death_record(self.env.state_dir, self.kernel_id)
 
     async def discard(self, shutdown: bool = True) -> None:

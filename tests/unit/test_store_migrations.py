@@ -41,7 +41,7 @@ def test_managers_starting_together_migrate_a_fresh_database_once(pg_cluster: Pg
             tables = {r[0] for r in conn.execute(
                 "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")}
         assert tables == {"kernelmode_schema", "sessions", "runs", "owners", "session_files", "checkpoints",
-                          "leases", "egress_tokens"}
+                          "leases", "egress_tokens", "managers", "pool_kernels", "mcp_sessions"}
 
 
 def test_a_database_of_a_newer_kernelmode_is_refused(pg_cluster: PgCluster) -> None:

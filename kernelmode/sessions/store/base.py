@@ -19,6 +19,7 @@ from typing import Any
 from ...models import Artifact, CheckpointInfo, RunResult, SessionInfo
 from .egress_tokens import EgressTokens
 from .leases import Leases
+from .managers import Managers
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 Args = Sequence[Any]
@@ -43,10 +44,13 @@ def micros(t: datetime) -> int:
 
 class SessionStore(ABC):
     """Sessions, runs, session files, checkpoints' metadata and leases; each call is one short
-    transaction. ``leases``: which manager owns which session (leases.py)."""
+    transaction. ``leases``: which manager owns which session (leases.py); ``managers``: the
+    managers sharing the store and their pool kernels (managers.py)."""
 
     leases: Leases
     egress_tokens: EgressTokens  # remote kernels' egress credentials (egress_tokens.py)
+    managers: Managers
+    shared = False  # several managers may use it at once (PostgreSQL): ownership.py takes leases
 
     # -- the backend's primitives ------------------------------------------------------------------
     @abstractmethod
@@ -86,10 +90,11 @@ class SessionStore(ABC):
         """The session's kernel is gone (with the `serve` that ran it); its files stay."""
 
     @abstractmethod
-    def mark_all_lost(self, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    def mark_all_lost(self, keep: set[str] | frozenset[str] = frozenset(), manager_id: str | None = None) -> list[str]:
         """Sessions of a previous `serve` whose kernels are gone (all but those in ``keep``,
         whose kernels were adopted, and the hibernated ones): their ids, in order; the records
-        are changed as ``mark_lost`` changes them."""
+        are changed as ``mark_lost`` changes them. ``manager_id``: the sessions another manager
+        holds an unexpired lease on are its own, and kept too (checked in the same statement)."""
 
     @abstractmethod
     def with_kernels(self, kernel_ids: set[str] | frozenset[str]) -> list[SessionInfo]:
@@ -171,6 +176,19 @@ class SessionStore(ABC):
         """The tenant of the id's records, or None (unknown id, or made before tenants existed)."""
         row = self._row("SELECT tenant FROM owners WHERE session_id=?", (session_id,))
         return row[0] if row else None
+
+    # -- MCP connections: the manager whose SDK holds each (api/forwarding.py) ---------------------
+    def record_mcp_session(self, mcp_session_id: str, manager_id: str) -> None:
+        self._run("INSERT INTO mcp_sessions (mcp_session_id, manager_id) VALUES (?, ?) "
+                  "ON CONFLICT (mcp_session_id) DO UPDATE SET manager_id=excluded.manager_id",
+                  (mcp_session_id, manager_id))
+
+    def mcp_session_manager(self, mcp_session_id: str) -> str | None:
+        row = self._row("SELECT manager_id FROM mcp_sessions WHERE mcp_session_id=?", (mcp_session_id,))
+        return row[0] if row else None
+
+    def forget_mcp_session(self, mcp_session_id: str) -> None:
+        self._run("DELETE FROM mcp_sessions WHERE mcp_session_id=?", (mcp_session_id,))
 
     def workspace(self, session_id: str) -> Path | None:
         row = self._row("SELECT workspace FROM sessions WHERE session_id=?", (session_id,))

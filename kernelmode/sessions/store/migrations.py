@@ -77,6 +77,27 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 2: remote kernels' egress credentials (a hash of each kernel's token).
     EGRESS_TOKENS,
+    # 3: the managers sharing the store (ownership.py), and the pool kernels each holds.
+    """
+    CREATE TABLE managers (
+        manager_id TEXT PRIMARY KEY,
+        url TEXT NOT NULL,               -- where the other managers reach it (server.advertise_url)
+        home TEXT NOT NULL,              -- host and data dir (managers.py: predecessors)
+        expires_at TIMESTAMPTZ NOT NULL
+    );
+    CREATE TABLE pool_kernels (
+        kernel_id TEXT PRIMARY KEY,
+        manager_id TEXT NOT NULL
+    );
+    CREATE INDEX leases_by_manager ON leases (manager_id);
+    """,
+    # 4: which manager holds each MCP connection (api/forwarding.py routes its requests there).
+    """
+    CREATE TABLE mcp_sessions (
+        mcp_session_id TEXT PRIMARY KEY,
+        manager_id TEXT NOT NULL
+    );
+    """,
 )
 
 

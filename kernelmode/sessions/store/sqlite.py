@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -16,6 +17,7 @@ from .base import Args, SessionStore, micros
 from .egress_tokens import SCHEMA as EGRESS_TOKENS
 from .egress_tokens import EgressTokens
 from .leases import SqliteLeases
+from .managers import SqliteManagers
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -63,6 +65,22 @@ CREATE TABLE IF NOT EXISTS leases (
     manager_id TEXT NOT NULL,
     expires_at REAL NOT NULL
 );
+-- The managers sharing the store and their pool kernels (managers.py): one, on SQLite.
+CREATE TABLE IF NOT EXISTS managers (
+    manager_id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    home TEXT NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS pool_kernels (
+    kernel_id TEXT PRIMARY KEY,
+    manager_id TEXT NOT NULL
+);
+-- Which manager holds each MCP connection (api/forwarding.py routes its requests there).
+CREATE TABLE IF NOT EXISTS mcp_sessions (
+    mcp_session_id TEXT PRIMARY KEY,
+    manager_id TEXT NOT NULL
+);
 """
 
 
@@ -104,6 +122,7 @@ class SqliteStore(SessionStore):
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self.leases = SqliteLeases(self._rows)
         self.egress_tokens = EgressTokens(self._rows, self._run)
+        self.managers = SqliteManagers(self._rows)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
@@ -189,15 +208,17 @@ class SqliteStore(SessionStore):
              info.session_id),
         )
 
-    def mark_all_lost(self, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    def mark_all_lost(self, keep: set[str] | frozenset[str] = frozenset(), manager_id: str | None = None) -> list[str]:
         """One statement over the status index."""
+        leased = ("AND session_id NOT IN (SELECT session_id FROM leases WHERE manager_id <> ? "
+                  "AND expires_at > ?) ") if manager_id is not None else ""
         # A hibernated session has no kernel to lose: it wakes as ever. Two ranges around 'lost'
         # and 'hibernated' (not NOT IN): the index finds the few live ones among many lost.
         rows = self._db.execute(
             "UPDATE sessions SET status = 'lost', info = json_set(info, '$.status', 'lost', '$.expires_at', "
             "json('null')) WHERE (status < 'hibernated' OR (status > 'hibernated' AND status < 'lost') "
-            "OR status > 'lost') AND session_id NOT IN (SELECT value FROM json_each(?)) RETURNING session_id",
-            (json.dumps(sorted(keep)),)).fetchall()
+            f"OR status > 'lost') AND session_id NOT IN (SELECT value FROM json_each(?)) {leased}RETURNING session_id",
+            (json.dumps(sorted(keep)), *((manager_id, time.time()) if manager_id is not None else ()))).fetchall()
         return sorted(r[0] for r in rows)
 
     def with_kernels(self, kernel_ids: set[str] | frozenset[str]) -> list[SessionInfo]:

@@ -1,0 +1,257 @@
+"""Requests for a session another manager owns are forwarded to it (docs/scaling.md "Routing
+between managers").
+
+Several managers share one store; each session is owned by one of them at a time (a lease,
+sessions/ownership.py), and only its owner holds the kernel's connection, the runs in flight and
+the pending approvals. A request that reaches another manager (a round-robin load balancer) is
+passed on to the owner as it came, body and answer streamed through without being held whole:
+headers and status are the owner's. The owner checks the bearer token itself (every manager has
+the same tokens and tenants): nothing the forwarding manager learned is sent as an identity.
+
+A forwarded request carries ``FORWARDED_HEADER`` and is never forwarded again: if it reaches a
+manager that is not the owner (the lease moved meanwhile) it is answered 503 ``session_owned_elsewhere`` and
+the client sends it again. An owner that does not take the connection is answered 503
+``manager_gone`` with a Retry-After of the lease bound: by then another manager has adopted it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Protocol
+
+import httpx
+from tornado import web
+from tornado.http1connection import HTTP1Connection
+from tornado.iostream import StreamClosedError
+
+from ..errors import ManagerGone, SessionOwnedElsewhere
+
+if TYPE_CHECKING:
+    from ..sessions import SessionManager
+    from ..sessions.store import SessionStore
+
+log = logging.getLogger("kernelmode.api")
+
+# Set on every forwarded request (to the forwarding manager's id): its receiver never forwards it.
+# A client that sends it itself only keeps its own request from being forwarded.
+FORWARDED_HEADER = "X-Kernelmode-Forwarded-By"
+# Per connection, not end to end (RFC 9110 7.6.1): never passed on; Host is the owner's.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                        "trailer", "transfer-encoding", "upgrade", "host", "date", "server"})
+CONNECT_SECONDS = 5.0  # an owner on another host that does not answer a SYN is as gone as a refusal
+
+
+class Ownership(Protocol):
+    """What routing needs of sessions/ownership.py's Ownership."""
+
+    manager_id: str
+
+    def owner_url(self, session_id: str) -> str | None: ...
+
+
+class Router:
+    """Which manager serves a request: None means this one (the session is live here, nobody
+    holds it, or this manager does), else the owner's base URL. A session live here costs no
+    store call; only ids this manager does not hold ask the store."""
+
+    def __init__(self, sessions: SessionManager, store: SessionStore, ownership: Ownership,
+                 lease_seconds: float) -> None:
+        self.sessions = sessions
+        self.store = store
+        self.ownership = ownership
+        self.lease_seconds = lease_seconds
+        self.forwarder = Forwarder(ownership.manager_id)
+
+    @property
+    def manager_id(self) -> str:
+        return self.ownership.manager_id
+
+    def for_session(self, session_id: str, forwarded: bool) -> str | None:
+        if self.sessions.peek(session_id) is not None:
+            return None
+        url = self.ownership.owner_url(session_id)
+        if url is not None and forwarded:
+            raise SessionOwnedElsewhere(f"session {session_id!r} is owned by the manager at {url} (it changed "
+                                        "hands while this request was forwarded): send it again")
+        return url
+
+    def for_run(self, run_id: str, forwarded: bool) -> str | None:
+        """A run in flight is its owner's; a finished one is in the store, which any manager reads."""
+        live = self.sessions.runner.runs.get(run_id)
+        if live is not None and not live.stored:
+            return None
+        stored = self.store.get_run(run_id)
+        if stored is None or stored.status not in ("running", "awaiting_approval"):
+            return None
+        return self.for_session(stored.session_id, forwarded)
+
+    async def find_run(self, run_id: str, authorization: str) -> str | None:
+        """A run that neither this manager nor the store knows may be queued (or waiting for the
+        code policy's approval) on another manager, not yet written: ask the others which holds
+        it (a GET of it, with the caller's token). Only unknown run ids pay this."""
+        others = [url for mid, url in self.store.managers.live().items() if mid != self.manager_id]
+
+        async def has(url: str) -> str | None:
+            try:
+                r = await self.forwarder.client.get(
+                    f"{url}/v1/runs/{run_id}", timeout=CONNECT_SECONDS,
+                    headers={"Authorization": authorization, FORWARDED_HEADER: self.manager_id})
+            except httpx.HTTPError:
+                return None
+            return url if r.status_code == 200 else None
+
+        found = [url for url in await asyncio.gather(*(has(u) for u in others)) if url is not None]
+        return found[0] if found else None
+
+    def for_kernel(self, kernel_id: str, forwarded: bool) -> str | None:
+        """A Jupyter kernel id is its session's id as a UUID (api/jupyter_api.py ``kernel_id_of``);
+        ids derived from a session id that is not 32 hex digits are served here."""
+        try:
+            session_id = uuid.UUID(kernel_id).hex
+        except ValueError:
+            return None
+        return self.for_session(session_id, forwarded)
+
+    def for_mcp(self, mcp_session_id: str) -> str | None:
+        """The manager whose SDK holds this MCP connection, if it is another live one."""
+        manager = self.store.mcp_session_manager(mcp_session_id)
+        if manager is None or manager == self.manager_id:
+            return None
+        return self.store.managers.live().get(manager)  # None: it is dead (the SDK's 404 here)
+
+    def record_mcp(self, mcp_session_id: str) -> None:
+        self.store.record_mcp_session(mcp_session_id, self.manager_id)
+
+    def forget_mcp(self, mcp_session_id: str) -> None:
+        self.store.forget_mcp_session(mcp_session_id)
+
+    def gone(self, url: str, error: Exception) -> ManagerGone:
+        lease = self.lease_seconds
+        return ManagerGone(
+            f"the session's manager ({url}) does not answer ({type(error).__name__}): it is gone, and "
+            f"another manager takes the session over within {lease:g} s (its lease): send the request "
+            "again then", details={"retry_after_seconds": lease})
+
+
+class Forwarder:
+    """One HTTP client (its connections kept alive) to the other managers."""
+
+    def __init__(self, manager_id: str) -> None:
+        self.manager_id = manager_id
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=CONNECT_SECONDS), follow_redirects=False,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def request_headers(handler: web.RequestHandler, manager_id: str) -> list[tuple[str, str]]:
+    """The client's headers as the owner gets them (Authorization included: the owner checks it)."""
+    headers = [(k, v) for k, v in handler.request.headers.get_all() if k.lower() not in HOP_BY_HOP]
+    return [*headers, (FORWARDED_HEADER, manager_id)]
+
+
+class Relay:
+    """One request passed on to the owner: its body streamed as it arrives (``feed``, with
+    backpressure), the owner's answer streamed back (``answer``)."""
+
+    def __init__(self, handler: web.RequestHandler, router: Router, base_url: str,
+                 body: bytes | None = None) -> None:
+        """``body``: a body already read whole (a create's, small); else it streams in (``feed``)."""
+        self.handler = handler
+        self.router = router
+        self.base_url = base_url.rstrip("/")
+        req = handler.request
+        self.has_body = body is None and bool(
+            req.headers.get("Content-Length", "0") not in ("", "0")
+            or "chunked" in req.headers.get("Transfer-Encoding", "").lower())
+        self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=8)
+        self._client_gone = asyncio.Event()
+        url = f"{self.base_url}{req.uri}"
+        self._request = router.forwarder.client.build_request(
+            req.method or "GET", url, headers=request_headers(handler, router.manager_id),
+            content=self._body() if self.has_body else body)
+        self._response: asyncio.Task[httpx.Response] = asyncio.create_task(
+            router.forwarder.client.send(self._request, stream=True))
+        self._response.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved in answer
+
+    async def _body(self) -> AsyncIterator[bytes]:
+        while (chunk := await self._chunks.get()) is not None:
+            yield chunk
+
+    async def feed(self, chunk: bytes | None) -> None:
+        """The next piece of the body (None: its end), at the pace the owner reads it; dropped
+        once the owner has answered (early: a refusal reads no more)."""
+        if self._response.done():
+            return
+        put = asyncio.ensure_future(self._chunks.put(chunk))
+        await asyncio.wait({put, self._response}, return_when=asyncio.FIRST_COMPLETED)
+        put.cancel()
+
+    async def answer(self) -> None:
+        """Wait for the owner's answer and stream it to the client (called once the body is in)."""
+        h = self.handler
+        if self.has_body:
+            await self.feed(None)
+        try:
+            response = await self._response
+        except httpx.HTTPError as e:  # refused or timed out; or it broke off (then it may have acted)
+            log.warning("forwarding %s %s to %s broke off: %s", h.request.method, h.request.path, self.base_url, e)
+            raise self.router.gone(self.base_url, e) from e
+        # Streamed in a task of its own, so that a client that hangs up ends it at once (an event
+        # stream of the owner's may stay silent for long).
+        pump = asyncio.create_task(self._stream(response))
+        gone = asyncio.create_task(self._client_gone.wait())
+        try:
+            await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not pump.done():
+                pump.cancel()
+            await asyncio.wait({pump})
+            await response.aclose()
+        if pump.cancelled() or not pump.result():
+            with contextlib.suppress(Exception):
+                h.request.connection.close()  # type: ignore[union-attr]
+            return
+        h.finish()
+
+    async def _stream(self, response: httpx.Response) -> bool:
+        """The owner's status, headers and body to the client: False if either side hung up midway."""
+        h = self.handler
+        if isinstance(h.request.connection, HTTP1Connection):  # several writes: Nagle would hold
+            h.request.connection.stream.set_nodelay(True)  # the last for the client's ACK
+        h.set_status(response.status_code, response.reason_phrase or "Unknown")
+        for name in ("Content-Type", "Cache-Control"):
+            h.clear_header(name)
+        for k, v in response.headers.multi_items():
+            if k.lower() not in HOP_BY_HOP:
+                h.add_header(k, v)
+        try:
+            async for chunk in response.aiter_raw():
+                h.write(chunk)
+                await h.flush()
+        except (StreamClosedError, httpx.HTTPError) as e:
+            log.info("forwarded answer from %s cut: %s", self.base_url, e)
+            return False
+        return True
+
+    def cancel(self) -> None:
+        """The client went away: the request to the owner ends too."""
+        self._response.cancel()
+        self._client_gone.set()
+        with contextlib.suppress(asyncio.QueueFull):
+            self._chunks.put_nowait(None)
+
+
+def open_relay(handler: web.RequestHandler, router: Router, base_url: str, body_limit: int | None) -> Relay:
+    """Start forwarding ``handler``'s request; the body cap is this route's (the owner's is the same)."""
+    conn = handler.request.connection
+    if body_limit is not None and isinstance(conn, HTTP1Connection):
+        conn.set_max_body_size(body_limit)
+    return Relay(handler, router, base_url)

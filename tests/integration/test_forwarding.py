@@ -1,0 +1,276 @@
+"""A request that reaches a manager other than the session's owner is forwarded to the owner
+(api/forwarding.py; docs/high-availability.md "Routing between managers"). Real parts: three
+`kernelmode serve` on one PostgreSQL store and one external Kernel Gateway, the round-robin
+balancer stand-in, the Python client, the MCP SDK client, `kernelmode console`, a Jupyter
+kernel websocket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import httpx2
+import pytest
+from jupyter_client.session import Session as JupyterSession
+from mcp.client.client import Client as McpClient
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import TextContent
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from kernelmode.api.forwarding import FORWARDED_HEADER
+from kernelmode.client import Client
+from tests.support.managers import Managers, start_managers
+from tests.support.postgres import PgCluster
+from tests.support.round_robin import RoundRobin
+from tests.support.server import attached_frontend
+
+LEASE = 10  # seconds; the kill test asks before the dead owner's lease is up
+ALPHA, BETA = "alpha-" + secrets.token_hex(8), "beta-" + secrets.token_hex(8)
+
+
+@pytest.fixture(scope="module")
+def three(pg_cluster: PgCluster) -> Iterator[Managers]:
+    with start_managers(3, pg_cluster.create_database("forwarding"),
+                        {"KERNELMODE_STORE__LEASE_SECONDS": str(LEASE),
+                         "KERNELMODE_SERVER__TENANTS": f"[{{name: alpha, token: '{ALPHA}'}}, "
+                                                       f"{{name: beta, token: '{BETA}'}}]"}) as ms:
+        yield ms
+
+
+def client(ms: Managers, i: int) -> Client:
+    return Client(ms[i].url, ms.token, timeout=120)
+
+
+def owner_of(ms: Managers, sid: str) -> str:
+    """The URL of the manager holding the session's lease (read from the store)."""
+    import psycopg
+
+    with psycopg.connect(ms.env["KERNELMODE_STORE__URL"], autocommit=True) as conn:
+        row = conn.execute("SELECT m.url FROM leases l JOIN managers m USING (manager_id) "
+                           "WHERE l.session_id=%s AND l.expires_at > now()", (sid,)).fetchone()
+    assert row is not None, f"nobody holds {sid}"
+    return str(row[0])
+
+
+def test_created_through_a_run_through_b_console_through_c(three: Managers) -> None:
+    with client(three, 0) as a, client(three, 1) as b:
+        s = a.create_session()
+        try:
+            assert owner_of(three, s.id) == three[0].url
+            r = b.session(s.id).run("shared = 6 * 7")
+            assert r.status == "ok", r
+            with attached_frontend(three[2], s.id) as kc:  # `kernelmode console` through C
+                reply = kc.execute_interactive("shared += 1; print(shared)", timeout=120,
+                                               output_hook=(out := []).append)
+            assert reply["content"]["status"] == "ok", reply["content"]
+            assert "43" in "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream")
+            assert b.session(s.id).run("print(shared)").stdout.strip() == "43"
+            assert a.get_session(s.id).session_id == s.id
+        finally:
+            s.close()
+
+
+def test_jupyter_kernel_channels_through_another_manager(three: Managers) -> None:
+    """What JupyterLab lists (/api/kernels) and attaches to (/api/kernels/{id}/channels, legacy
+    JSON) on a non-owner."""
+    with client(three, 0) as a:
+        s = a.create_session()
+        try:
+            s.run("jup = 'seen'")
+            kid = str(uuid.UUID(hex=s.id))
+            for m in three.servers:  # JupyterLab's kernel list is the same whichever manager it asks
+                listed = httpx.get(m.url + "/api/kernels", headers={"Authorization": f"Bearer {three.token}"}).json()
+                assert kid in [k["id"] for k in listed], (m.url, listed)
+            ws_url = "ws" + three[1].url.removeprefix("http") + f"/api/kernels/{uuid.UUID(hex=s.id)}/channels"
+            with connect(ws_url, additional_headers={"Authorization": f"Bearer {three.token}"},
+                         open_timeout=60) as ws:
+                msg = JupyterSession(key=b"", username="person").msg(
+                    "execute_request", {"code": "jup", "silent": False, "store_history": True,
+                                        "user_expressions": {}, "allow_stdin": False})
+                ws.send(json.dumps({**msg, "channel": "shell"}, default=str))
+                while True:
+                    got = json.loads(ws.recv(timeout=120))
+                    if got["msg_type"] == "execute_result" and got["parent_header"]["msg_id"] == msg["header"]["msg_id"]:
+                        break
+            assert got["content"]["data"]["text/plain"] == "'seen'"
+        finally:
+            s.close()
+
+
+def test_upload_through_one_manager_download_through_another(three: Managers) -> None:
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    with client(three, 0) as a, client(three, 1) as b, client(three, 2) as c:
+        s = a.create_session()
+        try:
+            assert b.upload(s.id, "blob.bin", data).size_bytes == len(data)
+            assert c.download(s.id, "blob.bin") == data
+            assert s.run("print(len(open('blob.bin', 'rb').read()))").stdout.strip() == str(len(data))
+        finally:
+            s.close()
+
+
+def test_checkpoint_and_fork_through_different_managers(three: Managers) -> None:
+    with client(three, 0) as a, client(three, 1) as b, client(three, 2) as c:
+        s = a.create_session()
+        try:
+            s.run("kept = [1, 2, 3]")
+            cp = b.checkpoint(s.id)
+            assert "kept" in cp.saved
+            assert [x.checkpoint_id for x in c.checkpoints(s.id)][0] == cp.checkpoint_id
+            with c.fork(s.id) as fork:  # the source is A's: C forwards the create to A
+                assert fork.run("print(sum(kept))").stdout.strip() == "6"
+            with b.fork(checkpoint_id=cp.checkpoint_id) as restored:
+                assert restored.run("print(kept)").stdout.strip() == "[1, 2, 3]"
+        finally:
+            s.close()
+
+
+def test_mcp_client_through_the_round_robin_balancer(three: Managers) -> None:
+    async def go() -> list[str]:
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {three.token}"},
+                                  timeout=httpx2.Timeout(30, read=300))
+        outs = []
+        with RoundRobin([m.url for m in three.servers]) as lb:
+            async with McpClient(streamable_http_client(lb.url + "/mcp", http_client=http)) as mcp:
+                for code in ("counter = 1", "counter += 1", "counter *= 10", "print(counter)"):
+                    r = await mcp.call_tool("run_python", {"code": code})
+                    assert not r.is_error, r
+                    outs.append("\n".join(b.text for b in r.content if isinstance(b, TextContent)))
+                await mcp.call_tool("close_session", {})
+            assert len({url for url in lb.sent}) == 3  # every manager was reached
+        await http.aclose()
+        return outs
+
+    outs = asyncio.run(go())
+    assert "20" in outs[-1], outs
+
+
+def test_a_queued_run_is_followed_through_another_manager(three: Managers) -> None:
+    """A run queued behind another on its owner is not in the store yet: polling it through
+    another manager still finds it (the others are asked), and its answer is the owner's."""
+    auth = {"Authorization": f"Bearer {three.token}"}
+    with client(three, 0) as a, httpx.Client(base_url=three[1].url, headers=auth, timeout=120) as b:
+        s = a.create_session()
+        try:
+            first = a.execute(s.id, "import time; time.sleep(3)", wait_seconds=0)
+            queued = a.execute(s.id, "print('after')", wait_seconds=0)
+            assert first.status == queued.status == "running"
+            seen = b.get(f"/v1/runs/{queued.run_id}")
+            assert seen.status_code == 200, seen.text
+            assert seen.json()["run_id"] == queued.run_id
+            progress = seen.json()
+            while not progress["done"]:
+                progress = b.get(f"/v1/runs/{queued.run_id}", params={
+                    "wait_seconds": 30, "offset": progress["next_offset"]}).json()
+            assert progress["result"]["stdout"] == "after\n"
+            assert b.get(f"/v1/runs/{'0' * 32}").status_code == 404  # unknown everywhere
+        finally:
+            s.close()
+
+
+def test_python_client_and_consoles_through_the_round_robin_balancer(three: Managers) -> None:
+    """A client behind a balancer that sends each request (and each websocket) to the next
+    manager does not notice: its runs, files and three console connections (one per manager)
+    see one session."""
+    with RoundRobin([m.url for m in three.servers]) as lb, Client(lb.url, three.token, timeout=120) as km:
+        with km.create_session() as s:
+            for code in ("total = 0", "total += 1", "total += 1", "total += 1"):
+                assert s.run(code).status == "ok"
+            s.upload("note.txt", b"through the balancer")
+            assert s.download("note.txt") == b"through the balancer"
+            ws_url = "ws" + lb.url.removeprefix("http") + f"/api/kernels/{uuid.UUID(hex=s.id)}/channels"
+            for _ in range(3):
+                with connect(ws_url, additional_headers={"Authorization": f"Bearer {three.token}"},
+                             open_timeout=60) as ws:
+                    msg = JupyterSession(key=b"", username="person").msg(
+                        "execute_request", {"code": "total += 10; total", "silent": False, "store_history": True,
+                                            "user_expressions": {}, "allow_stdin": False})
+                    ws.send(json.dumps({**msg, "channel": "shell"}, default=str))
+                    while True:
+                        got = json.loads(ws.recv(timeout=120))
+                        if got["msg_type"] == "execute_result" and \
+                                got["parent_header"]["msg_id"] == msg["header"]["msg_id"]:
+                            break
+            assert got["content"]["data"]["text/plain"] == "33"
+            assert s.run("print(total)").stdout.strip() == "33"
+        assert len(set(lb.sent)) == 3
+
+
+def test_a_forwarded_request_is_never_forwarded_again(three: Managers) -> None:
+    """B gets a request marked as forwarded for a session A owns: it answers 503 session_owned_elsewhere
+    (the client sends it again) instead of passing it on a second time."""
+    with client(three, 0) as a:
+        s = a.create_session()
+        try:
+            with httpx.Client(base_url=three[1].url, headers={"Authorization": f"Bearer {three.token}"},
+                              timeout=60) as raw:
+                plain = raw.get(f"/v1/sessions/{s.id}")
+                assert plain.status_code == 200  # forwarded once
+                again = raw.get(f"/v1/sessions/{s.id}", headers={FORWARDED_HEADER: "someone"})
+                assert again.status_code == 503, again.text
+                assert again.json()["error"]["code"] == "session_owned_elsewhere"
+                assert "send it again" in again.json()["error"]["message"]
+                assert int(again.headers["Retry-After"]) >= 1
+        finally:
+            s.close()
+
+
+def test_forwarding_trusts_no_identity_but_the_token(three: Managers) -> None:
+    """Attack: the owner checks the bearer token of a forwarded request itself. Another tenant's
+    token reaching a non-owner finds nothing (REST and websocket alike), and the forwarding mark
+    a client sets itself opens nothing without a token."""
+    with Client(three[0].url, ALPHA, timeout=120) as alpha:
+        s = alpha.create_session()
+        try:
+            with httpx.Client(base_url=three[1].url, timeout=60) as raw:
+                beta = {"Authorization": f"Bearer {BETA}"}
+                assert raw.get(f"/v1/sessions/{s.id}", headers=beta).status_code == 404
+                assert raw.post(f"/v1/sessions/{s.id}/execute", json={"code": "1"}, headers={
+                    **beta, "X-Kernelmode-Tenant": "alpha"}).status_code == 404
+                marked = raw.get(f"/v1/sessions/{s.id}", headers={FORWARDED_HEADER: "m", "X-Kernelmode-Tenant": "alpha"})
+                assert marked.status_code == 401
+                assert raw.get(f"/v1/sessions/{s.id}", headers={"Authorization": f"Bearer {ALPHA}"}).status_code == 200
+            ws_url = "ws" + three[1].url.removeprefix("http") + f"/v1/sessions/{s.id}/channels"
+            with pytest.raises(InvalidStatus) as refused:
+                connect(ws_url, additional_headers={"Authorization": f"Bearer {BETA}"},
+                        subprotocols=["v1.kernel.websocket.jupyter.org"], open_timeout=60)
+            assert refused.value.response.status_code == 404
+        finally:
+            s.close()
+
+
+def test_unreachable_owner_is_a_503_with_retry_after(three: Managers) -> None:
+    """The owner is SIGKILLed; before its lease is up another manager answers 503 manager_gone
+    with Retry-After = the lease bound, and an MCP connection that lived there is a 404 (the
+    client opens a new one)."""
+    with client(three, 2) as victim:
+        s = victim.create_session()
+    auth = {"Authorization": f"Bearer {three.token}"}
+    with httpx.Client(base_url=three[2].url, headers=auth, timeout=60) as raw:
+        init = raw.post("/mcp", headers={"Accept": "application/json, text/event-stream"},
+                        json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                            "protocolVersion": "2025-06-18", "capabilities": {},
+                            "clientInfo": {"name": "t", "version": "1"}}})
+        assert init.status_code == 200, init.text
+        mcp_sid = init.headers["mcp-session-id"]
+    three.kill(2)
+    try:
+        with httpx.Client(base_url=three[0].url, headers=auth, timeout=60) as raw:
+            r = raw.post(f"/v1/sessions/{s.id}/execute", json={"code": "1"})
+            assert r.status_code == 503, r.text
+            assert r.headers["Retry-After"] == str(LEASE)
+            err = r.json()["error"]
+            assert err["code"] == "manager_gone"
+            assert "gone" in err["message"] and f"within {LEASE} s" in err["message"]
+            lost = raw.post("/mcp", headers={"Accept": "application/json, text/event-stream",
+                                             "Mcp-Session-Id": mcp_sid},
+                            json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+            assert lost.status_code == 404, lost.text
+    finally:
+        three.restart(2)

@@ -28,6 +28,10 @@ from .live import LiveSessions
 from .store import SessionStore, new_manager_id
 
 log = logging.getLogger("kernelmode.sessions")
+# How often a manager looks for expired leases: two indexed statements, so often enough that
+# failover waits mostly for the lease itself (a dead manager's sessions are adopted within
+# store.lease_seconds + this of its death).
+SCAN_SECONDS = 1.0
 
 
 class Ownership:
@@ -87,7 +91,7 @@ class Ownership:
                                          "send its requests there, or retry in a moment")
         return SessionOwnedElsewhere(
             f"session {info.session_id!r} is being taken over from a manager that stopped (within "
-            f"{1.5 * self.ttl:g} s of its last heartbeat); retry in a moment")
+            f"{self.ttl + SCAN_SECONDS:g} s of its death); retry in a moment")
 
     # -- the kernels this manager started ----------------------------------------------------------
     def mark(self, kernel_id: str) -> None:
@@ -140,9 +144,10 @@ class Ownership:
                      "taken over now", ", ".join(gone))
 
     def run(self) -> None:
-        """The takeover scan (every half lease), once the start is done."""
+        """The takeover scan (every second, or half a lease if shorter), once the start is done."""
         if self.active and self.scan is not None:
-            self._tasks.append(asyncio.create_task(self._every("takeover scan", self.ttl / 2, self.scan)))
+            self._tasks.append(asyncio.create_task(self._every("takeover scan", min(SCAN_SECONDS, self.ttl / 2),
+                                                                 self.scan)))
 
     @staticmethod
     async def _every(name: str, interval: float, work: Callable[[], object]) -> None:

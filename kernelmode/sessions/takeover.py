@@ -1,4 +1,4 @@
-"""Takeover: every half lease period, a manager sharing the store with others adopts what a dead
+"""Takeover: every second (ownership.SCAN_SECONDS), a manager sharing the store with others adopts what a dead
 manager left (docs/high-availability.md).
 
 - Sessions whose lease expired (their manager stopped renewing): each is taken by one atomic

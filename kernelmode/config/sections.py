@@ -288,7 +288,7 @@ class StoreSettings(_Section):
     through a lease (docs/high-availability.md). Keep the password out of the YAML with `${VAR}`."""
     lease_seconds: float = Field(10.0, ge=1, le=3600)
     """How long a manager's lease on a session lasts unless renewed (its heartbeat renews it every
-    third of this): a dead manager's sessions are adopted by another within about 1.5 times this
+    third of this): a dead manager's sessions are adopted by another within this plus about a second
     (PostgreSQL store only; a SQLite store has one manager and takes no lease)."""
 
 

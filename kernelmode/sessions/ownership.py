@@ -28,6 +28,10 @@ from .live import LiveSessions
 from .store import SessionStore, new_manager_id
 
 log = logging.getLogger("kernelmode.sessions")
+# How often a manager looks for expired leases: two indexed statements, so often enough that
+# failover waits mostly for the lease itself (a dead manager's sessions are adopted within
+# store.lease_seconds + this of its death).
+SCAN_SECONDS = 1.0
 
 
 class Ownership:
@@ -43,7 +47,9 @@ class Ownership:
         self.active = store.shared
         self.live: LiveSessions | None = None  # the manager's map (``attach``)
         self.scan: Callable[[], Awaitable[object]] | None = None  # takeover.py's pass
+        self.adopting: set[str] = set()  # leases taken for sessions not live yet (renewed too)
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing: set[asyncio.Task[None]] = set()
 
     def attach(self, live: LiveSessions, kernels: Kernels) -> None:
         """The manager's map (its adds take leases) and kernels (their starts are marked)."""
@@ -85,7 +91,7 @@ class Ownership:
                                          "send its requests there, or retry in a moment")
         return SessionOwnedElsewhere(
             f"session {info.session_id!r} is being taken over from a manager that stopped (within "
-            f"{1.5 * self.ttl:g} s of its last heartbeat); retry in a moment")
+            f"{self.ttl + SCAN_SECONDS:g} s of its death); retry in a moment")
 
     # -- the kernels this manager started ----------------------------------------------------------
     def mark(self, kernel_id: str) -> None:
@@ -104,12 +110,12 @@ class Ownership:
         if not self.active:
             return []
         self.store.managers.beat(self.manager_id, self.url, self.home, self.ttl)
-        if self.live is None or not len(self.live):
+        held = sorted({*(self.live.ids() if self.live is not None else ()), *self.adopting})
+        if not held:
             return []
-        held = self.live.ids()
         lost = sorted(set(held) - self.store.leases.renew_all(self.manager_id, held, self.ttl))
         for sid in lost:
-            s = self.live.drop(sid)
+            s = self.live.drop(sid) if self.live is not None else None
             if s is not None and s.conn is not None:  # the new owner talks to the kernel now
                 self._later(s.conn.close())
             log.warning("session %s: its lease was lost (another manager owns it now); this manager "
@@ -121,24 +127,27 @@ class Ownership:
         async def run() -> None:
             with contextlib.suppress(Exception):
                 await work
-        asyncio.create_task(run())
+        task = asyncio.create_task(run())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def start(self) -> None:
-        """The first beat now (before this manager starts or takes anything): a predecessor on
-        this data dir (it died: this process holds the data dir's lock) leaves its leases."""
+        """The first beat now (before this manager starts or takes anything), then one every
+        third of a lease; a predecessor on this data dir (it died: this process holds the data
+        dir's lock) leaves its leases, for this start to adopt."""
         if not self.active:
             return
         self.beat()
+        self._tasks.append(asyncio.create_task(self._every("heartbeat", self.ttl / 3, self.beat)))
         if gone := self.store.managers.predecessors(self.manager_id, self.home):
             log.info("the previous manager(s) of this data dir (%s) are gone: their sessions are "
                      "taken over now", ", ".join(gone))
 
     def run(self) -> None:
-        """The heartbeat (every third of a lease) and the takeover scan (every half), from now."""
-        if self.active:
-            self._tasks = [asyncio.create_task(self._every("heartbeat", self.ttl / 3, self.beat))]
-            if self.scan is not None:
-                self._tasks.append(asyncio.create_task(self._every("takeover scan", self.ttl / 2, self.scan)))
+        """The takeover scan (every second, or half a lease if shorter), once the start is done."""
+        if self.active and self.scan is not None:
+            self._tasks.append(asyncio.create_task(self._every("takeover scan", min(SCAN_SECONDS, self.ttl / 2),
+                                                                 self.scan)))
 
     @staticmethod
     async def _every(name: str, interval: float, work: Callable[[], object]) -> None:

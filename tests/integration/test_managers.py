@@ -68,6 +68,13 @@ def _answers(c: httpx.Client, sid: str, code: str) -> dict | None:
     return r.json()
 
 
+def _pool_of(ms: Managers, i: int) -> set[str]:
+    """The kernels manager ``i`` marked that are no session's (its warm pool)."""
+    return {r[0] for r in _sql(ms, "SELECT p.kernel_id FROM pool_kernels p JOIN managers m USING (manager_id) "
+                               "WHERE m.url = %s AND m.expires_at > now() AND p.kernel_id NOT IN "
+                               "(SELECT kernel_id FROM sessions WHERE kernel_id IS NOT NULL)", (ms[i].url,))}
+
+
 def _gateway_kernels(ms: Managers) -> set[str]:
     return {k["id"] for k in ms.gateway.get("/api/kernels").json()}
 
@@ -98,8 +105,7 @@ def test_a_starting_manager_leaves_the_live_ones_sessions_and_kernels_alone(ms: 
         wait_for(lambda: c.get("/readyz").json()["checks"]["pool"]["ready"] >= 1, "manager 0's pool kernel")
     assert _owner_url(ms, "mine0") == ms[0].url
     kernel = _sql(ms, "SELECT kernel_id FROM sessions WHERE session_id = 'mine0'")[0][0]
-    m0 = _sql(ms, "SELECT manager_id FROM managers WHERE url = %s", (ms[0].url,))[0][0]
-    pool = {r[0] for r in _sql(ms, "SELECT kernel_id FROM pool_kernels WHERE manager_id = %s", (m0,))} - {kernel}
+    pool = _pool_of(ms, 0)
     ms.restart(1)  # a start beside a live manager: before ownership, mine0 became lost here
     assert _sql(ms, "SELECT status FROM sessions WHERE session_id = 'mine0'")[0][0] == "idle"
     with ms.client(0) as c:
@@ -123,6 +129,10 @@ def test_kill_9_of_the_owner_while_idle_another_manager_serves_the_session(ms: M
         _create(c, "idle0")
         assert _run(c, "idle0", "kept = 'yes'")["status"] == "ok"
     assert _owner_url(ms, "idle0") == ms[0].url
+    with ms.client(0) as c:
+        wait_for(lambda: c.get("/readyz").json()["checks"]["pool"]["ready"] >= 1, "manager 0's pool kernel")
+    pool = _pool_of(ms, 0)
+    assert pool
     ms.kill(0)
     t0 = time.monotonic()
     with ms.client(1) as c:
@@ -132,6 +142,10 @@ def test_kill_9_of_the_owner_while_idle_another_manager_serves_the_session(ms: M
     assert isinstance(result, dict) and result["status"] == "ok" and result["result"] == "'yes'", result
     assert _owner_url(ms, "idle0") == ms[1].url
     assert len(_audits(ms, "sessions_taken_over")) >= 1
+    # The dead manager's pool kernel is shut down, by one survivor.
+    wait_for(lambda: not pool & _gateway_kernels(ms), "manager 0's pool kernel to be shut down")
+    removed = [k for e in _audits(ms, "orphan_kernels_removed") for k in e["kernel_ids"] if k in pool]
+    assert sorted(removed) == sorted(pool)
     ms.restart(0)
 
 

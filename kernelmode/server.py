@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ from .sandbox.docker_engine import server_id
 from .sandbox.kernelspec import check_bwrap, install_kernelspec
 from .services import Services
 from .sessions import SessionManager
+from .sessions.ownership import Ownership
 from .sessions.store import SessionStore, new_manager_id, open_store
 from .tenants import Tenants
 from .tools.broker import ToolBroker
@@ -242,9 +244,14 @@ class KernelmodeApp:
         scratch = self.data_dir / "scratch"
         scratch.mkdir(exist_ok=True, mode=0o700)
         self.harvester = Harvester(self.artifact_store, s.artifacts, scratch)
+        # Bound now (served once the routes exist): this manager's address goes in the store first.
+        socks = bind_sockets(s.server.port, s.server.host)
+        self.port = socks[0].getsockname()[1]
+        self.ownership = Ownership(self.store, s, self.manager_id, (s.server.advertise_url or self.url).rstrip("/"),
+                                   f"{socket.gethostname()}:{self.data_dir}")
         self.sessions = SessionManager(s, self.gateway, self.store, self.data_dir, dirs["state"],
                                        s.sandbox.backend, ToolBroker(self.tools, s.tool_calls),
-                                       self.harvester, self.policy)
+                                       self.harvester, self.policy, self.ownership)
         await self.sessions.start(running_kernels)
         self.services = services = Services(
             settings=s, tenants=self.tenants, tools=self.tools, sessions=self.sessions,
@@ -262,8 +269,6 @@ class KernelmodeApp:
         app = web.Application(routes, default_handler_class=NotFoundHandler,
                               default_handler_args={"services": services})
         self.http = httpserver.HTTPServer(app, max_body_size=s.server.max_body_bytes, xheaders=False)
-        socks = bind_sockets(s.server.port, s.server.host)
-        self.port = socks[0].getsockname()[1]
         self.http.add_sockets(socks)
         self.harvester.public_url = (s.artifacts.public_url or self.url).rstrip("/")
 

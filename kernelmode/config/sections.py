@@ -76,6 +76,11 @@ class ServerSettings(_Section):
     port: int = Field(8888, ge=0, le=65535)
     """TCP port; `0` picks a free one (printed in `kernelmode serving on http://...`). Flag:
     `--port`. `kernelmode mcp` (embedded) uses 0 unless given `--port`."""
+    advertise_url: str | None = Field(None, pattern=r"^https?://[^\s/]+/?$")
+    """Base URL (`http://host:port`) at which the other managers sharing `store.url` reach this
+    one (they forward a session's requests to its owner). Unset: built from `host` and the bound
+    port, which is right on one host; set it when managers run in pods or behind NAT (e.g.
+    `http://$(POD_IP):8888`), since `0.0.0.0` is no address another host can reach."""
     data_dir: Path = Path("./.kernelmode")
     """Where the service keeps everything it writes: the session store, workspaces, the local
     artifact store and its link key, kernels' run directories and logs, the gateway's log."""
@@ -276,11 +281,12 @@ class StoreSettings(_Section):
     url: str | None = Field(None, pattern=r"^postgres(ql)?://\S+$")
     """Unset: a SQLite file in `server.data_dir` (one manager). `postgresql://user:password@host:5432/db`:
     a PostgreSQL database (psycopg's URL forms, `?sslmode=require` and the like included), migrated
-    when a manager starts; several managers may share it (leases; routing between them is not
-    built yet). Keep the password out of the YAML with `${VAR}`."""
+    when a manager starts; several managers may share it, each session owned by one of them
+    through a lease (docs/high-availability.md). Keep the password out of the YAML with `${VAR}`."""
     lease_seconds: float = Field(10.0, ge=1, le=3600)
-    """How long a manager's lease on a session lasts unless renewed: how long a dead manager's
-    sessions stay unowned. (Leases are in the store; no manager takes them yet.)"""
+    """How long a manager's lease on a session lasts unless renewed (its heartbeat renews it every
+    third of this): a dead manager's sessions are adopted by another within about 1.5 times this
+    (PostgreSQL store only; a SQLite store has one manager and takes no lease)."""
 
 
 class GatewaySettings(_Section):

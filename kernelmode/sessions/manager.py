@@ -67,6 +67,7 @@ from .lifecycle import Lifecycle
 from .live import LiveSession, LiveSessions, now
 from .liveness import Liveness
 from .one_shot import one_shot
+from .ownership import Ownership
 from .packages import SessionPackages
 from .pool import WarmPool
 from .readying import restart_asked
@@ -83,8 +84,9 @@ __all__ = ["LiveSession", "SessionManager"]
 class SessionManager:
     def __init__(self, settings: Settings, gateway: GatewayClient, store: SessionStore, data_dir: Path,
                  state_dir: Path, sandbox: str, broker: ToolBroker, harvester: Harvester | None = None,
-                 policy: CodePolicy | None = None) -> None:
+                 policy: CodePolicy | None = None, ownership: Ownership | None = None) -> None:
         self.settings = settings
+        self.ownership = ownership or Ownership(store, settings)  # which sessions are this manager's
         self.broker = broker
         self.harvester = harvester
         self.gateway = gateway
@@ -134,6 +136,7 @@ class SessionManager:
     async def start(self, running_kernels: set[str] | frozenset[str] = frozenset()) -> None:
         """``running_kernels``: kernels of an adopted gateway (left by a crashed manager); the
         sessions they belong to are taken over with their variables, the rest become ``lost``."""
+        self.ownership.start()  # alive in the store before anything is taken
         for s in await self.lifecycle.adopt(running_kernels):
             self.live.add(s)
         await self.lifecycle.begin(running_kernels)
@@ -143,6 +146,7 @@ class SessionManager:
         so they stay adoptable by the next `serve` instead of being marked lost."""
         await self.lifecycle.stop(keep_sessions)
         self.live.clear()
+        await self.ownership.stop()
 
     # -- the gateway's failures (gateway_loss) -----------------------------------------------------
     async def gateway_lost(self) -> None:

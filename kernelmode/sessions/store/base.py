@@ -18,6 +18,7 @@ from typing import Any
 
 from ...models import Artifact, CheckpointInfo, RunResult, SessionInfo
 from .leases import Leases
+from .managers import Managers
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 Args = Sequence[Any]
@@ -42,9 +43,12 @@ def micros(t: datetime) -> int:
 
 class SessionStore(ABC):
     """Sessions, runs, session files, checkpoints' metadata and leases; each call is one short
-    transaction. ``leases``: which manager owns which session (leases.py)."""
+    transaction. ``leases``: which manager owns which session (leases.py); ``managers``: the
+    managers sharing the store and their pool kernels (managers.py)."""
 
     leases: Leases
+    managers: Managers
+    shared = False  # several managers may use it at once (PostgreSQL): ownership.py takes leases
 
     # -- the backend's primitives ------------------------------------------------------------------
     @abstractmethod

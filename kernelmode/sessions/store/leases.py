@@ -1,5 +1,5 @@
 """Leases: which manager owns a session, for how long (the ground of several managers on one
-PostgreSQL store, docs/scaling.md). Not yet used for routing: a manager takes no lease today.
+PostgreSQL store, docs/high-availability.md); ownership.py takes, renews and gives them up.
 
 Each operation is one statement, atomic on its own: taking a lease is an upsert that replaces the
 row only when it has expired or is already the taker's, so of two managers asking at once exactly
@@ -9,6 +9,7 @@ need not agree. SQLite, one host's file, reads the host's clock.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -49,6 +50,20 @@ class Leases(ABC):
     def owner(self, session_id: str) -> str | None:
         """The manager holding an unexpired lease on the session, or None."""
 
+    @abstractmethod
+    def renew_all(self, manager_id: str, session_ids: list[str], ttl: float) -> set[str]:
+        """``renew`` of each of ``session_ids`` in one statement: the ids renewed (the others
+        are lost)."""
+
+    @abstractmethod
+    def held_elsewhere(self, manager_id: str) -> set[str]:
+        """The sessions another manager holds an unexpired lease on."""
+
+    @abstractmethod
+    def owner_url(self, session_id: str, manager_id: str) -> str | None:
+        """The URL of the live manager other than ``manager_id`` that holds an unexpired lease
+        on the session, or None."""
+
     def release(self, session_id: str, manager_id: str) -> bool:
         """Give the lease up (only ``manager_id``'s own): True if it held it."""
         return bool(self._rows("DELETE FROM leases WHERE session_id=? AND manager_id=? RETURNING session_id",
@@ -82,6 +97,25 @@ class SqliteLeases(Leases):
         return rows[0][0] if rows else None
 
 
+    def renew_all(self, manager_id: str, session_ids: list[str], ttl: float) -> set[str]:
+        now = time.time()
+        return {r[0] for r in self._rows(
+            "UPDATE leases SET expires_at=? WHERE manager_id=? AND expires_at > ? "
+            "AND session_id IN (SELECT value FROM json_each(?)) RETURNING session_id",
+            (now + ttl, manager_id, now, json.dumps(session_ids)))}
+
+    def held_elsewhere(self, manager_id: str) -> set[str]:
+        return {r[0] for r in self._rows("SELECT session_id FROM leases WHERE manager_id<>? AND expires_at > ?",
+                                         (manager_id, time.time()))}
+
+    def owner_url(self, session_id: str, manager_id: str) -> str | None:
+        now = time.time()
+        rows = self._rows("SELECT m.url FROM leases l JOIN managers m ON m.manager_id = l.manager_id "
+                          "WHERE l.session_id=? AND l.manager_id<>? AND l.expires_at > ? AND m.expires_at > ?",
+                          (session_id, manager_id, now, now))
+        return rows[0][0] if rows else None
+
+
 class PostgresLeases(Leases):
     """Expiry as a timestamptz by the database server's clock."""
 
@@ -106,4 +140,20 @@ class PostgresLeases(Leases):
     def owner(self, session_id: str) -> str | None:
         rows = self._rows("SELECT manager_id FROM leases WHERE session_id=? AND expires_at > now()",
                           (session_id,))
+        return rows[0][0] if rows else None
+
+    def renew_all(self, manager_id: str, session_ids: list[str], ttl: float) -> set[str]:
+        return {r[0] for r in self._rows(
+            "UPDATE leases SET expires_at = now() + make_interval(secs => ?) "
+            "WHERE manager_id=? AND expires_at > now() AND session_id = ANY(?) RETURNING session_id",
+            (float(ttl), manager_id, session_ids))}
+
+    def held_elsewhere(self, manager_id: str) -> set[str]:
+        return {r[0] for r in self._rows(
+            "SELECT session_id FROM leases WHERE manager_id<>? AND expires_at > now()", (manager_id,))}
+
+    def owner_url(self, session_id: str, manager_id: str) -> str | None:
+        rows = self._rows("SELECT m.url FROM leases l JOIN managers m ON m.manager_id = l.manager_id "
+                          "WHERE l.session_id=? AND l.manager_id<>? AND l.expires_at > now() "
+                          "AND m.expires_at > now()", (session_id, manager_id))
         return rows[0][0] if rows else None

@@ -74,6 +74,20 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX leases_by_expiry ON leases (expires_at);
     """,
+    # 2: the managers sharing the store (ownership.py), and the pool kernels each holds.
+    """
+    CREATE TABLE managers (
+        manager_id TEXT PRIMARY KEY,
+        url TEXT NOT NULL,               -- where the other managers reach it (server.advertise_url)
+        home TEXT NOT NULL,              -- host and data dir (managers.py: predecessors)
+        expires_at TIMESTAMPTZ NOT NULL
+    );
+    CREATE TABLE pool_kernels (
+        kernel_id TEXT PRIMARY KEY,
+        manager_id TEXT NOT NULL
+    );
+    CREATE INDEX leases_by_manager ON leases (manager_id);
+    """,
 )
 
 

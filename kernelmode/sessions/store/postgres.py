@@ -23,6 +23,7 @@ from ...errors import ConfigError, SessionStoreUnavailable
 from ...models import Artifact, RunResult, SessionInfo
 from .base import Args, SessionStore, micros
 from .leases import PostgresLeases
+from .managers import PostgresManagers
 from .migrations import migrate
 
 # A statement that runs longer fails instead of holding the manager's event loop (all of them are
@@ -70,6 +71,8 @@ def _pg(sql: str) -> str:
 class PostgresStore(SessionStore):
     """The store in a PostgreSQL database, migrated on open (safe when managers open it together)."""
 
+    shared = True
+
     def __init__(self, url: str) -> None:
         self._url = url
         self._lock = threading.Lock()  # one reconnect at a time
@@ -80,6 +83,7 @@ class PostgresStore(SessionStore):
             self._conn.close()
             raise
         self.leases = PostgresLeases(self._rows)
+        self.managers = PostgresManagers(self._rows)
 
     def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         return self._open(self._url)

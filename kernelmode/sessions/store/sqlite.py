@@ -14,6 +14,7 @@ from typing import Any
 from ...models import Artifact, RunResult, SessionInfo
 from .base import Args, SessionStore, micros
 from .leases import SqliteLeases
+from .managers import SqliteManagers
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -61,6 +62,17 @@ CREATE TABLE IF NOT EXISTS leases (
     manager_id TEXT NOT NULL,
     expires_at REAL NOT NULL
 );
+-- The managers sharing the store and their pool kernels (managers.py): one, on SQLite.
+CREATE TABLE IF NOT EXISTS managers (
+    manager_id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    home TEXT NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS pool_kernels (
+    kernel_id TEXT PRIMARY KEY,
+    manager_id TEXT NOT NULL
+);
 """
 
 
@@ -101,6 +113,7 @@ class SqliteStore(SessionStore):
         self._path = path
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self.leases = SqliteLeases(self._rows)
+        self.managers = SqliteManagers(self._rows)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)

@@ -237,6 +237,7 @@ def test_manager_config_loads_and_points_at_eg(base: list[dict[str, Any]], tmp_p
     assert s.gateway.url == f"http://{svc['metadata']['name']}.kernelmode.svc.cluster.local:{svc['spec']['ports'][0]['port']}"
     assert s.gateway.auth_token and s.artifacts.store == "s3"
     assert s.store.url == example_secret()["stringData"]["store-url"]
+    assert s.server.advertise_url == f"http://10.244.1.7:{s.server.port}"
     assert "--KernelSpecManager.whitelist=" + s.gateway.kernel_name in pod_spec(find(
         base, "Deployment", "enterprise-gateway"))["containers"][0]["command"]
     assert str(s.server.data_dir) in {m["mountPath"] for m in container["volumeMounts"]}

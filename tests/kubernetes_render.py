@@ -10,6 +10,8 @@
   environment appended to the container's env (``extend_pod_env``).
 - ``launcher_env(...)``: that environment, assembled as EG does for a kernel start (kernelspec
   env as defaults, the client's KERNEL_* values over them, then what EG itself sets).
+- ``kubelet_env(container, secret, pod_ip)``: a container's environment as the kubelet builds it
+  (Secret references, the pod's address, ``$(VAR)`` expansion).
 - ``Cluster``: pods, namespaces and NetworkPolicies, and ``allowed(src, dst, port)`` evaluated
   the way the NetworkPolicy API defines it (both the source's egress and the destination's
   ingress must allow a connection; a pod no policy selects is open in that direction).
@@ -18,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,6 +142,27 @@ def container_env(doc: dict[str, Any]) -> dict[str, str]:
     """Plain ``value`` env entries of a workload's first container."""
     c = pod_spec(doc)["containers"][0]
     return {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+
+
+def kubelet_env(container: dict[str, Any], secret: dict[str, str], pod_ip: str) -> dict[str, str]:
+    """A container's environment as the kubelet builds it: ``secretKeyRef`` values from
+    ``secret``, ``fieldRef: status.podIP`` as ``pod_ip``, and ``$(VAR)`` in a value expanded
+    when VAR is defined above it (left as it is otherwise, as the kubelet does; ``$$`` is ``$``)."""
+    env: dict[str, str] = {}
+
+    def expand(m: re.Match[str]) -> str:
+        return "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0))
+
+    for e in container.get("env", []):
+        if "value" in e:
+            env[e["name"]] = re.sub(r"\$\$|\$\((\w+)\)", expand, e["value"])
+        elif ref := e.get("valueFrom", {}).get("secretKeyRef"):
+            env[e["name"]] = secret[ref["key"]]
+        elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP":
+            env[e["name"]] = pod_ip
+        else:
+            raise ValueError(f"env {e['name']}: a source this renderer does not read")
+    return env
 
 
 def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def pg_url(pg_cluster: PgCluster, request: pytest.FixtureRequest) -> str:
 
 def empty(store: SessionStore) -> None:
     """Every row of a PostgreSQL store gone (the schema stays): the next test's store is new."""
-    store._run("TRUNCATE sessions, runs, owners, session_files, checkpoints, leases, managers, pool_kernels")
+    store._run("TRUNCATE sessions, runs, owners, session_files, checkpoints, leases, managers, pool_kernels, mcp_sessions, egress_tokens")
 
 
 def store_on(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SessionStore]:

@@ -31,6 +31,7 @@ from tests.kubernetes_render import (
     container_env,
     find,
     kernelspec_files,
+    kubelet_env,
     kustomize,
     launcher_env,
     pod_labels,
@@ -83,7 +84,7 @@ def test_every_object_is_valid_for_the_stated_versions(which: str, request: pyte
     docs = request.getfixturevalue(which)
     kinds = sorted({d["kind"] for d in docs})
     assert {"Deployment", "StatefulSet", "Service", "ConfigMap", "NetworkPolicy", "Role", "RoleBinding",
-            "ServiceAccount", "Namespace", "PersistentVolumeClaim", "ResourceQuota"} <= set(kinds)
+            "ServiceAccount", "Namespace", "PodDisruptionBudget", "ResourceQuota"} <= set(kinds)
     base = request.getfixturevalue("base")
     for doc in docs:
         if which == "base" or doc not in base:  # the overlay: only what it changes or adds
@@ -91,8 +92,12 @@ def test_every_object_is_valid_for_the_stated_versions(which: str, request: pyte
     validate(kernel_pod(docs))
 
 
+def example_secret() -> dict[str, Any]:
+    return dict(yaml.safe_load((K8S / "secrets.example.yaml").read_text()))
+
+
 def test_the_example_secret_is_valid_and_has_every_key_the_workloads_read(base: list[dict[str, Any]]) -> None:
-    secret = yaml.safe_load((K8S / "secrets.example.yaml").read_text())
+    secret = example_secret()
     validate(secret)
     read = {(ref["name"], ref["key"]) for d in base if d["kind"] in WORKLOADS
             for c in pod_spec(d)["containers"] for e in c.get("env", [])
@@ -192,7 +197,8 @@ def test_a_client_value_cannot_add_yaml_to_the_pod(base: list[dict[str, Any]]) -
 
 def test_every_workload_runs_non_root_read_only_without_capabilities(base: list[dict[str, Any]]) -> None:
     workloads = [d for d in base if d["kind"] in WORKLOADS]
-    assert {d["metadata"]["name"] for d in workloads} == {"kernelmode", "enterprise-gateway", "minio", "egress-proxy"}
+    assert {d["metadata"]["name"] for d in workloads} == {"kernelmode", "enterprise-gateway", "minio", "postgres",
+                                                          "egress-proxy"}
     for d in workloads:
         spec = pod_spec(d)
         assert spec["securityContext"]["runAsNonRoot"] is True
@@ -224,17 +230,21 @@ def test_eg_may_only_manage_pods_in_the_kernel_namespace(base: list[dict[str, An
 def test_manager_config_loads_and_points_at_eg(base: list[dict[str, Any]], tmp_path: Path) -> None:
     cm = find(base, "ConfigMap", "kernelmode-config", "kernelmode")
     manager = find(base, "Deployment", "kernelmode", "kernelmode")
-    # The Secret's values arrive as these env variables; the file itself holds none.
-    secret_env = {e["name"]: "x" * 24 for e in pod_spec(manager)["containers"][0]["env"] if "valueFrom" in e}
+    # The Secret's values arrive as env variables (the example Secret's, as the kubelet sets
+    # them); the file itself holds none.
+    container = pod_spec(manager)["containers"][0]
+    env = kubelet_env(container, example_secret()["stringData"], "10.244.1.7")
     (tmp_path / "kernelmode.yaml").write_text(cm["data"]["kernelmode.yaml"])
-    s = load_settings(tmp_path / "kernelmode.yaml", environ=secret_env)
+    s = load_settings(tmp_path / "kernelmode.yaml", environ=env)
     svc = find(base, "Service", "enterprise-gateway", "kernelmode")
     assert s.gateway.url == f"http://{svc['metadata']['name']}.kernelmode.svc.cluster.local:{svc['spec']['ports'][0]['port']}"
     assert s.gateway.auth_token and s.artifacts.store == "s3"
+    assert s.store.url == example_secret()["stringData"]["store-url"]
+    assert s.server.advertise_url == f"http://10.244.1.7:{s.server.port}"
     assert "--KernelSpecManager.whitelist=" + s.gateway.kernel_name in pod_spec(find(
         base, "Deployment", "enterprise-gateway"))["containers"][0]["command"]
-    assert str(s.server.data_dir) in {m["mountPath"] for m in pod_spec(manager)["containers"][0]["volumeMounts"]}
-    assert s.server.port == manager["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    assert str(s.server.data_dir) in {m["mountPath"] for m in container["volumeMounts"]}
+    assert s.server.port == container["ports"][0]["containerPort"]
 
 
 def test_services_target_ports_their_pods_expose(base: list[dict[str, Any]]) -> None:
@@ -255,6 +265,8 @@ def pods_of(docs: list[dict[str, Any]]) -> dict[str, Pod]:
         pod = kernel_pod(docs)
         labels = {**pod["metadata"]["labels"], "kernel_id": kid}
         out[name] = Pod(name, pod["metadata"]["namespace"], tuple(labels.items()))
+    manager = out["kernelmode"]
+    out["manager-peer"] = Pod("manager-peer", manager.namespace, manager.labels)  # another replica
     out["outside"] = Pod("outside", None)
     out["stray"] = Pod("stray", "kernelmode-kernels", (("app", "debug"),))  # a pod not made by EG
     return out
@@ -267,16 +279,19 @@ def test_network_paths_are_exactly_the_designed_ones(which: str, request: pytest
     eg = eg_env(docs)
     lo, hi = (int(x) for x in eg["EG_PORT_RANGE"].split(".."))
     response = int(eg["EG_RESPONSE_PORT"])
-    allowed = {("outside", "kernelmode", 8888), ("kernelmode", "enterprise-gateway", 8888),
-               ("kernelmode", "minio", 9000), ("enterprise-gateway", "outside", 443)}
+    allowed = {("enterprise-gateway", "outside", 443)}
+    for m, peer in (("kernelmode", "manager-peer"), ("manager-peer", "kernelmode")):  # each replica
+        allowed |= {("outside", m, 8888), (m, "enterprise-gateway", 8888), (m, "minio", 9000),
+                    (m, "postgres", 5432), (m, peer, 8888)}
     for k in ("kernel", "other-kernel"):  # EG to the kernel's port range; the kernel to EG's response
         # port and to the egress proxy
         allowed |= {("enterprise-gateway", k, lo), ("enterprise-gateway", k, hi), (k, "enterprise-gateway", response),
                     (k, "egress-proxy", 3128)}
-    ports = {8888, 8877, 9000, 443, 53, 22, lo, hi, lo - 1, hi + 1, 2375, 10250, 3128}
+    ports = {8888, 8877, 9000, 5432, 443, 53, 22, lo, hi, lo - 1, hi + 1, 2375, 10250, 3128}
     # The egress proxy: out to the internet on any port (an allowed host may be on 8443); its
-    # ipBlock's exceptions are checked by test_the_egress_proxy_reaches_no_private_range.
-    allowed |= {("egress-proxy", "outside", port) for port in ports}
+    # ipBlock's exceptions are checked by test_the_egress_proxy_reaches_no_private_range. It reads
+    # the session store.
+    allowed |= {("egress-proxy", "outside", port) for port in ports} | {("egress-proxy", "postgres", 5432)}
     for src in p.values():
         for dst in p.values():
             if src == dst:
@@ -304,9 +319,9 @@ def test_every_pod_is_covered_both_ways(base: list[dict[str, Any]]) -> None:
 def egress_settings(base: list[dict[str, Any]], tmp_path: Path) -> Any:
     cm = find(base, "ConfigMap", "kernelmode-config", "kernelmode")
     manager = find(base, "Deployment", "kernelmode", "kernelmode")
-    secret_env = {e["name"]: "x" * 24 for e in pod_spec(manager)["containers"][0]["env"] if "valueFrom" in e}
+    env = kubelet_env(pod_spec(manager)["containers"][0], example_secret()["stringData"], "10.244.1.7")
     (tmp_path / "kernelmode.yaml").write_text(cm["data"]["kernelmode.yaml"])
-    return load_settings(tmp_path / "kernelmode.yaml", environ=secret_env).egress
+    return load_settings(tmp_path / "kernelmode.yaml", environ=env).egress
 
 
 def test_kernel_pods_reach_the_egress_proxy_with_their_own_token(base: list[dict[str, Any]], tmp_path: Path) -> None:

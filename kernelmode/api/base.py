@@ -126,6 +126,18 @@ class BaseHandler(web.RequestHandler):
         self.relay = Relay(self, self.services.router, target, body=self.body)
         await self.relay.answer()
 
+    async def forward_unknown_run(self, run_id: str) -> bool:
+        """A run unknown here and to the store: forwarded to the manager that holds it, if one
+        does (queued there, not yet written); False if none does."""
+        router = self.services.router
+        if router is None or FORWARDED_HEADER in self.request.headers:
+            return False
+        target = await router.find_run(run_id, self.request.headers.get("Authorization", ""))
+        if target is None:
+            return False
+        await self.forward_whole(target)
+        return True
+
     def on_connection_close(self) -> None:
         if self.relay is not None:
             self.relay.cancel()

@@ -90,6 +90,24 @@ class Router:
             return None
         return self.for_session(stored.session_id, forwarded)
 
+    async def find_run(self, run_id: str, authorization: str) -> str | None:
+        """A run that neither this manager nor the store knows may be queued (or waiting for the
+        code policy's approval) on another manager, not yet written: ask the others which holds
+        it (a GET of it, with the caller's token). Only unknown run ids pay this."""
+        others = [url for mid, url in self.store.managers.live().items() if mid != self.manager_id]
+
+        async def has(url: str) -> str | None:
+            try:
+                r = await self.forwarder.client.get(
+                    f"{url}/v1/runs/{run_id}", timeout=CONNECT_SECONDS,
+                    headers={"Authorization": authorization, FORWARDED_HEADER: self.manager_id})
+            except httpx.HTTPError:
+                return None
+            return url if r.status_code == 200 else None
+
+        found = [url for url in await asyncio.gather(*(has(u) for u in others)) if url is not None]
+        return found[0] if found else None
+
     def for_kernel(self, kernel_id: str, forwarded: bool) -> str | None:
         """A Jupyter kernel id is its session's id as a UUID (api/jupyter_api.py ``kernel_id_of``);
         ids derived from a session id that is not 32 hex digits are served here."""
@@ -212,6 +230,8 @@ class Relay:
     async def _stream(self, response: httpx.Response) -> bool:
         """The owner's status, headers and body to the client: False if either side hung up midway."""
         h = self.handler
+        if isinstance(h.request.connection, HTTP1Connection):  # several writes: Nagle would hold
+            h.request.connection.stream.set_nodelay(True)  # the last for the client's ACK
         h.set_status(response.status_code, response.reason_phrase or "Unknown")
         for name in ("Content-Type", "Cache-Control"):
             h.clear_header(name)

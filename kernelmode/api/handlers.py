@@ -12,6 +12,7 @@ from tornado import web
 from ..errors import (
     Forbidden,
     InvalidRequest,
+    RunNotFound,
     SessionNotFound,
 )
 from ..models import (
@@ -116,7 +117,12 @@ class RunHandler(BaseHandler):
     forward_by = "run"
 
     async def get(self, run_id: str) -> None:
-        run = self.services.sessions.get_run(run_id, self.principal)
+        try:
+            run = self.services.sessions.get_run(run_id, self.principal)
+        except RunNotFound:
+            if await self.forward_unknown_run(run_id):
+                return
+            raise
         try:
             offset = int(self.get_query_argument("offset", "0"))
             wait = float(self.get_query_argument("wait_seconds", "0"))
@@ -135,7 +141,12 @@ class ApprovalHandler(BaseHandler):
     forward_by = "run"
 
     async def post(self, run_id: str, call_id: str) -> None:
-        self.services.sessions.get_run(run_id, self.principal)  # 404 (another tenant's too) first
+        try:
+            self.services.sessions.get_run(run_id, self.principal)  # 404 (another tenant's too) first
+        except RunNotFound:
+            if await self.forward_unknown_run(run_id):
+                return
+            raise
         req = self.body_model(ApprovalRequest)
         self.send(self.services.sessions.decide_approval(run_id, call_id, req.approve, req.reason,
                                                          self.principal))

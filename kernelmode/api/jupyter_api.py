@@ -92,10 +92,11 @@ class JupyterHandler(BaseHandler):
             "metadata": {"kernelmode": {"sandbox": self.backend, "limits": lim.model_dump(),
                                         "max_limits": sb.max_limits.model_dump()}}}}
 
-    def kernel_model(self, info: SessionInfo) -> dict[str, Any]:
-        """A session as Jupyter's kernel model."""
+    def kernel_model(self, info: SessionInfo, elsewhere: bool = False) -> dict[str, Any]:
+        """A session as Jupyter's kernel model (``elsewhere``: another manager owns it; its
+        record is the store's)."""
         live = self.services.sessions.peek(info.session_id)  # a listing never wakes a hibernated one
-        if live is None and info.status != "hibernated":
+        if live is None and info.status != "hibernated" and not elsewhere:
             self.services.sessions.live_session(info.session_id)  # lost: KernelUnavailable
         state = _STATES.get(str(info.status), "idle")
         if state == "idle" and live is not None and live.console_cells > 0:
@@ -106,13 +107,28 @@ class JupyterHandler(BaseHandler):
                 "kernelmode": {"session_id": info.session_id, "tenant": info.tenant, "status": info.status}}
 
     def kernel_models(self) -> list[dict[str, Any]]:
-        """The caller's sessions that have a kernel (lost ones have none), as kernel models."""
+        """The caller's sessions that have a kernel (lost ones have none), as kernel models:
+        this manager's, and those other managers own (their requests are forwarded there)."""
+        found: list[tuple[SessionInfo, bool]] = [(i, False) for i in self.services.sessions.with_kernels(self.principal)]
+        found += [(i, True) for i in self.owned_elsewhere({i.session_id for i, _ in found})]
         models = []
-        for info in self.services.sessions.with_kernels(self.principal):
+        for info, elsewhere in sorted(found, key=lambda f: (f[0].created_at, f[0].session_id)):
             if info.status != "lost":
                 with contextlib.suppress(KernelmodeError):  # gone meanwhile
-                    models.append(self.kernel_model(info))
+                    models.append(self.kernel_model(info, elsewhere))
         return models
+
+    def owned_elsewhere(self, known: set[str]) -> list[SessionInfo]:
+        """Several managers: the caller's sessions another manager holds (store records)."""
+        router, sessions = self.services.router, self.services.sessions
+        if router is None:
+            return []
+        infos = []
+        for sid in sorted(router.store.leases.held_elsewhere(router.manager_id) - known):
+            if sessions.peek(sid) is None and sessions.may_see(self.principal, sid) \
+                    and (info := router.store.get(sid)) is not None and info.status not in ("lost", "hibernated"):
+                infos.append(info)
+        return infos
 
     def session_of(self, kernel_id: str) -> SessionInfo:
         return find_session(self.services.sessions, self.principal, kernel_id)

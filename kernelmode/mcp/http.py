@@ -198,6 +198,9 @@ class McpHandler(BaseHandler):
         try:
             await super()._answer_from_owner(*args, **kwargs)
         except ManagerGone:  # its manager died with the connection: the client opens a new one
+            sid, router = self.request.headers.get(SESSION_HEADER), self.services.router
+            if sid is not None and router is not None:
+                router.forget_mcp(sid)
             if not self._headers_written:
                 self._answer(404, _UNKNOWN)
 

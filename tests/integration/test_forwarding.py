@@ -77,11 +77,16 @@ def test_created_through_a_run_through_b_console_through_c(three: Managers) -> N
 
 
 def test_jupyter_kernel_channels_through_another_manager(three: Managers) -> None:
-    """What JupyterLab attaches to (/api/kernels/{id}/channels, legacy JSON) on a non-owner."""
+    """What JupyterLab lists (/api/kernels) and attaches to (/api/kernels/{id}/channels, legacy
+    JSON) on a non-owner."""
     with client(three, 0) as a:
         s = a.create_session()
         try:
             s.run("jup = 'seen'")
+            kid = str(uuid.UUID(hex=s.id))
+            for m in three.servers:  # JupyterLab's kernel list is the same whichever manager it asks
+                listed = httpx.get(m.url + "/api/kernels", headers={"Authorization": f"Bearer {three.token}"}).json()
+                assert kid in [k["id"] for k in listed], (m.url, listed)
             ws_url = "ws" + three[1].url.removeprefix("http") + f"/api/kernels/{uuid.UUID(hex=s.id)}/channels"
             with connect(ws_url, additional_headers={"Authorization": f"Bearer {three.token}"},
                          open_timeout=60) as ws:
@@ -144,6 +149,57 @@ def test_mcp_client_through_the_round_robin_balancer(three: Managers) -> None:
 
     outs = asyncio.run(go())
     assert "20" in outs[-1], outs
+
+
+def test_a_queued_run_is_followed_through_another_manager(three: Managers) -> None:
+    """A run queued behind another on its owner is not in the store yet: polling it through
+    another manager still finds it (the others are asked), and its answer is the owner's."""
+    auth = {"Authorization": f"Bearer {three.token}"}
+    with client(three, 0) as a, httpx.Client(base_url=three[1].url, headers=auth, timeout=120) as b:
+        s = a.create_session()
+        try:
+            first = a.execute(s.id, "import time; time.sleep(3)", wait_seconds=0)
+            queued = a.execute(s.id, "print('after')", wait_seconds=0)
+            assert first.status == queued.status == "running"
+            seen = b.get(f"/v1/runs/{queued.run_id}")
+            assert seen.status_code == 200, seen.text
+            assert seen.json()["run_id"] == queued.run_id
+            progress = seen.json()
+            while not progress["done"]:
+                progress = b.get(f"/v1/runs/{queued.run_id}", params={
+                    "wait_seconds": 30, "offset": progress["next_offset"]}).json()
+            assert progress["result"]["stdout"] == "after\n"
+            assert b.get(f"/v1/runs/{'0' * 32}").status_code == 404  # unknown everywhere
+        finally:
+            s.close()
+
+
+def test_python_client_and_consoles_through_the_round_robin_balancer(three: Managers) -> None:
+    """A client behind a balancer that sends each request (and each websocket) to the next
+    manager does not notice: its runs, files and three console connections (one per manager)
+    see one session."""
+    with RoundRobin([m.url for m in three.servers]) as lb, Client(lb.url, three.token, timeout=120) as km:
+        with km.create_session() as s:
+            for code in ("total = 0", "total += 1", "total += 1", "total += 1"):
+                assert s.run(code).status == "ok"
+            s.upload("note.txt", b"through the balancer")
+            assert s.download("note.txt") == b"through the balancer"
+            ws_url = "ws" + lb.url.removeprefix("http") + f"/api/kernels/{uuid.UUID(hex=s.id)}/channels"
+            for _ in range(3):
+                with connect(ws_url, additional_headers={"Authorization": f"Bearer {three.token}"},
+                             open_timeout=60) as ws:
+                    msg = JupyterSession(key=b"", username="person").msg(
+                        "execute_request", {"code": "total += 10; total", "silent": False, "store_history": True,
+                                            "user_expressions": {}, "allow_stdin": False})
+                    ws.send(json.dumps({**msg, "channel": "shell"}, default=str))
+                    while True:
+                        got = json.loads(ws.recv(timeout=120))
+                        if got["msg_type"] == "execute_result" and \
+                                got["parent_header"]["msg_id"] == msg["header"]["msg_id"]:
+                            break
+            assert got["content"]["data"]["text/plain"] == "33"
+            assert s.run("print(total)").stdout.strip() == "33"
+        assert len(set(lb.sent)) == 3
 
 
 def test_a_forwarded_request_is_never_forwarded_again(three: Managers) -> None:

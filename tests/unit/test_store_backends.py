@@ -126,3 +126,13 @@ def test_code_any_python_runs_is_stored(any_store: SessionStore) -> None:
     any_store.add_run(code, _run("a", "r1", stdout="\x00"))
     [(stored, result)] = any_store.runs("a")
     assert stored.startswith("s = '\\udcff'; t = '") and result.stdout == "\x00"
+
+
+def test_each_mcp_connection_names_its_manager_until_it_ends(any_store: SessionStore) -> None:
+    """Where an MCP connection lives, for the other managers to forward to (api/forwarding.py)."""
+    assert any_store.mcp_session_manager("c1") is None
+    any_store.record_mcp_session("c1", "m-a")
+    any_store.record_mcp_session("c2", "m-b")
+    assert (any_store.mcp_session_manager("c1"), any_store.mcp_session_manager("c2")) == ("m-a", "m-b")
+    any_store.forget_mcp_session("c1")
+    assert any_store.mcp_session_manager("c1") is None and any_store.mcp_session_manager("c2") == "m-b"

@@ -1,0 +1,79 @@
+"""Which manager serves a request (api/forwarding.py's Router), against stand-ins of the
+manager's live map, the store and the ownership: a session live here never costs a store call;
+a forwarded request is never forwarded again."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kernelmode.api.forwarding import Router
+from kernelmode.errors import OwnerMoved
+
+OTHER = "http://10.0.0.2:8888"
+
+
+class NoStore:
+    """A store that must not be asked (the local path)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the store was asked ({name}) for a session live here")
+
+
+class Owners:
+    manager_id = "me"
+
+    def __init__(self, owners: dict[str, str]) -> None:
+        self.owners = owners
+        self.asked: list[str] = []
+
+    def owner_url(self, session_id: str) -> str | None:
+        self.asked.append(session_id)
+        return self.owners.get(session_id)
+
+
+def router(live: set[str], owners: dict[str, str], store: Any = None, runs: dict[str, Any] | None = None) -> tuple[Router, Owners]:
+    sessions = SimpleNamespace(peek=lambda sid: object() if sid in live else None,
+                               runner=SimpleNamespace(runs=runs or {}))
+    own = Owners(owners)
+
+    async def make() -> Router:
+        return Router(sessions, store if store is not None else NoStore(), own, 10, lambda m: None)  # type: ignore[arg-type]
+
+    return asyncio.run(make()), own
+
+
+def test_a_session_live_here_is_served_here_without_a_store_call() -> None:
+    r, own = router({"s1"}, {"s1": OTHER})
+    assert r.for_session("s1", forwarded=False) is None
+    assert r.for_session("s1", forwarded=True) is None
+    assert own.asked == []
+
+
+def test_a_session_owned_elsewhere_is_forwarded_once() -> None:
+    r, own = router(set(), {"s2": OTHER})
+    assert r.for_session("s2", forwarded=False) == OTHER
+    with pytest.raises(OwnerMoved, match="send it again"):
+        r.for_session("s2", forwarded=True)
+    assert r.for_session("nobodys", forwarded=True) is None  # served (adopted) here
+
+
+def test_a_run_in_flight_here_costs_no_store_call_and_a_finished_one_is_served_anywhere() -> None:
+    r, _ = router({"s1"}, {}, runs={"r1": SimpleNamespace(stored=False)})
+    assert r.for_run("r1", forwarded=False) is None
+    done = SimpleNamespace(get_run=lambda rid: SimpleNamespace(status="ok", session_id="s2"))
+    r, own = router(set(), {"s2": OTHER}, store=done)
+    assert r.for_run("r9", forwarded=False) is None and own.asked == []
+    running = SimpleNamespace(get_run=lambda rid: SimpleNamespace(status="running", session_id="s2"))
+    r, _ = router(set(), {"s2": OTHER}, store=running)
+    assert r.for_run("r9", forwarded=False) == OTHER
+
+
+def test_a_jupyter_kernel_id_names_its_session() -> None:
+    sid = "0123456789abcdef0123456789abcdef"
+    r, _ = router(set(), {sid: OTHER})
+    assert r.for_kernel("01234567-89ab-cdef-0123-456789abcdef", forwarded=False) == OTHER
+    assert r.for_kernel("not-a-uuid", forwarded=False) is None

@@ -6,7 +6,8 @@ with ``ts`` (logs.py), so a log shipper can filter on ``"event"``. Events:
 ``kernel_died`` (with ``cause``), ``kernel_restarted``, ``kernel_replaced``, ``run``,
 ``console_run``, ``tool_call``, ``quota_refused``, ``approval_requested``, ``approval_decided``
 (with ``approved``, ``by``: rest | mcp | timeout | run_ended | interrupt | no_gate | bound, ``reason``),
-``policy``.
+``policy``; with several managers on one store ``sessions_taken_over`` (a dead manager's sessions
+adopted: ``session_ids``, ``lost``), ``session_lease_lost``, ``orphan_kernels_removed``.
 ``console_run``, ``tool_call``, ``quota_refused``, ``package_install`` (with ``source``,
 ``requested``, ``ok``, and ``installed``/``already`` or the refusal's ``code`` and ``error``).
 """

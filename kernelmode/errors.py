@@ -45,8 +45,10 @@
     │   └── GatewayUnavailable       (503 gateway_unavailable)
     ├── KernelUnavailable            (503 kernel_unavailable) the session's kernel cannot run code
     │   ├── FilesTimeout             (503 files_timeout)      no answer to a file request in time
-    │   └── RestartCut               (503 restart_cut)        a restart cut a kernel's readying short
-    │                                                           (sessions/readying.py; answered in place)
+    │   ├── RestartCut               (503 restart_cut)        a restart cut a kernel's readying short
+    │   │                                                       (sessions/readying.py; answered in place)
+    │   └── SessionOwnedElsewhere    (503 session_owned_elsewhere) another manager owns the session,
+    │                                                           or will once it adopts it (retry)
     ├── StoreError                   (502 store_error)        the artifact store failed
     ├── SessionStoreUnavailable      (503 session_store_unavailable) PostgreSQL (store.url) did not answer
     ├── ManagerGone                  (503 manager_gone)       the session's manager does not answer;
@@ -327,6 +329,13 @@ class RestartCut(KernelUnavailable):
     code = "restart_cut"
 
 
+class SessionOwnedElsewhere(KernelUnavailable):
+    """Another manager sharing the store owns the session (or its dead owner's lease has not
+    expired yet, and a live manager adopts it soon): retry in a moment (sessions/ownership.py)."""
+
+    code = "session_owned_elsewhere"
+
+
 class StoreError(KernelmodeError):
     """The store could not keep or find an object (outage, refused, missing)."""
 
@@ -429,7 +438,8 @@ ERRORS: dict[str, type[KernelmodeError]] = {cls.code: cls for cls in (
     PayloadTooLarge, WorkspaceFull, ImageTooLarge,
     TooManyRequests, TooManySessions, QuotaExceeded,
     SandboxUnavailable, ServerBusy, GatewayError, GatewayForbidden, GatewayUnavailable,
-    KernelUnavailable, FilesTimeout, RestartCut, StoreError, SessionStoreUnavailable, ManagerGone, OwnerMoved,
+    KernelUnavailable, FilesTimeout, RestartCut, SessionOwnedElsewhere, StoreError, SessionStoreUnavailable,
+    ManagerGone, OwnerMoved,
     FileTransferFailed, ToolFailed, PackageFetchFailed,
     MessageTooLarge, IllegalTransition, FrameError, BridgeError, ServerUnreachable,
 )}

@@ -10,7 +10,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..artifacts.volume import WorkspaceVolumes
 from ..audit import audit
@@ -30,6 +30,12 @@ if TYPE_CHECKING:  # egress_wiring.py reads kernels: importing it here would be 
 log = logging.getLogger("kernelmode.sessions")
 
 
+class KernelMarks(Protocol):
+    def mark(self, kernel_id: str) -> None: ...
+
+    def unmark(self, kernel_id: str) -> None: ...
+
+
 @dataclass
 class Kernels:
     """What every kernel shares (gateway, volumes, broker, settings); starts new kernels."""
@@ -41,6 +47,9 @@ class Kernels:
     broker: ToolBroker
     packages: PackageService | None = None  # the package layers, mounted into each kernel
     egress: EgressWiring | None = None  # the sessions' egress proxies, in the kernels' egress dirs
+    # Several managers on one store: each kernel marked as this manager's before it starts
+    # (ownership.py), unmarked once shut down, so that a dead manager's kernels are found.
+    marks: KernelMarks | None = None
     # Background DELETEs of kernels given up (lost, or a failed start): nothing waits on them.
     retiring: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -72,6 +81,8 @@ class Kernels:
                             kernel_id, e)
                 audit("kernel_orphaned", kernel_id=kernel_id, error=str(e)[:300])
             pop_death_record(self.state_dir, kernel_id)
+            if self.marks is not None:
+                self.marks.unmark(kernel_id)
 
         task = asyncio.create_task(delete(), name=f"retire-{kernel_id}")
         self.retiring.add(task)
@@ -137,6 +148,8 @@ class Kernels:
 
     async def launch(self, k: Kernel) -> None:
         """Start ``k`` (its id) in the gateway and connect to it."""
+        if self.marks is not None:
+            self.marks.mark(k.kernel_id)
         await self.gateway.start_kernel(k.kernel_id, k.start_env(), self.start_timeout)
         await k.connect(self.start_timeout)
         if self.egress is not None:  # its session's proxy moves into this kernel's egress dir

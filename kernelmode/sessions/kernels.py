@@ -391,6 +391,8 @@ class Kernel:
         if in_gateway:
             with contextlib.suppress(KernelmodeError):
                 await self.env.gateway.shutdown_kernel(self.kernel_id)
+            if self.env.marks is not None:
+                self.env.marks.unmark(self.kernel_id)
         pop_death_record(self.env.state_dir, self.kernel_id)
 
     async def discard(self, shutdown: bool = True) -> None:

@@ -2,6 +2,10 @@
 outlived it) or marked ``lost``, interrupted runs ended, left-over kernels and workspaces cleared,
 then the reaper, the liveness probes and the warm pool begin. Stop: the reverse, leaving live
 sessions' kernels running (a successor may adopt them).
+
+Beside other live managers on one store (ownership.py), a start touches only what no live manager
+owns: a session another holds the lease of is neither adopted nor marked lost, nor are its runs
+ended or its kernel shut down, and no manager's marked (pool) kernel is taken for a stray.
 """
 
 from __future__ import annotations
@@ -31,15 +35,18 @@ class Lifecycle:
         self.live = live
         self._strays: asyncio.Task[None] | None = None
         self._in_flight: dict[str, RunResult] = {}  # runs the previous manager left running
+        self._theirs: set[str] = set()  # kernels of sessions another live manager owns
 
     async def adopt(self, running_kernels: set[str] | frozenset[str]) -> list[LiveSession]:
         """Start's first half: the sessions of ``running_kernels`` (kernels of an adopted
         gateway, left by a crashed manager), taken over with their variables (the manager makes
         them live); the rest become ``lost``."""
-        m, store = self.m, self.m.store
-        adoptable = recovery.adoptable(store, running_kernels)
+        m, store, own = self.m, self.m.store, self.m.ownership
+        found = recovery.adoptable(store, running_kernels)
+        adoptable = [i for i in found if own.take(i.session_id)]  # of two managers, one takes each
+        self._theirs = {str(i.kernel_id) for i in found} - {str(i.kernel_id) for i in adoptable}
         adopted_ids = {i.session_id for i in adoptable}
-        lost = store.mark_all_lost(keep=adopted_ids)
+        lost = store.mark_all_lost(keep=adopted_ids, manager_id=own.manager_id if own.active else None)
         if lost:  # named: the operator (and the sessions' owners) learn which did not survive
             log.info("%d session(s) of a previous run are marked lost: %s", len(lost), ", ".join(lost))
         m.workspaces.mkdir(parents=True, exist_ok=True)
@@ -48,6 +55,9 @@ class Lifecycle:
         m.quota = await asyncio.to_thread(m.volumes.start, keep_mounted)
         log.info("workspace quota: %s", m.quota)
         self._in_flight = {r.session_id: r for r in store.runs_in_flight()}
+        if own.active:  # read after the runs: a run started since is of a session leased before it
+            theirs = store.leases.held_elsewhere(own.manager_id)
+            self._in_flight = {sid: r for sid, r in self._in_flight.items() if sid not in theirs}
         return await recovery.adopt(m.kernels, store, adoptable, self._in_flight)
 
     async def begin(self, running_kernels: set[str] | frozenset[str]) -> None:
@@ -58,7 +68,11 @@ class Lifecycle:
             await m.egress.attach(s.kernel)
         recovery.end_interrupted_runs(store, self._in_flight, set(self.live.ids()))
         self._in_flight = {}
-        strays = running_kernels - {s.kernel_id for s in self.live}
+        strays = running_kernels - {s.kernel_id for s in self.live} - self._theirs
+        if m.ownership.active:  # marked kernels: a live manager's stay; a dead one's (one taker) go
+            dead = set(store.managers.orphaned_pool())
+            strays = ((strays | dead) - store.managers.pool_kernels()
+                      - {str(i.kernel_id) for i in store.with_kernels(dead)})
         if strays:  # pool kernels of the dead manager, and the like: after start, in the background
             self._strays = asyncio.create_task(self._shut_down(strays), name="strays")
         # Workspaces of kernels that belong to no session (a previous run's pool) are litter.

@@ -2,8 +2,11 @@
 its workspace and of an attached console; and ``LiveSessions``, the one map of them by id.
 
 The map has one owner, the SessionManager: it alone adds and removes (a create, an adoption at
-start, a wake; a delete, a hibernation, a stop). Its rooms get the read-only ``LiveView`` in
-their constructors (mypy keeps them from writing) and see every change at once.
+start, a wake; a delete, a hibernation, a stop), but for ownership.py, which drops a session
+whose lease was lost, and takeover.py, which adds those it adopts from a dead manager. Its rooms
+get the read-only ``LiveView`` in their constructors (mypy keeps them from writing) and see every
+change at once. With several managers on one store (``leases`` set) the map is exactly the
+sessions this manager holds leases on: an add takes the lease, a remove gives it up.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Protocol
 
 from ..errors import SessionExists
 from ..gateway.client import KernelConnection
@@ -91,18 +95,40 @@ class LiveView:
         return list(self._by_id)
 
 
+class Leases(Protocol):
+    """What the map needs of ownership.py: a session's lease taken (raising if another manager
+    holds it) and given up."""
+
+    def claim(self, session_id: str) -> None: ...
+
+    def release(self, session_id: str) -> None: ...
+
+
 class LiveSessions(LiveView):
     """The live sessions by id, and the only way to change which are live."""
 
+    leases: Leases | None = None  # several managers on one store: ownership.attach sets it
+
     def add(self, s: LiveSession) -> None:
-        """``s`` is live from now (SessionExists if another session holds its id)."""
+        """``s`` is live from now (SessionExists if another session holds its id;
+        SessionOwnedElsewhere if another manager holds its lease)."""
         sid = s.info.session_id
         if sid in self._by_id:
             raise SessionExists(f"session {sid!r} is live already")
+        if self.leases is not None:
+            self.leases.claim(sid)
         self._by_id[sid] = s
 
     def remove(self, session_id: str) -> LiveSession | None:
-        """``session_id`` is no longer live; the session it was, if any."""
+        """``session_id`` is no longer live (its lease given up); the session it was, if any."""
+        s = self._by_id.pop(session_id, None)
+        if s is not None and self.leases is not None:
+            self.leases.release(session_id)
+        return s
+
+    def drop(self, session_id: str) -> LiveSession | None:
+        """``session_id`` is no longer live here because another manager took its lease: the
+        lease is not touched."""
         return self._by_id.pop(session_id, None)
 
     def clear(self) -> list[LiveSession]:

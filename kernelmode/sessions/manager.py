@@ -1,9 +1,10 @@
 """SessionManager: the core every front door calls. It owns the live sessions (``live``: only
-this module adds or removes one; its rooms get a read-only view) and composes the rooms that do the work: ``kernels`` (one kernel's lifecycle), ``pool`` (warm kernels),
+this module, ownership and takeover add or remove one; the rest get a read-only view) and composes the rooms that do the work: ``kernels`` (one kernel's lifecycle), ``pool`` (warm kernels),
 ``runner`` (a run from submit to RunResult), ``files`` (workspace, artifacts, notebook),
 ``forks`` (checkpoints on demand, forks, resume), ``gateway_loss`` (what a gateway's failure
 means to the sessions), ``admission`` (ids and caps), ``listing`` (pages), ``lifecycle`` (start
-and stop), ``recovery`` (adoption after a restart) and ``reaper``. Here: create,
+and stop), ``recovery`` (adoption after a restart), ``reaper``, ``ownership`` (leases, when
+managers share a store) and ``takeover`` (what dead managers left). Here: create,
 get, delete, authorize, and delegation: the front doors call only this facade.
 """
 
@@ -71,10 +72,11 @@ from .ownership import Ownership
 from .packages import SessionPackages
 from .pool import WarmPool
 from .readying import restart_asked
-from .reaper import Reaper, expired
+from .reaper import Reaper, reap_pass
 from .runner import Runner
 from .runs import LiveRun
 from .store import SessionStore
+from .takeover import Takeover
 
 log = logging.getLogger("kernelmode.sessions")
 
@@ -104,6 +106,7 @@ class SessionManager:
         broker.reserved[PIP] = self.packages.from_kernel  # %pip install in a cell
         self.egress = EgressWiring(settings, data_dir, self.metrics, data_dir / "run" if sandbox != "none" else None)
         self.kernels = Kernels(settings, gateway, self.volumes, state_dir, broker, self.packages.service, self.egress)
+        self.ownership.attach(self.live, self.kernels)  # leases taken on add, kernels marked
         # Where each kernel's memory use can be read (its cgroup), if anywhere.
         self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
         self.pool = WarmPool(
@@ -123,6 +126,7 @@ class SessionManager:
         self.forks = Forks(self)
         self.gateway_loss = GatewayLoss(self.live, self.pool, store)
         self.lifecycle = Lifecycle(self, self.live)
+        self.ownership.scan = Takeover(self, self.live).scan
         self.hibernation = Hibernation(settings, store, self.checkpoints, self.kernels, self.live)
         self.liveness = Liveness(settings, self.live, self.pool,
                                  lambda s: self.store.save(s.info, s.kernel_id, s.workspace))
@@ -140,6 +144,7 @@ class SessionManager:
         for s in await self.lifecycle.adopt(running_kernels):
             self.live.add(s)
         await self.lifecycle.begin(running_kernels)
+        self.ownership.run()  # heartbeat; adoption of what dead managers leave (takeover.py)
 
     async def stop(self, keep_sessions: bool = False) -> None:
         """``keep_sessions``: their kernels outlive this manager (an external gateway keeps them),
@@ -235,10 +240,11 @@ class SessionManager:
                 raise SessionNotFound(f"no session {session_id!r}")
             if info.status == "hibernated":
                 self.admission.check_wake(session_id, info.tenant)  # a wake is an admission
+                self.ownership.claim(session_id)  # one manager wakes it
                 s = self.hibernation.wake(info)  # its next run starts a kernel and restores
                 self.live.add(s)
                 return s
-            raise KernelUnavailable(
+            raise self.ownership.refusal(info) or KernelUnavailable(
                 f"session {session_id!r} is {info.status}: its kernel is gone (the server restarted); "
                 "delete it and create a new one"
             )
@@ -289,7 +295,11 @@ class SessionManager:
             self._creating.pop(sid, None)
         info.kernel_id = k.kernel_id
         s = LiveSession(kernel=k)
-        self.live.add(s)
+        try:
+            self.live.add(s)  # its lease first (another manager may have made this id meanwhile)
+        except KernelmodeError:
+            await k.discard()
+            raise
         self.metrics.sessions_created.labels("true" if info.from_pool else "false", tenant).inc()
         self.store.take_id(sid, tenant)  # runs of an earlier session with this id are not this one's
         self.store.save(info, s.kernel_id, s.workspace)
@@ -324,8 +334,10 @@ class SessionManager:
         tenant = s.info.tenant if s is not None else self.store.owner(session_id)
         if s is None:
             workspace = self.store.workspace(session_id)
-            if self.store.get(session_id) is None:
+            if (stored := self.store.get(session_id)) is None:
                 raise SessionNotFound(f"no session {session_id!r}")
+            if (refused := self.ownership.refusal(stored)) is not None:
+                raise refused  # live on another manager: deleted there, never under it
             if workspace is not None:  # a lost or hibernated session: only its files are left
                 with contextlib.suppress(KernelmodeError):
                     await asyncio.to_thread(self.volumes.destroy, workspace)
@@ -470,22 +482,8 @@ class SessionManager:
 
     # -- reaping -----------------------------------------------------------------------------------
     async def reap_expired(self) -> list[str]:
-        self.pool.resize()  # the pool follows demand: grown after a burst, shrunk when it fades
-        if self.hibernation.on:
-            t = now()
-            # A due session may be deleted while an earlier one hibernates: skip it, never a KeyError.
-            slept = [sid for sid in self.hibernation.due(t) if await self._hibernate(sid)]
-            for sid in self.hibernation.expired(t):
-                log.info("hibernated session %s expired", sid)
-                with contextlib.suppress(SessionNotFound):
-                    await self.delete(sid, reason="expired")
-            return slept
-        gone = expired(self.live, now())
-        for sid in gone:
-            log.info("session %s expired (idle past its ttl)", sid)
-            with contextlib.suppress(SessionNotFound):
-                await self.delete(sid, reason="expired")
-        return gone
+        """Hibernate or delete what is due (reaper.py): the sessions hibernated or deleted."""
+        return await reap_pass(self)
 
     async def _hibernate(self, session_id: str) -> bool:
         """Hibernate the session (under its lock) and take it out of the live ones; False when

@@ -1,10 +1,15 @@
 """Ownership: which manager acts for which session when several share one PostgreSQL store
 (docs/high-availability.md).
 
-A session is owned by the manager holding its lease (store/leases.py); a manager's own row in
-``managers`` says where the others reach it (``url``) and that it is alive. One heartbeat task
-renews both every third of ``store.lease_seconds``. On a SQLite store (one manager) nothing is
-taken or renewed: ``active`` is False and every session is this manager's.
+A session is owned by the manager holding its lease (store/leases.py): the live-session map is
+exactly the sessions this manager holds leases on (``LiveSessions`` takes one on each add and
+gives it up on each remove). A manager's row in ``managers`` says where the others reach it
+(``url``) and that it is alive. One heartbeat task renews the row and every lease in two
+statements each third of ``store.lease_seconds``; a session whose lease could not be renewed (it
+expired, and another manager took it) is dropped from the map at once, its kernel and record
+left to the new owner. Every kernel this manager starts is marked with its id first (so a dead
+manager's pool kernels are found and shut down by one survivor, takeover.py). Time is the
+database's. On a SQLite store (one manager) nothing is taken or renewed: ``active`` is False.
 """
 
 from __future__ import annotations
@@ -12,15 +17,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
+from ..audit import audit
 from ..config import Settings
+from ..errors import SessionOwnedElsewhere
+from ..models import SessionInfo
+from .kernel_env import Kernels
+from .live import LiveSessions
 from .store import SessionStore, new_manager_id
 
 log = logging.getLogger("kernelmode.sessions")
 
 
 class Ownership:
-    """This manager's name (``manager_id``), address (``url``) and leases."""
+    """This manager's name (``manager_id``), address (``url``), leases and kernel marks."""
 
     def __init__(self, store: SessionStore, settings: Settings, manager_id: str | None = None,
                  url: str = "", home: str = "") -> None:
@@ -30,8 +41,17 @@ class Ownership:
         self.home = home or self.manager_id  # host and data dir (managers.py: predecessors)
         self.ttl = settings.store.lease_seconds
         self.active = store.shared
-        self._heartbeat: asyncio.Task[None] | None = None
+        self.live: LiveSessions | None = None  # the manager's map (``attach``)
+        self.scan: Callable[[], Awaitable[object]] | None = None  # takeover.py's pass
+        self._tasks: list[asyncio.Task[None]] = []
 
+    def attach(self, live: LiveSessions, kernels: Kernels) -> None:
+        """The manager's map (its adds take leases) and kernels (their starts are marked)."""
+        self.live = live
+        if self.active:
+            live.leases = kernels.marks = self
+
+    # -- who owns a session ------------------------------------------------------------------------
     def owner_url(self, session_id: str) -> str | None:
         """The base URL of another live manager that holds an unexpired lease on the session;
         None when the session is this manager's, or nobody's."""
@@ -39,35 +59,107 @@ class Ownership:
             return None
         return self.store.leases.owner_url(session_id, self.manager_id)
 
-    def beat(self) -> None:
-        """This manager is alive for one more lease period (its row in ``managers``)."""
-        if self.active:
-            self.store.managers.beat(self.manager_id, self.url, self.home, self.ttl)
+    def take(self, session_id: str) -> bool:
+        """The session's lease, for this manager (extended if it has it): False if another
+        manager holds it. Atomic: of two managers asking at once, one gets it."""
+        return not self.active or self.store.leases.acquire(session_id, self.manager_id, self.ttl)
 
-    def leave(self) -> None:
-        """This manager stops: its row goes, the others stop forwarding to it."""
+    def claim(self, session_id: str) -> None:
+        """``take``, or SessionOwnedElsewhere (503: retry) when another manager holds it."""
+        if not self.take(session_id):
+            raise SessionOwnedElsewhere(f"session {session_id!r} is owned by another manager right now; "
+                                        "retry in a moment")
+
+    def release(self, session_id: str) -> None:
         if self.active:
-            self.store.managers.leave(self.manager_id)
+            self.store.leases.release(session_id, self.manager_id)
+
+    def refusal(self, info: SessionInfo) -> SessionOwnedElsewhere | None:
+        """Why a session that should be live somewhere is not live here: another manager owns
+        it, or its owner died and it is adopted within a lease period. None on one manager, and
+        for a session that is lost (or has no owner, alive or dead: the start made it lost)."""
+        if not self.active or info.status in ("lost", "hibernated"):
+            return None
+        if (url := self.owner_url(info.session_id)) is not None:
+            return SessionOwnedElsewhere(f"session {info.session_id!r} is owned by the manager at {url}; "
+                                         "send its requests there, or retry in a moment")
+        return SessionOwnedElsewhere(
+            f"session {info.session_id!r} is being taken over from a manager that stopped (within "
+            f"{1.5 * self.ttl:g} s of its last heartbeat); retry in a moment")
+
+    # -- the kernels this manager started ----------------------------------------------------------
+    def mark(self, kernel_id: str) -> None:
+        """Before a kernel is started: it is this manager's (a pool kernel's owner mark)."""
+        if self.active:
+            self.store.managers.add_pool(kernel_id, self.manager_id)
+
+    def unmark(self, kernel_id: str) -> None:
+        if self.active:
+            self.store.managers.drop_pool(kernel_id)
+
+    # -- heartbeat ---------------------------------------------------------------------------------
+    def beat(self) -> list[str]:
+        """This manager is alive for one more lease period, and so are its leases: the sessions
+        whose lease was lost meanwhile, dropped from the live map (kernel and record untouched)."""
+        if not self.active:
+            return []
+        self.store.managers.beat(self.manager_id, self.url, self.home, self.ttl)
+        if self.live is None or not len(self.live):
+            return []
+        held = self.live.ids()
+        lost = sorted(set(held) - self.store.leases.renew_all(self.manager_id, held, self.ttl))
+        for sid in lost:
+            s = self.live.drop(sid)
+            if s is not None and s.conn is not None:  # the new owner talks to the kernel now
+                self._later(s.conn.close())
+            log.warning("session %s: its lease was lost (another manager owns it now); this manager "
+                        "stops acting for it, leaving its kernel and record alone", sid)
+            audit("session_lease_lost", session_id=sid, manager_id=self.manager_id)
+        return lost
+
+    def _later(self, work: Awaitable[object]) -> None:
+        async def run() -> None:
+            with contextlib.suppress(Exception):
+                await work
+        asyncio.create_task(run())
 
     def start(self) -> None:
-        """The first beat now (before this manager starts anything), then the heartbeat."""
+        """The first beat now (before this manager starts or takes anything): a predecessor on
+        this data dir (it died: this process holds the data dir's lock) leaves its leases."""
+        if not self.active:
+            return
+        self.beat()
+        if gone := self.store.managers.predecessors(self.manager_id, self.home):
+            log.info("the previous manager(s) of this data dir (%s) are gone: their sessions are "
+                     "taken over now", ", ".join(gone))
+
+    def run(self) -> None:
+        """The heartbeat (every third of a lease) and the takeover scan (every half), from now."""
         if self.active:
-            self.beat()
-            self._heartbeat = asyncio.create_task(self._beating(), name="ownership-heartbeat")
+            self._tasks = [asyncio.create_task(self._every("heartbeat", self.ttl / 3, self.beat))]
+            if self.scan is not None:
+                self._tasks.append(asyncio.create_task(self._every("takeover scan", self.ttl / 2, self.scan)))
+
+    @staticmethod
+    async def _every(name: str, interval: float, work: Callable[[], object]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                done = work()
+                if asyncio.iscoroutine(done):
+                    await done
+            except Exception:  # the store did not answer, say: the next round tries again
+                log.exception("ownership: the %s failed (again in %g s)", name, interval)
 
     async def stop(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
+        """Stop beating, and leave: this manager's row goes and its leases expire now, so that
+        another manager adopts its sessions (their kernels outlive it) at its next scan."""
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
-            self._heartbeat = None
-        with contextlib.suppress(Exception):  # a store that does not answer: the row expires
-            self.leave()
-
-    async def _beating(self) -> None:
-        while True:
-            await asyncio.sleep(self.ttl / 3)
-            try:
-                self.beat()
-            except Exception:
-                log.exception("heartbeat failed (the leases expire unless a later one succeeds)")
+                await task
+        self._tasks = []
+        if self.active:
+            with contextlib.suppress(Exception):  # a store that does not answer: they expire
+                self.store.leases.expire_all(self.manager_id)
+                self.store.managers.leave(self.manager_id)

@@ -59,10 +59,16 @@ async def adopt(kernels: Kernels, store: SessionStore, infos: list[SessionInfo],
     return adopted
 
 
-def end_interrupted_runs(store: SessionStore, in_flight: dict[str, RunResult], adopted: set[str]) -> None:
+RESTARTED = "the server stopped while this code ran; its output after that is lost"
+TAKEN_OVER = ("the manager running this code stopped, and another manager took the session over "
+              "(its variables kept, unless state_lost); the code's output after that is lost, and it "
+              "was not run again")
+
+
+def end_interrupted_runs(store: SessionStore, in_flight: dict[str, RunResult], adopted: set[str],
+                         why: str = RESTARTED) -> None:
     """The server died under these runs: they end as interrupted (state lost unless adopted)."""
     for run in in_flight.values():
         store.end_run(run.model_copy(update={
             "status": "interrupted", "state_lost": run.session_id not in adopted,
-            "error": RunError(ename="ServerRestarted", evalue="the server stopped while this code "
-                              "ran; its output after that is lost", traceback="")}))
+            "error": RunError(ename="ServerRestarted", evalue=why, traceback="")}))

@@ -1,22 +1,37 @@
 """Several managers on one PostgreSQL store and one external Kernel Gateway (real parts: the
 suite's PostgreSQL, a real gateway, real `serve` processes, bubblewrap): ownership by leases,
-start-up beside live managers, failover after a `kill -9` (docs/high-availability.md)."""
+start-up beside live managers, failover after a `kill -9`, one reaper across managers
+(docs/high-availability.md). Requests go to the owner, or to any manager after its death."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 
+import httpx
 import psycopg
 import pytest
 
 from tests.support.managers import Managers, start_managers
 from tests.support.postgres import PgCluster
+from tests.support.server import wait_for
+
+LEASE = 3  # store.lease_seconds: failover within about 1.5 of it
+ENV = {
+    "KERNELMODE_STORE__LEASE_SECONDS": str(LEASE),
+    "KERNELMODE_SESSIONS__POOL_SIZE": "1",
+    # Hibernation on, but only a session created with a short ttl_seconds is ever due (the
+    # reaping test); a hibernated one is deleted 2 s later, by one manager.
+    "KERNELMODE_SESSIONS__HIBERNATE_AFTER_SECONDS": "3600",
+    "KERNELMODE_SESSIONS__HIBERNATED_TTL_SECONDS": "2",
+}
 
 
 @pytest.fixture(scope="module")
-def two(pg_cluster: PgCluster) -> Iterator[Managers]:
-    with start_managers(2, pg_cluster.create_database("managers"), {"KERNELMODE_STORE__LEASE_SECONDS": "3"}) as ms:
-        yield ms
+def ms(pg_cluster: PgCluster) -> Iterator[Managers]:
+    with start_managers(2, pg_cluster.create_database("managers"), ENV) as managers:
+        yield managers
 
 
 def _sql(ms: Managers, query: str, args: tuple = ()) -> list[tuple]:
@@ -24,6 +39,149 @@ def _sql(ms: Managers, query: str, args: tuple = ()) -> list[tuple]:
         return conn.execute(query, args).fetchall()
 
 
-def test_each_manager_is_in_the_store_with_its_url(two: Managers) -> None:
-    rows = dict(_sql(two, "SELECT url, manager_id FROM managers WHERE expires_at > now()"))
-    assert set(rows) == {two[0].url, two[1].url}
+def _owner_url(ms: Managers, sid: str) -> str | None:
+    rows = _sql(ms, "SELECT m.url FROM leases l JOIN managers m USING (manager_id) "
+                "WHERE l.session_id = %s AND l.expires_at > now() AND m.expires_at > now()", (sid,))
+    return rows[0][0] if rows else None
+
+
+def _create(c: httpx.Client, sid: str, **extra: object) -> None:
+    r = c.post("/v1/sessions", json={"session_id": sid, **extra})
+    assert r.status_code == 201, r.text
+
+
+def _run(c: httpx.Client, sid: str, code: str) -> dict:
+    r = c.post(f"/v1/sessions/{sid}/execute", json={"code": code})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _answers(c: httpx.Client, sid: str, code: str) -> dict | None:
+    """The run's result once a manager serves the session (None while it answers 503)."""
+    r = c.post(f"/v1/sessions/{sid}/execute", json={"code": code})
+    if r.status_code == 503:
+        assert r.json()["error"]["code"] == "session_owned_elsewhere", r.text
+        return None
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _gateway_kernels(ms: Managers) -> set[str]:
+    return {k["id"] for k in ms.gateway.get("/api/kernels").json()}
+
+
+def _audits(ms: Managers, event: str, only: int | None = None, **match: object) -> list[dict]:
+    """The audit lines ``event`` (with the fields of ``match``) of every manager's log (or of
+    manager ``only``'s)."""
+    found = []
+    for i in range(len(ms)) if only is None else [only]:
+        for line in ms[i].log().splitlines():
+            if f'"event": "{event}"' not in line and f'"event":"{event}"' not in line:
+                continue
+            entry = json.loads(line[line.index("{"):])
+            if all(entry.get(k) == v for k, v in match.items()):
+                found.append(entry)
+    return found
+
+
+def test_each_manager_is_in_the_store_with_its_url(ms: Managers) -> None:
+    rows = dict(_sql(ms, "SELECT url, manager_id FROM managers WHERE expires_at > now()"))
+    assert {ms[0].url, ms[1].url} <= set(rows)
+
+
+def test_a_starting_manager_leaves_the_live_ones_sessions_and_kernels_alone(ms: Managers) -> None:
+    with ms.client(0) as c:
+        _create(c, "mine0")
+        assert _run(c, "mine0", "x = 41")["status"] == "ok"
+        wait_for(lambda: c.get("/readyz").json()["checks"]["pool"]["ready"] >= 1, "manager 0's pool kernel")
+    assert _owner_url(ms, "mine0") == ms[0].url
+    kernel = _sql(ms, "SELECT kernel_id FROM sessions WHERE session_id = 'mine0'")[0][0]
+    m0 = _sql(ms, "SELECT manager_id FROM managers WHERE url = %s", (ms[0].url,))[0][0]
+    pool = {r[0] for r in _sql(ms, "SELECT kernel_id FROM pool_kernels WHERE manager_id = %s", (m0,))} - {kernel}
+    ms.restart(1)  # a start beside a live manager: before ownership, mine0 became lost here
+    assert _sql(ms, "SELECT status FROM sessions WHERE session_id = 'mine0'")[0][0] == "idle"
+    with ms.client(0) as c:
+        assert _run(c, "mine0", "x + 1")["result"] == "42"
+        assert c.get("/v1/sessions/mine0").json()["status"] == "idle"
+    assert pool and {kernel, *pool} <= _gateway_kernels(ms)  # neither its session's kernel nor its pool's
+    assert _owner_url(ms, "mine0") == ms[0].url
+    with ms.client(1) as c:  # the other manager answers: the session is another's
+        r = c.post("/v1/sessions/mine0/execute", json={"code": "1"})
+        assert r.status_code == 503 and ms[0].url in r.json()["error"]["message"], r.text
+        r = c.delete("/v1/sessions/mine0")  # never deleted under its owner
+        assert r.status_code == 503 and r.json()["error"]["code"] == "session_owned_elsewhere", r.text
+    with ms.client(0) as c:
+        assert _run(c, "mine0", "x")["result"] == "41"
+
+
+def test_kill_9_of_the_owner_while_idle_another_manager_serves_the_session(ms: Managers) -> None:
+    with ms.client(0) as c:
+        _create(c, "idle0")
+        assert _run(c, "idle0", "kept = 'yes'")["status"] == "ok"
+    assert _owner_url(ms, "idle0") == ms[0].url
+    ms.kill(0)
+    t0 = time.monotonic()
+    with ms.client(1) as c:
+        result = wait_for(lambda: _answers(c, "idle0", "kept"), "manager 1 to serve idle0", timeout=60)
+    took = time.monotonic() - t0
+    print(f"failover (idle): {took:.1f} s with store.lease_seconds={LEASE}")
+    assert isinstance(result, dict) and result["status"] == "ok" and result["result"] == "'yes'", result
+    assert _owner_url(ms, "idle0") == ms[1].url
+    assert len(_audits(ms, "sessions_taken_over")) >= 1
+    ms.restart(0)
+
+
+def test_kill_9_during_a_long_run_ends_it_interrupted_once_and_keeps_the_state(ms: Managers) -> None:
+    with ms.client(1) as c:
+        _create(c, "busy1")
+        assert _run(c, "busy1", "y = 7\nstarts = 0")["status"] == "ok"
+        r = c.post("/v1/sessions/busy1/execute", json={
+            "code": "starts += 1\nimport time\nwhile True: time.sleep(0.1)", "wait_seconds": 0})
+        assert r.status_code in (200, 202), r.text
+        run_id = r.json()["run_id"]
+        wait_for(lambda: c.get(f"/v1/runs/{run_id}").json()["status"] == "running", "the run to start")
+        time.sleep(0.5)  # the cell is under way in the kernel
+    ms.kill(1)
+    t0 = time.monotonic()
+    with ms.client(0) as c:
+        result = wait_for(lambda: _answers(c, "busy1", "(y, starts)"), "manager 0 to serve busy1", timeout=60)
+        took = time.monotonic() - t0
+        print(f"failover (during a run): {took:.1f} s with store.lease_seconds={LEASE}")
+        # The variables kept, and the interrupted cell was not run again.
+        assert isinstance(result, dict) and result["result"] == "(7, 1)", result
+        run = c.get(f"/v1/runs/{run_id}").json()["result"]
+    assert run["status"] == "interrupted", run
+    assert run["error"]["ename"] == "ServerRestarted" and "another manager took the session over" in run["error"]["evalue"]
+    assert run["state_lost"] is False
+    assert _sql(ms, "SELECT COUNT(*) FROM runs WHERE run_id = %s", (run_id,))[0][0] == 1
+    assert _sql(ms, "SELECT COUNT(*) FROM runs WHERE running")[0][0] == 0
+    ms.restart(1)
+
+
+def test_a_restarted_manager_does_not_take_another_live_managers_sessions(ms: Managers) -> None:
+    with ms.client(0) as c:
+        _create(c, "stay0")
+        assert _run(c, "stay0", "z = 3")["status"] == "ok"
+    ms.kill(1)
+    ms.restart(1)
+    time.sleep(LEASE)  # a full lease period of heartbeats and scans on both
+    assert _sql(ms, "SELECT status FROM sessions WHERE session_id = 'stay0'")[0][0] == "idle"
+    with ms.client(0) as c:
+        assert _run(c, "stay0", "z")["result"] == "3"
+    assert _owner_url(ms, "stay0") == ms[0].url
+    assert not _audits(ms, "sessions_taken_over", session_ids=["stay0"])
+
+
+def test_an_idle_session_is_hibernated_and_reaped_once_across_managers(ms: Managers) -> None:
+    with ms.client(0) as c:
+        _create(c, "reap0", ttl_seconds=10)
+        assert _run(c, "reap0", "w = 1")["status"] == "ok"
+        wait_for(lambda: c.get("/v1/sessions/reap0").status_code == 404, "reap0 to be hibernated and deleted",
+                 timeout=90)
+    time.sleep(LEASE)  # every manager had its reaper rounds since
+    assert len(_audits(ms, "session_hibernated", session_id="reap0")) == 1
+    assert len(_audits(ms, "session_closed", session_id="reap0", reason="expired")) == 1
+    # The store-wide pass (hibernated sessions past their time) ran on the reaper lease's holder.
+    holder = _sql(ms, "SELECT m.url FROM leases l JOIN managers m USING (manager_id) WHERE l.session_id = ':reaper'")
+    closed_by = [i for i in range(len(ms)) if _audits(ms, "session_closed", i, session_id="reap0")]
+    assert holder and [ms[i].url for i in closed_by] == [holder[0][0]]

@@ -88,10 +88,11 @@ class SessionStore(ABC):
         """The session's kernel is gone (with the `serve` that ran it); its files stay."""
 
     @abstractmethod
-    def mark_all_lost(self, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    def mark_all_lost(self, keep: set[str] | frozenset[str] = frozenset(), manager_id: str | None = None) -> list[str]:
         """Sessions of a previous `serve` whose kernels are gone (all but those in ``keep``,
         whose kernels were adopted, and the hibernated ones): their ids, in order; the records
-        are changed as ``mark_lost`` changes them."""
+        are changed as ``mark_lost`` changes them. ``manager_id``: the sessions another manager
+        holds an unexpired lease on are its own, and kept too (checked in the same statement)."""
 
     @abstractmethod
     def with_kernels(self, kernel_ids: set[str] | frozenset[str]) -> list[SessionInfo]:

@@ -64,6 +64,10 @@ class Leases(ABC):
         """The URL of the live manager other than ``manager_id`` that holds an unexpired lease
         on the session, or None."""
 
+    @abstractmethod
+    def expire_all(self, manager_id: str) -> None:
+        """Every lease of ``manager_id`` expires now (it stops: the others adopt at once)."""
+
     def release(self, session_id: str, manager_id: str) -> bool:
         """Give the lease up (only ``manager_id``'s own): True if it held it."""
         return bool(self._rows("DELETE FROM leases WHERE session_id=? AND manager_id=? RETURNING session_id",
@@ -103,6 +107,10 @@ class SqliteLeases(Leases):
             "UPDATE leases SET expires_at=? WHERE manager_id=? AND expires_at > ? "
             "AND session_id IN (SELECT value FROM json_each(?)) RETURNING session_id",
             (now + ttl, manager_id, now, json.dumps(session_ids)))}
+
+    def expire_all(self, manager_id: str) -> None:
+        self._rows("UPDATE leases SET expires_at=? WHERE manager_id=? RETURNING session_id",
+                   (time.time(), manager_id))
 
     def held_elsewhere(self, manager_id: str) -> set[str]:
         return {r[0] for r in self._rows("SELECT session_id FROM leases WHERE manager_id<>? AND expires_at > ?",
@@ -147,6 +155,9 @@ class PostgresLeases(Leases):
             "UPDATE leases SET expires_at = now() + make_interval(secs => ?) "
             "WHERE manager_id=? AND expires_at > now() AND session_id = ANY(?) RETURNING session_id",
             (float(ttl), manager_id, session_ids))}
+
+    def expire_all(self, manager_id: str) -> None:
+        self._rows("UPDATE leases SET expires_at=now() WHERE manager_id=? RETURNING session_id", (manager_id,))
 
     def held_elsewhere(self, manager_id: str) -> set[str]:
         return {r[0] for r in self._rows(

@@ -150,18 +150,21 @@ class PostgresStore(SessionStore):
                   (info.model_copy(update={"status": "lost", "expires_at": None}).model_dump_json(),
                    info.session_id))
 
-    def mark_all_lost(self, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    def mark_all_lost(self, keep: set[str] | frozenset[str] = frozenset(), manager_id: str | None = None) -> list[str]:
         """The records are read, changed and written back each only if its status is still the
-        one read (a save meanwhile wins)."""
+        one read (a save meanwhile wins) and no other manager leases it by then."""
+        leased = ("AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.session_id = sessions.session_id "
+                  "AND l.manager_id <> ? AND l.expires_at > now()) ") if manager_id is not None else ""
+        mine = (manager_id,) if manager_id is not None else ()
         rows = self._rows("SELECT info, status FROM sessions WHERE status NOT IN ('hibernated', 'lost') "
-                          "AND NOT (session_id = ANY(?))", (sorted(keep),))
+                          f"AND NOT (session_id = ANY(?)) {leased}", (sorted(keep), *mine))
         lost = []
         for raw, status in rows:
             info = SessionInfo.model_validate_json(raw)
             changed = info.model_copy(update={"status": "lost", "expires_at": None}).model_dump_json()
             if self._rows("UPDATE sessions SET info=?, status='lost', expires_us=NULL "
-                          "WHERE session_id=? AND status=? RETURNING session_id",
-                          (changed, info.session_id, status)):
+                          f"WHERE session_id=? AND status=? {leased}RETURNING session_id",
+                          (changed, info.session_id, status, *mine)):
                 lost.append(info.session_id)
         return sorted(lost)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -203,15 +204,17 @@ class SqliteStore(SessionStore):
              info.session_id),
         )
 
-    def mark_all_lost(self, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    def mark_all_lost(self, keep: set[str] | frozenset[str] = frozenset(), manager_id: str | None = None) -> list[str]:
         """One statement over the status index."""
+        leased = ("AND session_id NOT IN (SELECT session_id FROM leases WHERE manager_id <> ? "
+                  "AND expires_at > ?) ") if manager_id is not None else ""
         # A hibernated session has no kernel to lose: it wakes as ever. Two ranges around 'lost'
         # and 'hibernated' (not NOT IN): the index finds the few live ones among many lost.
         rows = self._db.execute(
             "UPDATE sessions SET status = 'lost', info = json_set(info, '$.status', 'lost', '$.expires_at', "
             "json('null')) WHERE (status < 'hibernated' OR (status > 'hibernated' AND status < 'lost') "
-            "OR status > 'lost') AND session_id NOT IN (SELECT value FROM json_each(?)) RETURNING session_id",
-            (json.dumps(sorted(keep)),)).fetchall()
+            f"OR status > 'lost') AND session_id NOT IN (SELECT value FROM json_each(?)) {leased}RETURNING session_id",
+            (json.dumps(sorted(keep)), *((manager_id, time.time()) if manager_id is not None else ()))).fetchall()
         return sorted(r[0] for r in rows)
 
     def with_kernels(self, kernel_ids: set[str] | frozenset[str]) -> list[SessionInfo]:

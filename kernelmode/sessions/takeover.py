@@ -1,0 +1,97 @@
+"""Takeover: every half lease period, a manager sharing the store with others adopts what a dead
+manager left (docs/high-availability.md).
+
+- Sessions whose lease expired (their manager stopped renewing): each is taken by one atomic
+  acquire, so exactly one manager wins it; the winner takes the kernel over through the gateway
+  with its variables (recovery.adopt, as a restarted manager does), and a run that was in flight
+  is interrupted in the kernel and ends ``interrupted`` with its cause (never run again). A
+  session whose kernel is gone is marked ``lost``; a hibernated, lost or deleted one only has its
+  stale lease removed.
+- Kernels a dead manager marked (its warm pool, a start under way): deleted by the one survivor
+  whose statement removed their marks; a kernel that turned out to be a session's is left for
+  the session's adoption.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ..audit import audit
+from ..errors import KernelmodeError
+from . import recovery
+from .live import LiveSessions
+
+if TYPE_CHECKING:  # the manager passes itself in; importing it would be a cycle
+    from .manager import SessionManager
+
+log = logging.getLogger("kernelmode.sessions")
+
+
+class Takeover:
+    def __init__(self, manager: SessionManager, live: LiveSessions) -> None:
+        self.m = manager
+        self.live = live
+        self.adopted = 0  # sessions taken over from dead managers (tests, logs)
+
+    async def scan(self) -> list[str]:
+        """One pass: the sessions adopted from dead managers."""
+        await self._orphaned_kernels()
+        return await self._expired_sessions()
+
+    async def _orphaned_kernels(self) -> None:
+        m = self.m
+        orphans = set(m.store.managers.orphaned_pool())
+        if not orphans:
+            return
+        orphans -= {str(i.kernel_id) for i in m.store.with_kernels(orphans)}  # sessions': adopted
+        for kernel_id in sorted(orphans):
+            with contextlib.suppress(KernelmodeError):
+                await m.gateway.shutdown_kernel(kernel_id)
+        if orphans:
+            log.info("shut down %d kernel(s) of managers that stopped: %s", len(orphans), ", ".join(sorted(orphans)))
+            audit("orphan_kernels_removed", kernel_ids=sorted(orphans))
+
+    async def _expired_sessions(self) -> list[str]:
+        m, own, store = self.m, self.m.ownership, self.m.store
+        t0 = time.monotonic()
+        won = []
+        for sid in store.leases.expired():
+            if sid.startswith(":"):  # a singleton's (the reaper's), not a session's
+                continue
+            if own.take(sid) and sid not in self.live:  # one of ours, late: taken back above
+                won.append(sid)
+        if not won:
+            return []
+        infos = []
+        for sid in won:
+            info = store.get(sid)
+            if info is None or info.status in ("lost", "hibernated"):
+                own.release(sid)  # nothing runs for it: the lease goes (a wake takes a new one)
+            else:
+                infos.append(info)
+        if not infos:
+            return []
+        running = {str(k["id"]) for k in await m.gateway.list_kernels(
+            timeout=m.settings.gateway.probe_timeout_seconds)}
+        ids = {i.session_id for i in infos}
+        in_flight = {r.session_id: r for r in store.runs_in_flight() if r.session_id in ids}
+        for info in infos:
+            if info.kernel_id not in running:
+                log.warning("session %s: its manager stopped and its kernel is gone: lost", info.session_id)
+                store.mark_lost(info)
+        adopted = await recovery.adopt(m.kernels, store, [i for i in infos if i.kernel_id in running], in_flight)
+        for s in adopted:
+            self.live.add(s)
+            await m.egress.attach(s.kernel)
+        kept = {s.info.session_id for s in adopted}
+        for sid in ids - kept:
+            own.release(sid)
+        recovery.end_interrupted_runs(store, in_flight, kept, recovery.TAKEN_OVER)
+        self.adopted += len(kept)
+        log.info("took over %d session(s) from a manager that stopped, in %.2f s (lost: %s)", len(kept),
+                 time.monotonic() - t0, ", ".join(sorted(ids - kept)) or "none")
+        audit("sessions_taken_over", session_ids=sorted(kept), lost=sorted(ids - kept), manager_id=own.manager_id)
+        return sorted(kept)

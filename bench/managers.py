@@ -60,6 +60,7 @@ from tests.support.round_robin import RoundRobin
 SECTION = "managers"
 BASE_ENV = {**AS_DEPLOYED, "KERNELMODE_SESSIONS__POOL_SIZE": "0"}
 GROUPS = ("sqlite-1", "pg-1", "pg-2", "pg-3")  # store and number of managers
+IDLE_S = 5.0  # seconds over which the groups' idle CPU is measured
 INCREMENT = json.dumps({"code": "x += 1; x"}).encode()
 
 
@@ -139,12 +140,12 @@ class Group:
         """``sessions`` sessions created through the balancer, x = 0 in each, a warm-up run."""
         http = Http(self.lb.url, self.ms.token)
         try:
-            for _ in range(sessions):
+            for _ in range(sessions):  # one after the other: the balancer spreads the owners
                 status, body = await http.json("POST", "/v1/sessions", {})
                 if status != 201:
                     raise RuntimeError(f"{self.name}: create answered {status} {body}")
-                sid = body["session_id"]
-                self.counters[sid], self.acked[sid] = 0, []
+                self.counters[body["session_id"]], self.acked[body["session_id"]] = 0, []
+            for sid in self.counters:
                 for code in ("x = 0", "x"):
                     status, body = await http.json("POST", f"/v1/sessions/{sid}/execute", {"code": code})
                     if status != 200 or body.get("status") != "ok":
@@ -181,6 +182,18 @@ class Group:
         for k, s in self.cpu.items():
             s.samples.append((after[k] - before[k]) / 1e6 / max(done, 1))
 
+    def owners(self) -> str:
+        """How many of the sessions each manager holds (from the leases)."""
+        if not self.store_url or self.n == 1:
+            return str(len(self.counters))
+        import psycopg
+
+        with psycopg.connect(self.store_url, autocommit=True) as conn:
+            rows = conn.execute("SELECT m.url, COUNT(*) FROM leases l JOIN managers m USING (manager_id) "
+                                "WHERE l.expires_at > now() GROUP BY m.url").fetchall()
+        held = dict(rows)
+        return "+".join(str(held.get(s.url, 0)) for s in self.ms.servers)
+
     def check_store(self) -> dict[str, int]:
         """Each acknowledged run in the store exactly once: lost, extra (stored, never
         acknowledged), duplicated (a value of x stored twice: a run executed twice)."""
@@ -213,6 +226,10 @@ async def throughput(args: argparse.Namespace, pg: PgCluster, stack: contextlib.
         except RuntimeError as e:  # measured what exists: the block says what failed
             g.errors.append(f"setup: {e}"[:400])
         groups.append(g)
+    # what the groups' managers spend idle (heartbeats, reapers), all over the same seconds
+    idle0 = {g.name: g.cpu_now()["managers"] for g in groups}
+    await asyncio.sleep(IDLE_S)
+    idle = {g.name: (g.cpu_now()["managers"] - idle0[g.name]) / 1e6 / IDLE_S for g in groups}
     t0 = time.monotonic()
     running = [g for g in groups if not g.errors]
     for rnd in range(args.rounds):
@@ -223,7 +240,8 @@ async def throughput(args: argparse.Namespace, pg: PgCluster, stack: contextlib.
                   f"{g.cpu['managers'].samples[-1]:.1f} ms/run", flush=True)
     wall = time.monotonic() - t0
     checks = {g.name: await asyncio.to_thread(g.check_store) for g in groups}
-    return {"groups": groups, "checks": checks, "wall": wall}
+    owners = {g.name: await asyncio.to_thread(g.owners) for g in groups}
+    return {"groups": groups, "checks": checks, "owners": owners, "idle": idle, "wall": wall}
 
 
 def throughput_report(res: dict[str, Any], args: argparse.Namespace) -> str:
@@ -233,12 +251,12 @@ def throughput_report(res: dict[str, Any], args: argparse.Namespace) -> str:
     def row(g: Group) -> str:
         ck = res["checks"][g.name]
         if not g.rate.n:
-            return f"| {g.name} | {g.n} | not measured: setup failed (below) |" + " |" * 9
+            return f"| {g.name} | {res['owners'][g.name]} | not measured: setup failed (below) |" + " |" * 10
         c = {k: s.median for k, s in g.cpu.items()}
-        return (f"| {g.name} | {g.n} | {' / '.join(f'{x:.1f}' for x in g.rate.samples)} | **{g.rate.median:.1f}** | "
+        return (f"| {g.name} | {res['owners'][g.name]} | {' / '.join(f'{x:.1f}' for x in g.rate.samples)} | **{g.rate.median:.1f}** | "
                 f"{g.rate.median / base.rate.median:.2f}x | **{c['managers']:.1f}** | "
                 f"{c['managers'] / base.cpu['managers'].median:.2f}x | {c['gateway']:.1f} | {c['postgres']:.1f} | "
-                f"{c['client']:.1f} | {ck['acked']} / {ck['lost']} / {ck['duplicated']} / {ck['extra']} | "
+                f"{c['client']:.1f} | {res['idle'][g.name]:.1f} | {ck['acked']} / {ck['lost']} / {ck['duplicated']} / {ck['extra']} | "
                 f"{len(g.errors)} |")
 
     errs = "".join(f"\n- {g.name}: `{e}`" for g in groups for e in g.errors[:3])
@@ -249,10 +267,12 @@ def throughput_report(res: dict[str, Any], args: argparse.Namespace) -> str:
 round-robin balancer stand-in, so with N managers N-1 of every N requests reach a manager that
 does not own the session and are forwarded to the owner. CPU in ms per run, medians over the
 rounds (managers: all of the group's `serve` processes together; postgres: the whole server,
-the other groups' idle heartbeats included; client: this script, with the balancer's thread).
+the other groups' idle heartbeats included; client: this script, with the balancer's thread;
+managers idle: the group's managers' CPU per second over {IDLE_S:g} s with nothing running, the
+floor that heartbeats and reapers cost whatever the load).
 
-| group | managers | runs/s per round | runs/s median | vs sqlite-1 | managers CPU ms/run | vs sqlite-1 | gateway ms/run | postgres ms/run | client+balancer ms/run | acked / lost / duplicated / unacked in store | failed runs |
-|---|---|---|---|---|---|---|---|---|---|---|---|
+| group | sessions per manager | runs/s per round | runs/s median | vs sqlite-1 | managers CPU ms/run | vs sqlite-1 | gateway ms/run | postgres ms/run | client+balancer ms/run | managers idle ms/s | acked / lost / duplicated / unacked in store | failed runs |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(row(g) for g in groups)}
 {errs}"""
 
@@ -327,7 +347,7 @@ def main() -> int:
     p.add_argument("--groups", default=",".join(GROUPS), help=f"throughput groups (default {','.join(GROUPS)})")
     p.add_argument("--lease", type=float, default=3.0, help="store.lease_seconds of the failover series (3)")
     p.add_argument("--kills", type=int, default=20, help="kills with --lease (20)")
-    p.add_argument("--default-kills", type=int, default=5, help="kills with the default lease, 10 s (5)")
+    p.add_argument("--default-kills", type=int, default=10, help="kills with the default lease, 10 s (10)")
     p.add_argument("--give-up", type=int, default=2,
                    help="stop a failover series after this many kills in a row never answered (2)")
     p.add_argument("--no-write", action="store_true")

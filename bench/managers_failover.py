@@ -125,9 +125,9 @@ async def ask(c: httpx.AsyncClient, sid: str, nonce: str, kill: Kill, acked: lis
             continue
         kill.statuses[str(r.status_code)] += 1
         if r.status_code == 503:
-            kill.retry_after.add(r.headers.get("Retry-After", "none"))
             code_name = r.json().get("error", {}).get("code", "?") if r.content else "?"
             kill.statuses[f"503 {code_name}"] += 1
+            kill.retry_after.add(f"{r.headers.get('Retry-After', 'none')} on {code_name}")
             await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
         elif r.status_code == 502:
             await asyncio.sleep(0.01)
@@ -225,10 +225,11 @@ def failover_report(series: list[FailoverSeries]) -> str:
         ks = s.kills
         n503 = sum(k.statuses["503"] for k in ks)
         n502 = sum(k.statuses["502"] for k in ks)
-        codes = Counter({key.removeprefix("503 "): n for k in ks for key, n in k.statuses.items()
-                         if key.startswith("503 ")})
+        codes: Counter[str] = Counter()
+        for k in ks:
+            codes.update({key.removeprefix("503 "): n for key, n in k.statuses.items() if key.startswith("503 ")})
         ra = sorted({v for k in ks for v in k.retry_after})
-        store = Counter()
+        store: Counter[str] = Counter()
         for k in ks:
             store.update(k.store)
         kept = sum(1 for k in ks if k.kept_after_restart)

@@ -53,8 +53,6 @@
     ├── SessionStoreUnavailable      (503 session_store_unavailable) PostgreSQL (store.url) did not answer
     ├── ManagerGone                  (503 manager_gone)       the session's manager does not answer;
     │                                                           another adopts it within the lease
-    ├── OwnerMoved                   (503 owner_moved)        a forwarded request reached a manager
-    │                                                           that no longer owns the session
     ├── FileTransferFailed           (502 file_transfer_failed) the kernel's file agent answered wrongly
     ├── ToolFailed                   (502 tool_failed)        a host tool gave no result
     ├── PackageFetchFailed           (502 package_fetch_failed) the package index or pip failed
@@ -361,15 +359,6 @@ class ManagerGone(KernelmodeError):
     retry_after_seconds = 10
 
 
-class OwnerMoved(KernelmodeError):
-    """A forwarded request reached a manager that does not own the session (the lease moved
-    meanwhile); a forwarded request is never forwarded again. Nothing was done: send it again."""
-
-    code = "owner_moved"
-    http_status = 503
-    retry_after_seconds = 1
-
-
 class FileTransferFailed(KernelmodeError):
     """The kernel's file agent answered something this manager refuses (bad shape, a path
     outside the workspace, more bytes than asked or announced, a wrong checksum)."""
@@ -439,7 +428,7 @@ ERRORS: dict[str, type[KernelmodeError]] = {cls.code: cls for cls in (
     TooManyRequests, TooManySessions, QuotaExceeded,
     SandboxUnavailable, ServerBusy, GatewayError, GatewayForbidden, GatewayUnavailable,
     KernelUnavailable, FilesTimeout, RestartCut, SessionOwnedElsewhere, StoreError, SessionStoreUnavailable,
-    ManagerGone, OwnerMoved,
+    ManagerGone,
     FileTransferFailed, ToolFailed, PackageFetchFailed,
     MessageTooLarge, IllegalTransition, FrameError, BridgeError, ServerUnreachable,
 )}

@@ -17,8 +17,8 @@ from ..errors import (
     InvalidRequest,
     KernelmodeError,
     ManagerGone,
-    OwnerMoved,
     ServerBusy,
+    SessionOwnedElsewhere,
     Unauthorized,
     from_wire,
 )
@@ -216,7 +216,7 @@ class BaseHandler(web.RequestHandler):
         self.set_header("Content-Type", "application/json")  # also where defaults are not JSON (/mcp)
         if status == 401:
             self.set_header("WWW-Authenticate", 'Bearer realm="kernelmode"')
-        if status == 429 or isinstance(error, (ServerBusy, ManagerGone, OwnerMoved)):  # when to come back: the error's own figure, else its class's hint
+        if status == 429 or isinstance(error, (ServerBusy, ManagerGone, SessionOwnedElsewhere)):  # when to come back: the error's own figure, else its class's hint
             details = error.details if isinstance(error.details, dict) else {}
             retry: Any = details.get("retry_after_seconds") or getattr(error, "retry_after_seconds", 1)
             self.set_header("Retry-After", str(max(1, int(retry))))

@@ -9,7 +9,7 @@ headers and status are the owner's. The owner checks the bearer token itself (ev
 the same tokens and tenants): nothing the forwarding manager learned is sent as an identity.
 
 A forwarded request carries ``FORWARDED_HEADER`` and is never forwarded again: if it reaches a
-manager that is not the owner (the lease moved meanwhile) it is answered 503 ``owner_moved`` and
+manager that is not the owner (the lease moved meanwhile) it is answered 503 ``session_owned_elsewhere`` and
 the client sends it again. An owner that does not take the connection is answered 503
 ``manager_gone`` with a Retry-After of the lease bound: by then another manager has adopted it.
 """
@@ -28,7 +28,7 @@ from tornado import web
 from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
-from ..errors import ManagerGone, OwnerMoved
+from ..errors import ManagerGone, SessionOwnedElsewhere
 
 if TYPE_CHECKING:
     from ..sessions import SessionManager
@@ -76,7 +76,7 @@ class Router:
             return None
         url = self.ownership.owner_url(session_id)
         if url is not None and forwarded:
-            raise OwnerMoved(f"session {session_id!r} moved to another manager while this request was "
+            raise SessionOwnedElsewhere(f"session {session_id!r} moved to another manager while this request was "
                              "forwarded: send it again")
         return url
 

@@ -79,10 +79,8 @@ class BaseClient:
             return False
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
             return True  # the request never reached the server
-        if r is not None and r.status_code == 503 and _code(r) in ("server_busy", "owner_moved"):
-            # Refused before anything was done (a burst; the session's owner changed while the
-            # request was forwarded between managers): any request may come again.
-            return True
+        if r is not None and r.status_code == 503 and _code(r) in ("server_busy", "session_owned_elsewhere"):
+            return True  # refused before anything was done (a burst, a takeover): any request may come again
         return r is not None and call.route.retry_safe and r.status_code in _RETRYABLE_STATUS
 
     @staticmethod

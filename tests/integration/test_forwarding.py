@@ -203,7 +203,7 @@ def test_python_client_and_consoles_through_the_round_robin_balancer(three: Mana
 
 
 def test_a_forwarded_request_is_never_forwarded_again(three: Managers) -> None:
-    """B gets a request marked as forwarded for a session A owns: it answers 503 owner_moved
+    """B gets a request marked as forwarded for a session A owns: it answers 503 session_owned_elsewhere
     (the client sends it again) instead of passing it on a second time."""
     with client(three, 0) as a:
         s = a.create_session()
@@ -214,7 +214,7 @@ def test_a_forwarded_request_is_never_forwarded_again(three: Managers) -> None:
                 assert plain.status_code == 200  # forwarded once
                 again = raw.get(f"/v1/sessions/{s.id}", headers={FORWARDED_HEADER: "someone"})
                 assert again.status_code == 503, again.text
-                assert again.json()["error"]["code"] == "owner_moved"
+                assert again.json()["error"]["code"] == "session_owned_elsewhere"
                 assert "send it again" in again.json()["error"]["message"]
                 assert int(again.headers["Retry-After"]) >= 1
         finally:

@@ -45,10 +45,10 @@ def test_another_503_of_a_create_is_not_sent_again() -> None:
     assert len(seen) == 1
 
 
-def test_a_run_refused_as_owner_moved_is_sent_again() -> None:
+def test_a_run_refused_as_owned_elsewhere_is_sent_again() -> None:
     """A run forwarded between managers while the session's lease moved (api/forwarding.py):
     nothing was run, so even a POST is sent again, to whichever manager answers next."""
-    moved = {"error": {"code": "owner_moved", "message": "send it again"}}
+    moved = {"error": {"code": "session_owned_elsewhere", "message": "send it again"}}
     done = {"run_id": "r" * 32, "session_id": "s1", "status": "ok"}
     km, seen = client([httpx.Response(503, json=moved, headers={"Retry-After": "0"}), httpx.Response(200, json=done)])
     assert km.execute("s1", "1").status == "ok"

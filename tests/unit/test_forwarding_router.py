@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kernelmode.api.forwarding import Router
-from kernelmode.errors import OwnerMoved
+from kernelmode.errors import SessionOwnedElsewhere
 
 OTHER = "http://10.0.0.2:8888"
 
@@ -56,7 +56,7 @@ def test_a_session_live_here_is_served_here_without_a_store_call() -> None:
 def test_a_session_owned_elsewhere_is_forwarded_once() -> None:
     r, own = router(set(), {"s2": OTHER})
     assert r.for_session("s2", forwarded=False) == OTHER
-    with pytest.raises(OwnerMoved, match="send it again"):
+    with pytest.raises(SessionOwnedElsewhere, match="send it again"):
         r.for_session("s2", forwarded=True)
     assert r.for_session("nobodys", forwarded=True) is None  # served (adopted) here
 

@@ -86,13 +86,15 @@ def test_live_sessions_add_remove_clear() -> None:
 
 
 # Writes to the live-session map: its own methods, or a dict's (subscript, del, pop, clear).
-_WRITE = re.compile(r"\blive\.(add|remove|clear|pop)\(|\blive\[[^\]]+\]\s*=|\bdel\s+[\w.]*live\[")
+_WRITE = re.compile(r"\blive\.(add|remove|drop|clear|pop)\(|\blive\[[^\]]+\]\s*=|\bdel\s+[\w.]*live\[")
 
 
 def test_only_the_manager_changes_which_sessions_are_live() -> None:
+    """And, with several managers on one store, ownership (a lost lease drops a session) and
+    takeover (a dead manager's sessions are added)."""
     root = Path(kernelmode.sessions.__file__).parent
     writers = sorted(f.name for f in root.glob("*.py") if _WRITE.search(f.read_text()))
-    assert writers == ["manager.py"]
+    assert writers == ["manager.py", "ownership.py", "takeover.py"]
 
 
 def _wiring(data_dir: Path) -> EgressWiring:

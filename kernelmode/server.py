@@ -256,9 +256,7 @@ class KernelmodeApp:
                                        self.harvester, self.policy, self.ownership)
         await self.sessions.start(running_kernels)
         if self.ownership.active:  # several managers: a session's requests go to its owner
-            store = self.store
-            self.router = Router(self.sessions, store, self.ownership, s.store.lease_seconds,
-                                 lambda manager_id: store.managers.live().get(manager_id))
+            self.router = Router(self.sessions, self.store, self.ownership, s.store.lease_seconds)
         self.services = services = Services(
             settings=s, tenants=self.tenants, tools=self.tools, sessions=self.sessions,
             gateway=self.gateway, artifact_store=self.artifact_store, metrics=self.sessions.metrics,

@@ -59,12 +59,11 @@ class Router:
     store call; only ids this manager does not hold ask the store."""
 
     def __init__(self, sessions: SessionManager, store: SessionStore, ownership: Ownership,
-                 lease_seconds: float, manager_urls: ManagerUrls) -> None:
+                 lease_seconds: float) -> None:
         self.sessions = sessions
         self.store = store
         self.ownership = ownership
         self.lease_seconds = lease_seconds
-        self.manager_urls = manager_urls
         self.forwarder = Forwarder(ownership.manager_id)
 
     @property
@@ -76,8 +75,8 @@ class Router:
             return None
         url = self.ownership.owner_url(session_id)
         if url is not None and forwarded:
-            raise SessionOwnedElsewhere(f"session {session_id!r} moved to another manager while this request was "
-                             "forwarded: send it again")
+            raise SessionOwnedElsewhere(f"session {session_id!r} is owned by the manager at {url} (it changed "
+                                        "hands while this request was forwarded): send it again")
         return url
 
     def for_run(self, run_id: str, forwarded: bool) -> str | None:
@@ -122,7 +121,7 @@ class Router:
         manager = self.store.mcp_session_manager(mcp_session_id)
         if manager is None or manager == self.manager_id:
             return None
-        return self.manager_urls(manager)
+        return self.store.managers.live().get(manager)  # None: it is dead (the SDK's 404 here)
 
     def record_mcp(self, mcp_session_id: str) -> None:
         self.store.record_mcp_session(mcp_session_id, self.manager_id)
@@ -136,11 +135,6 @@ class Router:
             f"the session's manager ({url}) does not answer ({type(error).__name__}): it is gone, and "
             f"another manager takes the session over within {lease:g} s (its lease): send the request "
             "again then", details={"retry_after_seconds": lease})
-
-
-class ManagerUrls(Protocol):
-    def __call__(self, manager_id: str) -> str | None:
-        """The base URL of a live manager, or None (unknown, or its heartbeat stopped)."""
 
 
 class Forwarder:

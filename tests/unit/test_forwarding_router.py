@@ -41,7 +41,7 @@ def router(live: set[str], owners: dict[str, str], store: Any = None, runs: dict
     own = Owners(owners)
 
     async def make() -> Router:
-        return Router(sessions, store if store is not None else NoStore(), own, 10, lambda m: None)  # type: ignore[arg-type]
+        return Router(sessions, store if store is not None else NoStore(), own, 10)  # type: ignore[arg-type]
 
     return asyncio.run(make()), own
 

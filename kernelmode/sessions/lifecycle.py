@@ -46,6 +46,7 @@ class Lifecycle:
         adoptable = [i for i in found if own.take(i.session_id)]  # of two managers, one takes each
         self._theirs = {str(i.kernel_id) for i in found} - {str(i.kernel_id) for i in adoptable}
         adopted_ids = {i.session_id for i in adoptable}
+        own.adopting |= adopted_ids  # renewed by the heartbeat until they are live
         lost = store.mark_all_lost(keep=adopted_ids, manager_id=own.manager_id if own.active else None)
         if lost:  # named: the operator (and the sessions' owners) learn which did not survive
             log.info("%d session(s) of a previous run are marked lost: %s", len(lost), ", ".join(lost))
@@ -66,6 +67,7 @@ class Lifecycle:
         m, store = self.m, self.m.store
         for s in list(self.live):  # its proxy's socket again, for a kernel that kept running
             await m.egress.attach(s.kernel)
+        m.ownership.adopting.clear()  # live now, or lost (the takeover scan starts after this)
         recovery.end_interrupted_runs(store, self._in_flight, set(self.live.ids()))
         self._in_flight = {}
         strays = running_kernels - {s.kernel_id for s in self.live} - self._theirs

@@ -43,7 +43,9 @@ class Ownership:
         self.active = store.shared
         self.live: LiveSessions | None = None  # the manager's map (``attach``)
         self.scan: Callable[[], Awaitable[object]] | None = None  # takeover.py's pass
+        self.adopting: set[str] = set()  # leases taken for sessions not live yet (renewed too)
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing: set[asyncio.Task[None]] = set()
 
     def attach(self, live: LiveSessions, kernels: Kernels) -> None:
         """The manager's map (its adds take leases) and kernels (their starts are marked)."""
@@ -104,12 +106,12 @@ class Ownership:
         if not self.active:
             return []
         self.store.managers.beat(self.manager_id, self.url, self.home, self.ttl)
-        if self.live is None or not len(self.live):
+        held = sorted({*(self.live.ids() if self.live is not None else ()), *self.adopting})
+        if not held:
             return []
-        held = self.live.ids()
         lost = sorted(set(held) - self.store.leases.renew_all(self.manager_id, held, self.ttl))
         for sid in lost:
-            s = self.live.drop(sid)
+            s = self.live.drop(sid) if self.live is not None else None
             if s is not None and s.conn is not None:  # the new owner talks to the kernel now
                 self._later(s.conn.close())
             log.warning("session %s: its lease was lost (another manager owns it now); this manager "
@@ -121,24 +123,26 @@ class Ownership:
         async def run() -> None:
             with contextlib.suppress(Exception):
                 await work
-        asyncio.create_task(run())
+        task = asyncio.create_task(run())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def start(self) -> None:
-        """The first beat now (before this manager starts or takes anything): a predecessor on
-        this data dir (it died: this process holds the data dir's lock) leaves its leases."""
+        """The first beat now (before this manager starts or takes anything), then one every
+        third of a lease; a predecessor on this data dir (it died: this process holds the data
+        dir's lock) leaves its leases, for this start to adopt."""
         if not self.active:
             return
         self.beat()
+        self._tasks.append(asyncio.create_task(self._every("heartbeat", self.ttl / 3, self.beat)))
         if gone := self.store.managers.predecessors(self.manager_id, self.home):
             log.info("the previous manager(s) of this data dir (%s) are gone: their sessions are "
                      "taken over now", ", ".join(gone))
 
     def run(self) -> None:
-        """The heartbeat (every third of a lease) and the takeover scan (every half), from now."""
-        if self.active:
-            self._tasks = [asyncio.create_task(self._every("heartbeat", self.ttl / 3, self.beat))]
-            if self.scan is not None:
-                self._tasks.append(asyncio.create_task(self._every("takeover scan", self.ttl / 2, self.scan)))
+        """The takeover scan (every half lease), once the start is done."""
+        if self.active and self.scan is not None:
+            self._tasks.append(asyncio.create_task(self._every("takeover scan", self.ttl / 2, self.scan)))
 
     @staticmethod
     async def _every(name: str, interval: float, work: Callable[[], object]) -> None:

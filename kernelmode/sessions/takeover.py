@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..audit import audit
-from ..errors import KernelmodeError
+from ..errors import KernelmodeError, SessionOwnedElsewhere
 from . import recovery
 from .live import LiveSessions
 
@@ -55,7 +55,7 @@ class Takeover:
             audit("orphan_kernels_removed", kernel_ids=sorted(orphans))
 
     async def _expired_sessions(self) -> list[str]:
-        m, own, store = self.m, self.m.ownership, self.m.store
+        own, store = self.m.ownership, self.m.store
         t0 = time.monotonic()
         won = []
         for sid in store.leases.expired():
@@ -65,6 +65,14 @@ class Takeover:
                 won.append(sid)
         if not won:
             return []
+        own.adopting.update(won)  # renewed by the heartbeat while the kernels are reached
+        try:
+            return await self._adopt(won, t0)
+        finally:
+            own.adopting.difference_update(won)
+
+    async def _adopt(self, won: list[str], t0: float) -> list[str]:
+        m, own, store = self.m, self.m.ownership, self.m.store
         infos = []
         for sid in won:
             info = store.get(sid)
@@ -83,15 +91,24 @@ class Takeover:
                 log.warning("session %s: its manager stopped and its kernel is gone: lost", info.session_id)
                 store.mark_lost(info)
         adopted = await recovery.adopt(m.kernels, store, [i for i in infos if i.kernel_id in running], in_flight)
+        kept = set()
         for s in adopted:
-            self.live.add(s)
+            try:
+                self.live.add(s)  # its lease again: lost meanwhile (a slow kernel), another has it
+            except SessionOwnedElsewhere:
+                if s.conn is not None:
+                    await s.conn.close()
+                continue
             await m.egress.attach(s.kernel)
-        kept = {s.info.session_id for s in adopted}
-        for sid in ids - kept:
+            kept.add(s.info.session_id)
+        elsewhere = {s.info.session_id for s in adopted} - kept  # the new owner ends their runs
+        lost = ids - kept - elsewhere
+        for sid in lost:
             own.release(sid)
-        recovery.end_interrupted_runs(store, in_flight, kept, recovery.TAKEN_OVER)
+        recovery.end_interrupted_runs(store, {sid: r for sid, r in in_flight.items() if sid not in elsewhere},
+                                      kept, recovery.TAKEN_OVER)
         self.adopted += len(kept)
         log.info("took over %d session(s) from a manager that stopped, in %.2f s (lost: %s)", len(kept),
-                 time.monotonic() - t0, ", ".join(sorted(ids - kept)) or "none")
-        audit("sessions_taken_over", session_ids=sorted(kept), lost=sorted(ids - kept), manager_id=own.manager_id)
+                 time.monotonic() - t0, ", ".join(sorted(lost)) or "none")
+        audit("sessions_taken_over", session_ids=sorted(kept), lost=sorted(lost), manager_id=own.manager_id)
         return sorted(kept)

@@ -116,3 +116,18 @@ def test_a_lost_lease_drops_the_session_from_the_live_map_and_touches_nothing(an
     assert own.owner_url("b") == "http://two:2"
     refusal = own.refusal(_info("b"))
     assert refusal is not None and "http://two:2" in refusal.message
+
+
+def test_the_heartbeat_keeps_the_leases_of_sessions_being_adopted(any_store: SessionStore) -> None:
+    own = Ownership(any_store, Settings(), "m1", "http://one:1")
+    own.active = True
+    own.live = LiveSessions()
+    assert own.take("adopting") and own.take("forgotten")
+    own.adopting.add("adopting")  # its kernel is being reached: not live yet, still this manager's
+    assert own.beat() == []
+    assert any_store.leases.renew_all("m1", ["adopting", "forgotten"], 60) == {"adopting", "forgotten"}
+    _expire(any_store, "forgotten")
+    _expire(any_store, "adopting")
+    assert any_store.leases.acquire("adopting", "m2", 60)
+    assert own.beat() == ["adopting"]  # taken meanwhile: reported lost (the takeover gives it up)
+    assert any_store.leases.expired() == ["forgotten"]  # a lease neither live nor adopting is not renewed

@@ -58,7 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _egress_proxy(args: argparse.Namespace) -> int:
-    from .egress.front_main import run
+    from .egress.front_main import make_ca, run, write_ca_bundle
 
     setup_logging(args.log_level, args.log_format or "auto")
     try:
@@ -67,9 +67,15 @@ def _egress_proxy(args: argparse.Namespace) -> int:
             settings.server.data_dir = Path(args.data_dir)
         if args.listen is not None:
             settings.egress.listen = args.listen
+        if args.ca_dir is not None:
+            settings.egress.ca_dir = Path(args.ca_dir)
     except (ConfigError, ValueError) as e:
         print(f"kernelmode: {e.message if isinstance(e, ConfigError) else _flag_problem(e)}", file=sys.stderr)
         return 2
+    if args.make_ca:
+        return make_ca(settings)
+    if args.write_ca_bundle is not None:
+        return write_ca_bundle(settings, Path(args.write_ca_bundle))
     setup_logging(args.log_level, args.log_format or settings.server.log_format)
     return loops.run(run(settings), settings.server.event_loop)
 
@@ -225,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     egress.add_argument("--config", help="kernelmode.yaml (the managers' own: same egress and store)")
     egress.add_argument("--listen", help="host:port (default egress.listen)")
     egress.add_argument("--data-dir", help="as for serve (the SQLite store and the egress CA live there)")
+    egress.add_argument("--ca-dir", help="the deployment CA's directory (default egress.ca_dir, else DATA_DIR/egress)")
+    egress.add_argument("--make-ca", action="store_true", help="make the deployment CA (ca.pem, ca-key.pem) "
+                        "in the CA directory and exit (refused if one is there)")
+    egress.add_argument("--write-ca-bundle", metavar="PATH", help="write what remote kernels trust (system CAs, "
+                        "egress.upstream_ca_file, the deployment CA) to PATH and exit: the file behind "
+                        "egress.remote_ca_bundle")
     egress.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     egress.add_argument("--log-format", choices=["text", "json"], help="as for serve")
     egress.set_defaults(func=_egress_proxy)

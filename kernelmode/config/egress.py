@@ -64,9 +64,9 @@ class EgressSettings(_Section):
     port."""
     secrets: list[EgressSecret] = Field(default_factory=list)
     """Headers the proxy adds to requests to a host (`{host, header, value}`). The proxy
-    intercepts TLS to these hosts with a certificate from the deployment's CA
-    (`<data_dir>/egress/ca.pem`, created on first use), which the kernels then trust; other hosts
-    are tunnelled without decryption. An upstream can still echo the header back to the kernel."""
+    intercepts TLS to these hosts with a certificate from the deployment's CA (`ca_dir`), which
+    the kernels then trust (remote kernels: `remote_ca_bundle`); other hosts are tunnelled without
+    decryption. An upstream can still echo the header back to the kernel."""
     hosts: dict[str, str] = Field(default_factory=dict)
     """Static name → address map the proxy uses instead of DNS (on-premise services). The
     address is still checked like a resolved one (see `allow_addresses`)."""
@@ -99,6 +99,18 @@ class EgressSettings(_Section):
     `egress-proxy.kernelmode.svc:3128`. Set, each such kernel is launched with its own token
     (`KERNEL_KM_EGRESS_TOKEN`) and this address (`KERNEL_KM_EGRESS_PROXY`), from which its
     kernelspec or pod template makes `HTTP_PROXY`; unset, remote kernels have no egress."""
+    ca_dir: Path | None = None
+    """Directory of the deployment's interception CA (`ca.pem`, key `ca-key.pem` mode 0600),
+    created there on first use if absent. Unset: `<data_dir>/egress`. Every `kernelmode
+    egress-proxy` replica (and a manager with local kernels) must read the same CA: point them all
+    at one copy (on Kubernetes, a Secret mounted into the proxies only; make it with `kernelmode
+    egress-proxy --make-ca`)."""
+    remote_ca_bundle: str | None = None
+    """Path, on the gateway's nodes or in its kernel pods, of the CA bundle remote kernels trust
+    (the system CAs, `upstream_ca_file` and the deployment CA: `kernelmode egress-proxy
+    --write-ca-bundle FILE` writes it). Set, such kernels get `SSL_CERT_FILE` & co. naming it,
+    as local kernels do. Unset, a session with a secret rule on a remote kernel is refused (403):
+    its kernel would not trust the certificates the proxy mints."""
 
     @field_validator("allow", "deny", mode="after")
     @classmethod
@@ -129,6 +141,16 @@ class EgressSettings(_Section):
                 raise ValueError(f"egress.allow_addresses: {cidr!r} is not a CIDR such as "
                                  "'10.1.2.0/24'") from None
         return out
+
+    @field_validator("remote_ca_bundle", mode="after")
+    @classmethod
+    def _bundle_path(cls, v: str | None) -> str | None:
+        from ..gateway.launch import PATH_VALUE  # its launch value is checked by the same rule
+
+        if v is not None and not (len(v) <= 255 and PATH_VALUE.fullmatch(v)):
+            raise ValueError(f"egress.remote_ca_bundle: {v!r} must be an absolute path of letters, "
+                             "digits, '.', '_', '-' and '/' (no '..'), e.g. /etc/kernelmode/egress-ca/ca-bundle.pem")
+        return v
 
     @field_validator("upstream_ca_file", mode="after")
     @classmethod

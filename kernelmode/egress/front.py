@@ -35,7 +35,7 @@ from .policy import EgressPolicy, stored_policy
 from .proxy import SessionProxy
 from .service import own_addresses
 from .streams import Link, Meter
-from .tls import Certificates, upstream_context
+from .tls import Certificates, ca_directory, upstream_context
 
 if TYPE_CHECKING:  # the store is a room above: the CLI opens it and hands its tokens in
     from ..sessions.store.egress_tokens import EgressTokens
@@ -75,7 +75,7 @@ class EgressFront:
         self.settings = settings
         self.tokens = tokens
         self.cache_seconds = cache_seconds
-        self.certs = Certificates(data_dir / "egress")
+        self.certs = Certificates(ca_directory(settings.ca_dir, data_dir))
         self.metrics = metrics
         self.own = own_addresses()
         self._known: dict[str, _Known] = {}

@@ -97,11 +97,23 @@ def narrow(policy: EgressPolicy, by: EgressNarrowing | None, *, who: str = "this
 
 
 def session_policy(settings: EgressSettings, tenant: str, tenant_egress: EgressNarrowing | None,
-                   asked: EgressNarrowing | None) -> EgressPolicy:
+                   asked: EgressNarrowing | None, *, remote: bool = False) -> EgressPolicy:
     """A new session's policy: the server's, narrowed by its tenant's, then by what it asked for
-    (EgressRefused, 403, when it asked for more)."""
+    (EgressRefused, 403, when it asked for more). ``remote``: its kernel runs on an external
+    gateway, which trusts the proxy's CA only with egress.remote_ca_bundle (else a secret rule it
+    can reach is refused here, not as a certificate error inside the kernel)."""
     policy = narrow(server_policy(settings), tenant_egress, who=f"tenant {tenant!r}")
-    return narrow(policy, asked, who=f"tenant {tenant!r}")
+    policy = narrow(policy, asked, who=f"tenant {tenant!r}")
+    if remote and settings.remote_ca_bundle is None:
+        intercepted = next((s.host for s in policy.secrets for a in policy.allow
+                            if host_matches(split_pattern(a)[0], s.host) or host_matches(s.host, split_pattern(a)[0])),
+                           None)
+        if intercepted is not None:
+            raise EgressRefused(
+                f"egress to {intercepted!r} has a secret rule, which kernels on this server's gateway cannot "
+                "use yet: the operator must set egress.remote_ca_bundle (docs/security-model.md); until then "
+                "ask only for hosts without one", details={"host": intercepted})
+    return policy
 
 
 def egress_info(policy: EgressPolicy) -> EgressInfo | None:

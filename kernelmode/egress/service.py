@@ -21,7 +21,7 @@ from ..metrics import Metrics
 from ..models import EgressUse
 from .policy import EgressPolicy, IPAddress
 from .proxy import SessionProxy
-from .tls import Certificates, kernel_bundle, upstream_context, write_atomic
+from .tls import Certificates, ca_directory, kernel_bundle, upstream_context, write_atomic
 
 SOCKET_NAME = "proxy.sock"
 BUNDLE_NAME = "ca-bundle.pem"
@@ -40,8 +40,8 @@ def own_addresses() -> frozenset[IPAddress]:
 class Egress:
     """``open`` a session's proxy when its kernel is known, ``close`` it when the session ends."""
 
-    def __init__(self, data_dir: Path, metrics: Metrics | None = None) -> None:
-        self.certs = Certificates(data_dir / "egress")
+    def __init__(self, data_dir: Path, metrics: Metrics | None = None, ca_dir: Path | None = None) -> None:
+        self.certs = Certificates(ca_directory(ca_dir, data_dir))
         self.metrics = metrics
         self.own = own_addresses()
         self._proxies: dict[str, tuple[Path, SessionProxy]] = {}

@@ -1,5 +1,5 @@
 """TLS for the egress proxy: the deployment's interception CA (made with ``cryptography``, kept in
-the data dir), certificates minted from it per intercepted host, the upstream verification
+``egress.ca_dir``, by default the data dir's ``egress/``), certificates minted from it per intercepted host, the upstream verification
 context, the kernels' CA bundle, and the SNI of a tunnel's ClientHello (read by the stdlib's own
 TLS parser, so no ClientHello is parsed by hand here).
 """
@@ -7,6 +7,7 @@ TLS parser, so no ClientHello is parsed by hand here).
 from __future__ import annotations
 
 import datetime
+import fcntl
 import os
 import ssl
 import tempfile
@@ -15,13 +16,19 @@ from pathlib import Path
 import certifi
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from .policy import ip_literal
 
 CA_NAME = "kernelmode egress interception CA"
 MAX_CLIENT_HELLO = 64 * 1024  # bytes read before the SNI must be known (a real one is ~0.5-2 KB)
+CAKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey  # --make-ca makes EC; openssl's RSA works too
+
+
+def ca_directory(ca_dir: Path | None, data_dir: Path) -> Path:
+    """Where the deployment CA lives: ``egress.ca_dir``, else ``<data_dir>/egress``."""
+    return ca_dir.expanduser().absolute() if ca_dir is not None else data_dir / "egress"
 
 
 def write_atomic(path: Path, data: bytes, mode: int) -> None:
@@ -37,11 +44,13 @@ def write_atomic(path: Path, data: bytes, mode: int) -> None:
 
 class Certificates:
     """The deployment CA (``DIR/ca.pem``, key ``DIR/ca-key.pem`` 0600), created on first use, and
-    one server context per intercepted host, minted on first use and kept for the process."""
+    one server context per intercepted host, minted on first use and kept for the process.
+    Several processes may share DIR (proxy replicas, a manager): the first to find no CA makes
+    it under a lock, the others load that one."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None = None
+        self._ca: tuple[x509.Certificate, CAKey] | None = None
         self._leaf_key = ec.generate_private_key(ec.SECP256R1())
         self._contexts: dict[str, ssl.SSLContext] = {}
 
@@ -49,25 +58,46 @@ class Certificates:
     def ca_pem_path(self) -> Path:
         return self.directory / "ca.pem"
 
-    def ca(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    def ca(self) -> tuple[x509.Certificate, CAKey]:
+        """The CA, loaded or made (OSError: the directory is unreadable or, to make one,
+        unwritable; ValueError: its files are not a CA and its key)."""
         if self._ca is None:
-            self._ca = self._load() or self._create()
+            self._ca = self._load() or self._locked_create()
         return self._ca
 
     def ca_pem(self) -> bytes:
         return self.ca()[0].public_bytes(serialization.Encoding.PEM)
 
-    def _load(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None:
+    def _load(self) -> tuple[x509.Certificate, CAKey] | None:
+        # ca.pem is written last: when it is there, so is its key.
         try:
             cert = x509.load_pem_x509_certificate(self.ca_pem_path.read_bytes())
             key = serialization.load_pem_private_key((self.directory / "ca-key.pem").read_bytes(), None)
         except FileNotFoundError:
             return None
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise ValueError(f"{self.directory}/ca-key.pem is not an EC key")
+        if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+            raise ValueError(f"{self.directory}/ca-key.pem is neither an EC nor an RSA key")
+        if cert.public_key() != key.public_key():
+            raise ValueError(f"{self.directory}/ca-key.pem is not the key of {self.ca_pem_path}")
+        try:
+            is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        except x509.ExtensionNotFound:
+            is_ca = False
+        if not is_ca:
+            raise ValueError(f"{self.ca_pem_path} is not a CA certificate (basicConstraints CA:TRUE)")
         return cert, key
 
-    def _create(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    def _locked_create(self) -> tuple[x509.Certificate, CAKey]:
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.directory / ".ca.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return self._load() or self.create()
+        finally:
+            os.close(fd)
+
+    def create(self) -> tuple[x509.Certificate, CAKey]:
+        """Make a new CA in the directory (replacing one there: callers check first)."""
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_NAME)])
@@ -85,7 +115,8 @@ class Certificates:
                 .sign(key, hashes.SHA256()))
         write_atomic(self.directory / "ca-key.pem", key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()), 0o600)
-        self.ca_pem_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        write_atomic(self.ca_pem_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+        self._ca = cert, key
         return cert, key
 
     def server_context(self, host: str) -> ssl.SSLContext:
@@ -114,11 +145,14 @@ class Certificates:
                 .sign(ca_key, hashes.SHA256()))
         chain = (cert.public_bytes(serialization.Encoding.PEM) + self._leaf_key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-        # ssl loads a certificate only from a file: a private one, removed once loaded.
-        leaf_dir = self.directory / "leaf"
-        leaf_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = leaf_dir / f"{os.getpid()}-{len(self._contexts)}.pem"
-        write_atomic(path, chain, 0o600)
+        # ssl loads a certificate only from a file: a private one (0600, in the temp dir: the CA's
+        # may be a read-only mount), removed once loaded.
+        fd, name = tempfile.mkstemp(prefix="kernelmode-leaf-", suffix=".pem")
+        path = Path(name)
+        try:
+            os.write(fd, chain)
+        finally:
+            os.close(fd)
         try:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(path)

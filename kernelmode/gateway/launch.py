@@ -21,6 +21,10 @@ SAFE_NAME = re.compile(r"KERNEL_[A-Z0-9_]{1,64}")
 # A value that is host:port (the egress proxy's address): the charset above and one colon.
 ADDRESS_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,252}:[0-9]{1,5}")
 ADDRESS_NAMES = frozenset({"KERNEL_KM_EGRESS_PROXY"})
+# A value that is an absolute path on the node or in the pod (the egress CA bundle's): the same
+# charset and slashes, no '..' (config/egress.py checks egress.remote_ca_bundle against it).
+PATH_VALUE = re.compile(r"(?!.*/\.\.?(/|$))(/[A-Za-z0-9_][A-Za-z0-9._-]*)+")
+PATH_NAMES = frozenset({"KERNEL_KM_EGRESS_CA"})
 # KERNEL_USERNAME when the session has no tenant: Enterprise Gateway would otherwise fall back
 # to its own user (root is in its default unauthorized_users, and the rig refuses none).
 DEFAULT_USERNAME = "kernelmode"
@@ -32,6 +36,8 @@ def checked(name: str, value: str) -> str:
     if not SAFE_NAME.fullmatch(name):
         raise InvalidRequest(f"launch parameter name {name!r} is not KERNEL_[A-Z0-9_]")
     if name in ADDRESS_NAMES and ADDRESS_VALUE.fullmatch(value):
+        return value
+    if name in PATH_NAMES and len(value) <= 255 and PATH_VALUE.fullmatch(value):
         return value
     if not SAFE_VALUE.fullmatch(value):
         raise InvalidRequest(

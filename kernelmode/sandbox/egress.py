@@ -39,6 +39,7 @@ CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CE
 # or pod template makes HTTP_PROXY (:func:`remote_environment`).
 ENV_TOKEN = "KERNEL_KM_EGRESS_TOKEN"
 ENV_PROXY = "KERNEL_KM_EGRESS_PROXY"
+ENV_CA = "KERNEL_KM_EGRESS_CA"  # egress.remote_ca_bundle: the bundle's path on the node or in the pod
 
 
 def egress_dir(runtime_dir: Path, kernel_id: str) -> Path:
@@ -61,13 +62,17 @@ def remote_environment(launch: dict[str, str]) -> dict[str, str]:
     """The proxy variables of a kernel on another host, from its launch values (``KERNEL_ID``,
     :data:`ENV_TOKEN`, :data:`ENV_PROXY`): ``http://KERNEL_ID:TOKEN@PROXY`` ({} without a token:
     such a kernel has no way out). What a Kubernetes pod template writes as
-    ``http://$(KERNEL_ID):$(KERNEL_KM_EGRESS_TOKEN)@$(KERNEL_KM_EGRESS_PROXY)``."""
+    ``http://$(KERNEL_ID):$(KERNEL_KM_EGRESS_TOKEN)@$(KERNEL_KM_EGRESS_PROXY)``. With
+    :data:`ENV_CA` (the bundle's path there), the same CA variables as a local kernel's name it."""
     kernel_id, token, proxy = (launch.get(k) for k in ("KERNEL_ID", ENV_TOKEN, ENV_PROXY))
     if not (kernel_id and token and proxy):
         return {}
     url = f"http://{kernel_id}:{token}@{proxy}"
     env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
     env.update({name: "localhost,127.0.0.1,::1" for name in ("NO_PROXY", "no_proxy")})
+    bundle = launch.get(ENV_CA)
+    if bundle:
+        env.update({name: bundle for name in CA_VARIABLES})
     return env
 
 

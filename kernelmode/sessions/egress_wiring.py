@@ -26,7 +26,7 @@ from ..egress.service import Egress
 from ..errors import KernelUnavailable, SessionStoreUnavailable
 from ..metrics import Metrics
 from ..models import EgressUse
-from ..sandbox.egress import ENV_PROXY, ENV_TOKEN, egress_dir
+from ..sandbox.egress import ENV_CA, ENV_PROXY, ENV_TOKEN, egress_dir
 from .store.egress_tokens import EgressTokens
 
 if TYPE_CHECKING:  # kernels.py holds a wiring: importing it here would be a cycle
@@ -44,7 +44,7 @@ class EgressWiring:
         self.settings = settings.egress
         self.root = root
         self.tokens = tokens
-        self.service = Egress(data_dir, metrics)
+        self.service = Egress(data_dir, metrics, settings.egress.ca_dir)
         self._policies: dict[str, EgressPolicy] = {}  # session id -> its policy, rebuilt once
 
     def dir_of(self, kernel_id: str) -> Path | None:
@@ -69,12 +69,15 @@ class EgressWiring:
     def remote_launch(self, kernel_id: str) -> dict[str, str]:
         """The ``KERNEL_*`` values that give a kernel on an external gateway its egress: a fresh
         token (only its hash is stored) and the proxy's address; {} when egress.proxy_address is
-        unset. Minted for every kernel, pool ones too: the session is looked up per request."""
+        unset; with egress.remote_ca_bundle, that bundle's path on the node/pod too. Minted for every kernel, pool ones too: the session is looked up per request."""
         if self.settings.proxy_address is None or self.tokens is None:
             return {}
         token = new_token()
         self.tokens.add(kernel_id, token)
-        return {ENV_TOKEN: token, ENV_PROXY: self.settings.proxy_address}
+        launch = {ENV_TOKEN: token, ENV_PROXY: self.settings.proxy_address}
+        if self.settings.remote_ca_bundle is not None:
+            launch[ENV_CA] = self.settings.remote_ca_bundle
+        return launch
 
     def forget(self, kernel_id: str) -> None:
         """The kernel is gone: its token opens nothing any more. A store that cannot answer

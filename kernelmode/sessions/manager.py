@@ -268,7 +268,8 @@ class SessionManager:
         for r in req.packages or []:
             parse_requirement(r)  # a bad requirement is refused before a kernel is taken
         limits = principal.limits(req.limits, self.settings.sandbox)  # 422 above a ceiling
-        egress = session_policy(self.settings.egress, principal.tenant, principal.egress, req.egress)  # 403 if wider
+        egress = session_policy(self.settings.egress, principal.tenant, principal.egress, req.egress,  # 403 if wider
+                                remote=self.kernels.remote)
         ttl = req.ttl_seconds or self.settings.sessions.ttl_seconds
         t = now()
         info = SessionInfo(

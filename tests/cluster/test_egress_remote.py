@@ -2,7 +2,9 @@
 reaches `kernelmode egress-proxy` (on the gateway's address of the rig, the one port the node's
 firewall opens for it) with its own id and token, and gets its own session's policy; without the token, or with another kernel's id,
 it gets a 407. The upstream is a real HTTP server on the host's 127.0.0.1, named through
-`egress.hosts` (opened by `allow_addresses: 127.0.0.1/32`): no packet leaves this machine."""
+`egress.hosts` (opened by `allow_addresses: 127.0.0.1/32`): no packet leaves this machine. A
+secret rule works there too: the proxy's CA (egress.ca_dir, made by `--make-ca`) is in the bundle
+the node kernels trust (egress.remote_ca_bundle, written by `--write-ca-bundle`)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from tests.support.server import wait_for
 from tests.support.upstreams import Upstream, make_test_ca
 
 REPO = Path(__file__).resolve().parents[2]
+NODE_SECRET = "km-node-secret-5f0c1a"  # a secret rule's value: the upstream gets it, no kernel does
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +51,27 @@ def egress_served(rig: Rig, eg: eg_mod.EnterpriseGateway, upstream: Upstream,
     data_dir = Path(tempfile.mkdtemp(prefix="kmclegress-", dir="/tmp"))
     cfg = data_dir.with_suffix(".yaml")
     address = f"{rig.gateway_address}:{rig.egress_port}"
+    https, ca_pem = tls_upstream
+    upstream_ca, ca_dir, bundle = data_dir / "upstream-ca.pem", data_dir / "shared-ca", data_dir.with_suffix(".bundle.pem")
+    upstream_ca.write_text(ca_pem)
     cfg.write_text(f"""
 egress:
-  allow: ["plain.test:{upstream.port}", "other.test:{upstream.port}", "secure.test:{tls_upstream[0].port}"]
-  hosts: {{"plain.test": "127.0.0.1", "other.test": "127.0.0.1", "secure.test": "127.0.0.1"}}
+  allow: ["plain.test:{upstream.port}", "other.test:{upstream.port}", "secure.test:{https.port}",
+          "secret.test:{https.port}"]
+  hosts: {{"plain.test": "127.0.0.1", "other.test": "127.0.0.1", "secure.test": "127.0.0.1",
+           "secret.test": "127.0.0.1"}}
   allow_addresses: ["127.0.0.1/32"]
+  secrets: [{{host: secret.test, header: X-Km-Secret, value: "{NODE_SECRET}"}}]
+  upstream_ca_file: "{upstream_ca}"
+  ca_dir: "{ca_dir}"
+  remote_ca_bundle: "{bundle}"
   listen: "{address}"
   proxy_address: "{address}"
 """)
+    # As an operator does: one CA for every proxy, and the nodes' bundle written from it.
+    for flag in (["--make-ca"], ["--write-ca-bundle", str(bundle)]):
+        subprocess.run([sys.executable, "-m", "kernelmode.cli", "egress-proxy", "--config", str(cfg), *flag],
+                       check=True, capture_output=True, cwd=REPO, timeout=60)
     # A pool of one: the first session gets a warm kernel whose token was minted before any
     # session was known (the session is found by kernel id at request time).
     srv = start_server({**eg.env(), "KERNELMODE_SESSIONS__POOL_SIZE": "1"}, data_dir=data_dir,
@@ -74,7 +90,7 @@ egress:
         log.close()
         srv.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
-        for suffix in (".yaml", ".log", ".egress.log"):
+        for suffix in (".yaml", ".log", ".egress.log", ".bundle.pem"):
             data_dir.with_suffix(suffix).unlink(missing_ok=True)
 
 
@@ -155,3 +171,22 @@ def test_a_session_cannot_reach_what_only_another_sessions_policy_allows(
         assert c.delete("/v1/sessions/eg-egress-b").status_code in (200, 204)
         r = run(c, "eg-egress-c", f"raw({token_b!r})")
         assert "407 kernelmode:" in r["result"] or "403 kernelmode:" in r["result"], r
+
+
+def test_a_secret_rule_works_for_a_node_kernel_through_the_shared_ca(
+        egress_served: Server, tls_upstream: tuple[Upstream, str]) -> None:
+    https = tls_upstream[0]
+    with egress_served.client() as c:
+        r = c.post("/v1/sessions", json={"session_id": "eg-egress-s", "egress": {"allow": [f"secret.test:{https.port}"]}})
+        assert r.status_code == 201, r.text
+        # The kernel's default trust (no context, no verify=False): the CA variables name the bundle.
+        code = GET + f"get('https://secret.test:{https.port}/bytes/64')"
+        r = run(c, "eg-egress-s", code)
+        assert r["status"] == "ok" and r["result"].strip("'\"").startswith("200 " + "x" * 64), r
+        assert [h.get("x-km-secret") for _, path, h in https.seen if path == "/bytes/64"][-1] == NODE_SECRET
+        # The value is nowhere the kernel can read: not its environment, not what came back.
+        r = run(c, "eg-egress-s", "import os\n(os.environ.get('SSL_CERT_FILE'), "
+                f"any({NODE_SECRET!r} in v for v in os.environ.values()))")
+        assert r["result"] == f"({str(egress_served.data_dir.with_suffix('.bundle.pem'))!r}, False)", r
+        r = run(c, "eg-egress-s", f"{NODE_SECRET!r} in get('https://secret.test:{https.port}/echo')")
+        assert r["result"] == "False", r

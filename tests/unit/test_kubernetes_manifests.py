@@ -23,7 +23,7 @@ import yaml
 from kernelmode.config import load_settings
 from kernelmode.gateway.launch import launch_env
 from kernelmode.models import Limits
-from kernelmode.sandbox.egress import ENV_PROXY, ENV_TOKEN, remote_environment
+from kernelmode.sandbox.egress import CA_VARIABLES, ENV_CA, ENV_PROXY, ENV_TOKEN, remote_environment
 from kernelmode.sandbox.spec import KernelParams
 from tests.kubernetes_render import (
     Cluster,
@@ -132,8 +132,14 @@ def assert_locked_down(pod: dict[str, Any]) -> None:
         assert csc["readOnlyRootFilesystem"] is True and csc["allowPrivilegeEscalation"] is False
         assert csc["capabilities"] == {"drop": ["ALL"]} and not csc.get("privileged")
         assert {"cpu", "memory"} <= set(c["resources"]["limits"])
-        assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp", "/mnt/data"}
+        # Beside the two sized emptyDirs, only the egress CA bundle (read-only) when it is configured.
+        writable = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
+        assert writable == {"/tmp", "/mnt/data"}
+        assert {m["mountPath"] for m in c["volumeMounts"]} - writable <= {"/etc/kernelmode-egress-ca"}
     for v in spec["volumes"]:
+        if "configMap" in v:
+            assert v["configMap"]["name"] == "kernelmode-egress-ca"
+            continue
         assert set(v) == {"name", "emptyDir"} and v["emptyDir"]["sizeLimit"].endswith("Mi")
 
 
@@ -348,6 +354,61 @@ def test_kernel_pods_reach_the_egress_proxy_with_their_own_token(base: list[dict
     # Without a token (egress.proxy_address unset), no proxy variable at all.
     env = {e["name"] for e in kernel_pod(base)["spec"]["containers"][0]["env"]}
     assert not env & {"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"}
+
+
+def test_every_egress_proxy_replica_mounts_one_ca_from_the_secret_and_nothing_else_does(
+        base: list[dict[str, Any]], tmp_path: Path) -> None:
+    proxy = find(base, "Deployment", "egress-proxy", "kernelmode")
+    spec, c = pod_spec(proxy), pod_spec(proxy)["containers"][0]
+    manager = pod_spec(find(base, "Deployment", "kernelmode", "kernelmode"))["containers"][0]
+    env = {**kubelet_env(manager, example_secret()["stringData"], "10.244.1.7"),  # the same file's needs
+           **kubelet_env(c, example_secret()["stringData"], "10.244.1.8")}
+    (tmp_path / "kernelmode.yaml").write_text(find(base, "ConfigMap", "kernelmode-config", "kernelmode")
+                                             ["data"]["kernelmode.yaml"])
+    ca_dir = load_settings(tmp_path / "kernelmode.yaml", environ=env).egress.ca_dir
+    assert ca_dir is not None
+    mount = next(m for m in c["volumeMounts"] if m["mountPath"] == str(ca_dir))
+    assert mount.get("readOnly") is True
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    # ca.pem and ca-key.pem (tls.Certificates' names) from the Secret's keys, the group's only.
+    assert volume["secret"]["secretName"] == "kernelmode-secrets"
+    assert {i["path"]: i["key"] for i in volume["secret"]["items"]} == {"ca.pem": "egress-ca.pem",
+                                                                         "ca-key.pem": "egress-ca-key.pem"}
+    assert volume["secret"]["defaultMode"] & 0o007 == 0 and spec["securityContext"]["fsGroup"]
+    assert {"egress-ca.pem", "egress-ca-key.pem"} <= set(example_secret()["stringData"])
+    # The key is with the proxies only: no other workload mounts or reads it.
+    for d in base:
+        if d["kind"] in WORKLOADS and d is not proxy:
+            assert "egress-ca-key.pem" not in str(pod_spec(d)), d["metadata"]["name"]
+
+
+def test_kernel_pods_trust_the_egress_ca_bundle_mounted_at_remote_ca_bundle(
+        base: list[dict[str, Any]], tmp_path: Path) -> None:
+    egress = egress_settings(base, tmp_path)
+    assert egress.remote_ca_bundle is not None
+    launch = {"KERNEL_ID": KERNEL_ID, ENV_TOKEN: "cd" * 24, ENV_PROXY: str(egress.proxy_address),
+              ENV_CA: egress.remote_ca_bundle}
+    limits = Limits()
+    client_env = {**KernelParams(Path("/unused"), limits, "s1").to_env(),
+                  **launch_env("team-a", limits, {k: v for k, v in launch.items() if k != "KERNEL_ID"})}
+    pod = kernel_pod(base, client_env=client_env)
+    c = pod["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    want = remote_environment(launch)
+    assert set(CA_VARIABLES) <= set(want) and {k: env.get(k) for k in want} == want
+    # The file those variables name: the bundle ConfigMap, mounted read-only.
+    mount = next(m for m in c["volumeMounts"] if egress.remote_ca_bundle.startswith(m["mountPath"] + "/"))
+    assert mount.get("readOnly") is True
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+    item = egress.remote_ca_bundle[len(mount["mountPath"]) + 1:]
+    assert volume["configMap"]["name"] == "kernelmode-egress-ca"
+    assert [i["path"] for i in volume["configMap"]["items"]] == [item]
+    assert_locked_down(pod)
+    validate(pod)
+    # Without it (egress.remote_ca_bundle unset): neither the variables nor the mount.
+    plain = kernel_pod(base)
+    assert not {e["name"] for e in plain["spec"]["containers"][0]["env"]} & set(CA_VARIABLES)
+    assert "kernelmode-egress-ca" not in str(plain["spec"]["volumes"])
 
 
 def test_the_egress_proxy_reaches_no_private_range(base: list[dict[str, Any]]) -> None:

@@ -11,7 +11,8 @@ kernelspec argv; EG exports the ``KERNEL_*`` launch parameters before it). It:
   filter) except that the network namespace is the node's (``--share-net``): nftables on the
   node locks it to the gateway;
 - gives the kernel ``HTTP_PROXY`` & co. naming its own id and egress token
-  (``KERNEL_KM_EGRESS_TOKEN``) at ``KERNEL_KM_EGRESS_PROXY``, when the manager sent them;
+  (``KERNEL_KM_EGRESS_TOKEN``) at ``KERNEL_KM_EGRESS_PROXY``, when the manager sent them, and
+  the CA variables naming ``KERNEL_KM_EGRESS_CA`` (bound read-only into the sandbox);
 - execs ``setpriv`` (that uid, no groups, empty bounding and inheritable sets, no-new-privs) ->
   ``bwrap`` -> EG's launcher with the shared kernel venv's python, from a scrubbed environment.
   ``exec`` keeps the pid EG was given, so EG's ``kill -0``/signals reach the sandbox.
@@ -31,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from kernelmode.sandbox import seccomp  # noqa: E402
 from kernelmode.sandbox.base import kernel_environment  # noqa: E402
 from kernelmode.sandbox.bwrap_command import SANDBOX_UID, bwrap_argv  # noqa: E402
-from kernelmode.sandbox.egress import remote_environment  # noqa: E402
+from kernelmode.sandbox.egress import ENV_CA, remote_environment  # noqa: E402
 from kernelmode.sandbox.launcher import pass_seccomp  # noqa: E402
 
 UID_BASE = 310_000  # the kernels' host uids on the nodes: UID_BASE + a slot from the kernel id
@@ -79,8 +80,13 @@ def main(argv: list[str]) -> None:
     # Its egress: HTTP_PROXY with its own id and token, to `kernelmode egress-proxy` (none without).
     env.update(remote_environment(dict(os.environ)))
     command = [kernel_python, launcher, *args]
+    ro_paths = [venv, str(Path(launcher).parent)]
+    # The CA bundle its CA variables name (egress.remote_ca_bundle), as the node's operator put it.
+    bundle = os.environ.get(ENV_CA)
+    if bundle and os.path.isfile(bundle):
+        ro_paths.append(bundle)
     argv_bwrap = bwrap_argv(bwrap="/usr/bin/bwrap", kernel_dir=kdir, etc_dir=etc, workspace=workspace,
-                            ro_paths=[venv, str(Path(launcher).parent)], tmp_bytes=disk_mb * 1024 * 1024,
+                            ro_paths=ro_paths, tmp_bytes=disk_mb * 1024 * 1024,
                             env=env, command=command)
     # The node's network namespace (nftables-locked) instead of bwrap's empty one.
     argv_bwrap.insert(argv_bwrap.index("--unshare-all") + 1, "--share-net")

@@ -56,6 +56,7 @@ from tests.support.managers import Managers, _free_port
 from tests.support.postgres import PgCluster
 from tests.support.procfs import cpu_ns, descendants
 from tests.support.round_robin import RoundRobin
+from tests.support.run_ledger import by_value, stored_runs, tally
 
 SECTION = "managers"
 BASE_ENV = {**AS_DEPLOYED, "KERNELMODE_SESSIONS__POOL_SIZE": "0"}
@@ -103,16 +104,12 @@ def pg_cpu_ns(pg: PgCluster) -> int:
 def runs_in_store(store_url: str | None, ms: Managers, sid: str) -> list[tuple[str, str, dict[str, Any]]]:
     """(run_id, code, result record) of every run the store holds for ``sid``."""
     if store_url:
-        import psycopg
-
-        with psycopg.connect(store_url, autocommit=True) as conn:
-            rows = conn.execute("SELECT run_id, code, result FROM runs WHERE session_id=%s", (sid,)).fetchall()
-    else:
-        db = sqlite3.connect(ms.data_dir(0) / "sessions.sqlite3", timeout=30)
-        try:
-            rows = db.execute("SELECT run_id, code, result FROM runs WHERE session_id=?", (sid,)).fetchall()
-        finally:
-            db.close()
+        return stored_runs(store_url, sid)
+    db = sqlite3.connect(ms.data_dir(0) / "sessions.sqlite3", timeout=30)
+    try:
+        rows = db.execute("SELECT run_id, code, result FROM runs WHERE session_id=?", (sid,)).fetchall()
+    finally:
+        db.close()
     return [(str(r), str(code), json.loads(res)) for r, code, res in rows]
 
 
@@ -197,15 +194,9 @@ class Group:
     def check_store(self) -> dict[str, int]:
         """Each acknowledged run in the store exactly once: lost, extra (stored, never
         acknowledged), duplicated (a value of x stored twice: a run executed twice)."""
-        out = Counter(acked=0, lost=0, extra=0, duplicated=0)
+        out: Counter[str] = Counter(acked=0, lost=0, extra=0, duplicated=0)
         for sid, acked in self.acked.items():
-            stored = runs_in_store(self.store_url, self.ms, sid)
-            ids = {r for r, _, _ in stored}
-            out["acked"] += len(acked)
-            out["lost"] += sum(1 for r in acked if r not in ids)
-            out["extra"] += len(ids - set(acked))
-            values = Counter(res.get("result") for _, _, res in stored if res.get("status") == "ok")
-            out["duplicated"] += sum(n - 1 for v, n in values.items() if v is not None and n > 1)
+            out.update(tally(runs_in_store(self.store_url, self.ms, sid), acked, by_value))
         return dict(out)
 
 

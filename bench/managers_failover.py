@@ -21,6 +21,7 @@ from harness import Stats
 
 from tests.support.managers import Managers
 from tests.support.round_robin import RoundRobin
+from tests.support.run_ledger import tally
 
 AFTER_RESTART_S = 60.0  # how long a kill never answered is asked again once its manager is back
 Runs = Callable[[str], list[tuple[str, str, dict[str, Any]]]]
@@ -146,11 +147,7 @@ async def ask(c: httpx.AsyncClient, sid: str, nonce: str, kill: Kill, acked: lis
 
 
 def check(runs: Runs, sid: str, acked: list[tuple[str, str]]) -> dict[str, int]:
-    stored = runs(sid)
-    ids = {r for r, _, _ in stored}
-    codes = Counter(code for _, code, _ in stored)
-    return {"acked": len(acked), "lost": sum(1 for r, _ in acked if r not in ids),
-            "extra": len(ids - {r for r, _ in acked}), "duplicated": sum(n - 1 for n in codes.values() if n > 1)}
+    return tally(runs(sid), [r for r, _ in acked])  # each ask's code is unique: duplicates by code
 
 
 async def one_kill(ms: Managers, lb: RoundRobin, url: str, lease: float, runs: Runs) -> Kill:

@@ -81,7 +81,10 @@ class _Http(web.RequestHandler):
                 allow_nonstandard_methods=True, follow_redirects=False, decompress_response=False,
                 header_callback=header_line, streaming_callback=chunk, raise_error=False,
                 connect_timeout=10, request_timeout=600)
-        except OSError as e:  # the balancer's own answer: no manager there
+        except (OSError, httpclient.HTTPClientError) as e:  # the balancer's own answer: no manager there
+            if started:  # the manager died mid-answer: the client sees the connection break
+                self.request.connection.close()  # type: ignore[union-attr]
+                return
             self.set_status(502)
             self.finish(f"balancer: upstream unreachable: {e}")
             return
@@ -151,6 +154,8 @@ class RoundRobin:
         return self.pick.sent
 
     async def _start(self) -> None:
+        # Tornado's client queues beyond 10 requests at a time by default: a balancer does not.
+        httpclient.AsyncHTTPClient(max_clients=1000)
         app = web.Application([
             (r".*/channels", _Ws, {"pick": self.pick}),
             (r".*", _Http, {"pick": self.pick}),

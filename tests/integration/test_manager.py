@@ -25,6 +25,7 @@ async def app() -> AsyncIterator[KernelmodeApp]:
     settings.server.port = 0
     settings.server.data_dir = Path(tempfile.mkdtemp(prefix="kmmgr-", dir="/tmp"))
     settings.sessions.pool_size = 1
+    settings.sessions.pool_max = 1  # this module's pool is the floor: the adaptive growth is test_pool_sizing's
     app = KernelmodeApp(settings, ToolRegistry())
     await app.start()
     try:

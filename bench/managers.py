@@ -36,23 +36,19 @@ import argparse
 import asyncio
 import contextlib
 import json
-import secrets
 import sqlite3
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from harness import BENCH, Http, Stats, loadavg, require_kernel_venv, run_stoppable, write_section
 from managers_failover import FailoverSeries, failover_report, run_series
 from servers import AS_DEPLOYED, git
 
-from tests.support.external_gateway import start_external_gateway
-from tests.support.managers import Managers, _free_port
+from tests.support.managers import Managers, start_managers
 from tests.support.postgres import PgCluster
 from tests.support.procfs import cpu_ns, descendants
 from tests.support.round_robin import RoundRobin
@@ -70,25 +66,10 @@ INCREMENT = json.dumps({"code": "x += 1; x"}).encode()
 
 @contextlib.contextmanager
 def managers(n: int, store_url: str | None, env_extra: dict[str, str]) -> Iterator[Managers]:
-    """``n`` managers on a gateway of their own (tests/support/managers.py's layout), on
-    ``store_url`` (None: SQLite in the first one's data dir)."""
-    root = Path(tempfile.mkdtemp(prefix="kmbench-mgr-", dir="/tmp"))
-    root.chmod(0o711)
-    (root / "artifacts").mkdir(mode=0o700)
-    (root / "artifacts.key").write_text(secrets.token_hex(32))
-    (root / "artifacts.key").chmod(0o600)
-    (root / "gateway-data").mkdir(mode=0o711)
-    gw = start_external_gateway(root / "gateway-data")
-    env = {**BASE_ENV, **gw.env(), "KERNELMODE_TOKEN": "t" + secrets.token_urlsafe(16), **env_extra}
-    if store_url:
-        env["KERNELMODE_STORE__URL"] = store_url
-    ms = Managers(gateway=gw, root=root, env=env, ports=[_free_port() for _ in range(n)])
-    try:
-        for i in range(n):
-            ms.servers.append(ms._start(i))
+    """``n`` managers on a gateway of their own (tests/support/managers.py), on ``store_url``
+    (None: SQLite in the manager's data dir), with the deployed defaults and no warm pool."""
+    with start_managers(n, store_url, {**BASE_ENV, **env_extra}) as ms:
         yield ms
-    finally:
-        ms.stop()
 
 
 def postmaster_pid(pg: PgCluster) -> int:

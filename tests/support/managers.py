@@ -93,10 +93,11 @@ class Managers:
 
 
 @contextlib.contextmanager
-def start_managers(n: int, pg_url: str, env_extra: dict[str, str] | None = None,
+def start_managers(n: int, pg_url: str | None, env_extra: dict[str, str] | None = None,
                    args: list[str] | None = None) -> Iterator[Managers]:
-    """``n`` managers on one gateway and one PostgreSQL database (``pg_url``); all stopped and
-    removed after. ``env_extra``: settings every manager gets (`KERNELMODE_...`)."""
+    """``n`` managers on one gateway and one PostgreSQL database (``pg_url``; None: SQLite in
+    each one's data dir, for a single manager); all stopped and removed after. ``env_extra``:
+    settings every manager gets (`KERNELMODE_...`)."""
     root = Path(tempfile.mkdtemp(prefix="kmmgr-", dir="/tmp"))
     root.chmod(0o711)
     (root / "artifacts").mkdir(mode=0o700)
@@ -106,8 +107,8 @@ def start_managers(n: int, pg_url: str, env_extra: dict[str, str] | None = None,
     gw_dir.mkdir()
     gw_dir.chmod(0o711)
     gw = start_external_gateway(gw_dir)
-    env = {**gw.env(), "KERNELMODE_STORE__URL": pg_url, "KERNELMODE_TOKEN": "t" + secrets.token_urlsafe(16),
-           **(env_extra or {})}
+    env = {**gw.env(), **({"KERNELMODE_STORE__URL": pg_url} if pg_url else {}),
+           "KERNELMODE_TOKEN": "t" + secrets.token_urlsafe(16), **(env_extra or {})}
     ms = Managers(gateway=gw, root=root, env=env, ports=[_free_port() for _ in range(n)], args=list(args or []))
     try:
         for i in range(n):

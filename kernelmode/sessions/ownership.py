@@ -7,7 +7,8 @@ gives it up on each remove). A manager's row in ``managers`` says where the othe
 (``url``) and that it is alive. One heartbeat task renews the row and every lease in two
 statements each third of ``store.lease_seconds``; a session whose lease could not be renewed (it
 expired, and another manager took it) is dropped from the map at once, its kernel and record
-left to the new owner. Every kernel this manager starts is marked with its id first (so a dead
+left to the new owner; so is one whose record or run the store refused to write because the lease
+is gone (the fence: this manager is the store's ``fence``, checked in each such statement). Every kernel this manager starts is marked with its id first (so a dead
 manager's pool kernels are found and shut down by one survivor, takeover.py). Time is the
 database's. On a SQLite store (one manager) nothing is taken or renewed: ``active`` is False.
 """
@@ -52,10 +53,11 @@ class Ownership:
         self._closing: set[asyncio.Task[None]] = set()
 
     def attach(self, live: LiveSessions, kernels: Kernels) -> None:
-        """The manager's map (its adds take leases) and kernels (their starts are marked)."""
+        """The manager's map (its adds take leases), kernels (their starts are marked) and the
+        store's writes of sessions' records and runs (fenced by the leases: ``lost``)."""
         self.live = live
         if self.active:
-            live.leases = kernels.marks = self
+            live.leases = kernels.marks = self.store.fence = self
 
     # -- who owns a session ------------------------------------------------------------------------
     def owner_url(self, session_id: str) -> str | None:
@@ -115,13 +117,24 @@ class Ownership:
             return []
         lost = sorted(set(held) - self.store.leases.renew_all(self.manager_id, held, self.ttl))
         for sid in lost:
-            s = self.live.drop(sid) if self.live is not None else None
-            if s is not None and s.conn is not None:  # the new owner talks to the kernel now
-                self._later(s.conn.close())
-            log.warning("session %s: its lease was lost (another manager owns it now); this manager "
-                        "stops acting for it, leaving its kernel and record alone", sid)
-            audit("session_lease_lost", session_id=sid, manager_id=self.manager_id)
+            self._lose(sid, "its lease could not be renewed")
         return lost
+
+    def lost(self, session_id: str) -> None:
+        """The store refused a write of the session: its lease is another manager's now (the
+        store's fence, store/postgres.py)."""
+        self._lose(session_id, "a write of its record was refused")
+
+    def _lose(self, sid: str, how: str) -> None:
+        """Stop acting for ``sid`` at once: dropped from the live map, its kernel websocket
+        closed; its kernel and record are the new owner's."""
+        self.adopting.discard(sid)
+        s = self.live.drop(sid) if self.live is not None else None
+        if s is not None and s.conn is not None:  # the new owner talks to the kernel now
+            self._later(s.conn.close())
+        log.warning("session %s: its lease was lost (%s; another manager owns it now); this manager "
+                    "stops acting for it, leaving its kernel and record alone", sid, how)
+        audit("session_lease_lost", session_id=sid, manager_id=self.manager_id, how=how)
 
     def _later(self, work: Awaitable[object]) -> None:
         async def run() -> None:

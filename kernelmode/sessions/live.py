@@ -1,8 +1,8 @@
 """A live session: its kernel, the lock that queues its runs, and what the manager remembers of
 its workspace and of an attached console; and ``LiveSessions``, the one map of them by id.
 
-The map has one owner, the SessionManager: it alone adds and removes (a create, an adoption at
-start, a wake; a delete, a hibernation, a stop), but for ownership.py, which drops a session
+The map has one owner, the SessionManager: it alone adds and removes (a create, in creation.py;
+an adoption at start, a wake; a delete, a hibernation, a stop), but for ownership.py, which drops a session
 whose lease was lost, and takeover.py, which adds those it adopts from a dead manager. Its rooms
 get the read-only ``LiveView`` in their constructors (mypy keeps them from writing) and see every
 change at once. With several managers on one store (``leases`` set) the map is exactly the

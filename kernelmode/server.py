@@ -348,11 +348,21 @@ class KernelmodeApp:
             "workspace_quota": readiness.workspace_quota(getattr(self, "sessions", None), self.data_dir),
             "pool": readiness.pool(getattr(self, "sessions", None), self.settings.sessions.pool_size,
                                    self.data_dir),
+            "drain": readiness.drain(getattr(self, "sessions", None)),
             "sandbox": {"ok": bool(self.sandbox_report), "backend": self.settings.sandbox.backend,
                         "detail": self.sandbox_report, "limits": getattr(self, "limits_mechanism", "")},
         }
 
     # -- stop --------------------------------------------------------------------------------------
+    async def drain(self, cut: asyncio.Event | None = None) -> None:
+        """A stop's first step (`serve` on SIGTERM): ``/readyz`` fails, no new run, create or
+        wake starts here (503 server_busy), and the runs in flight finish and are recorded, for
+        ``server.drain_seconds`` at most (``cut``: a second signal ends it at once)."""
+        if getattr(self, "sessions", None) is None or self.settings.server.drain_seconds <= 0:
+            return
+        self.sessions.drain.begin()
+        await self.sessions.drain.wait(self.settings.server.drain_seconds, cut)
+
     async def stop(self) -> None:
         self.stopping = True
         if self._starting is not None and not self._starting.done():
@@ -427,6 +437,8 @@ async def serve(settings: Settings, tools: ToolRegistry | None = None,
             print(startup_block(app.url, app.token, source, settings.sandbox.backend, settings.mcp.enabled),
                   flush=True)
             await stop.wait()
+            stop.clear()  # set again by a second signal: the drain ends at once
+            await app.drain(stop)
             log.info("shutting down")
         return 0
     except SandboxUnavailable as e:

@@ -1,7 +1,7 @@
 """A create: a new session's id and caps admitted, its request checked (tools, packages,
 limits, egress), a kernel taken from the warm pool or started, the session made live (its lease
 taken) and recorded; then its packages installed and, for a fork, its source's state restored.
-"""
+A draining manager (drain.py) takes no create: the client is sent to another manager."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ log = logging.getLogger("kernelmode.sessions")
 
 async def create(m: SessionManager, req: SessionCreate, principal: Principal = ADMIN) -> SessionInfo:
     """A new live session for ``principal`` (a fork of ``req.fork_of`` / ``from_checkpoint``)."""
+    m.drain.check("a new session")
     sid = req.session_id or uuid.uuid4().hex
     tenant = principal.tenant
     m.admission.check_room(sid, principal)

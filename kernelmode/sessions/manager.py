@@ -1,7 +1,7 @@
 """SessionManager: the core every front door calls. It owns the live sessions (``live``: only
 this module, creation, ownership and takeover add or remove one; the rest get a read-only view)
 and composes the rooms that do the work: ``creation`` (a create), ``kernels`` (one kernel's lifecycle), ``pool`` (warm kernels),
-``runner`` (a run from submit to RunResult), ``files`` (workspace, artifacts, notebook),
+``runner`` (a run from submit to RunResult), ``drain`` (a stop's first step), ``files`` (workspace, artifacts, notebook),
 ``forks`` (checkpoints on demand, forks, resume), ``gateway_loss`` (what a gateway's failure
 means to the sessions), ``admission`` (ids and caps), ``listing`` (pages), ``lifecycle`` (start
 and stop), ``recovery`` (adoption after a restart), ``reaper``, ``ownership`` (leases, when
@@ -55,6 +55,7 @@ from ..tools.broker import ToolBroker
 from . import creation, listing
 from .admission import Admission
 from .checkpoints import Checkpoints
+from .drain import Drain
 from .egress_wiring import EgressWiring
 from .files import SessionFiles
 from .forks import Forks
@@ -118,6 +119,7 @@ class SessionManager:
                              broker.approvals, policy, before_run=self.checkpoints.before_run,
                              after_run=self.checkpoints.after_run, revive=self.live_session)
         self.runs = self.runner.runs
+        self.drain = Drain(self.runs)  # a stop's first step: no new work, runs in flight finish
         self.reaper = Reaper(settings.sessions.reap_interval_seconds, self.reap_expired)
         self.files = SessionFiles(settings, store, harvester, self.live.get, self.live_session,
                                   self.checkpoints.reseed)
@@ -237,6 +239,7 @@ class SessionManager:
             if info is None:
                 raise SessionNotFound(f"no session {session_id!r}")
             if info.status == "hibernated":
+                self.drain.check("waking a hibernated session")  # another manager wakes it
                 self.admission.check_wake(session_id, info.tenant)  # a wake is an admission
                 self.ownership.claim(session_id)  # one manager wakes it
                 s = self.hibernation.wake(info)  # its next run starts a kernel and restores
@@ -307,6 +310,7 @@ class SessionManager:
     def submit(self, session_id: str, code: str, timeout_seconds: float | None = None,
                approvals: bool = True) -> LiveRun:
         """Start a run in its own task and return it at once (it queues behind earlier runs)."""
+        self.drain.check("a new run")
         return self.runner.submit(self.live_session(session_id), code, timeout_seconds, approvals)
 
     async def execute(self, session_id: str, code: str, timeout_seconds: float | None = None,

@@ -38,6 +38,8 @@ class Takeover:
 
     async def scan(self) -> list[str]:
         """One pass: the sessions adopted from dead managers."""
+        if self.m.drain.draining:  # stopping: what it adopted now it would give up at once
+            return []
         await self._orphaned_kernels()
         return await self._expired_sessions()
 

@@ -25,6 +25,7 @@ LEASE = 3  # store.lease_seconds: failover within about 1.5 of it
 ENV = {
     "KERNELMODE_STORE__LEASE_SECONDS": str(LEASE),
     "KERNELMODE_SESSIONS__POOL_SIZE": "1",
+    "KERNELMODE_SERVER__DRAIN_SECONDS": "20",  # the default (the suite's servers stop without)
     # Hibernation on, but only a session created with a short ttl_seconds is ever due (the
     # reaping test); a hibernated one is deleted 2 s later, by one manager.
     "KERNELMODE_SESSIONS__HIBERNATE_AFTER_SECONDS": "3600",
@@ -228,6 +229,38 @@ def test_a_manager_frozen_past_its_lease_never_overwrites_the_new_owners_records
     assert _audits(ms, "session_lease_lost", 0, session_id="frozen0")
     assert not _audits(ms, "run", 0, run_id=run_id)  # manager 0 recorded nothing of its end
     ms.restart(0)  # its warm pool was shut down by manager 1 while it was frozen
+
+
+def test_sigterm_drains_the_run_in_flight_then_another_manager_serves_the_session(ms: Managers) -> None:
+    """A rolling update's SIGTERM: the manager stops taking work (``/readyz`` 503, runs and
+    creates 503 ``server_busy`` with Retry-After), lets the run in flight finish with its real
+    result, then gives its leases up; the other manager serves the session with its variables."""
+    with ms.client(1) as c:
+        _create(c, "drain1")
+        assert _run(c, "drain1", "w = 11")["status"] == "ok"
+        r = c.post("/v1/sessions/drain1/execute", json={
+            "code": "print('started', flush=True)\nimport time\ntime.sleep(8)\nw += 1\n'finished'",
+            "wait_seconds": 0})
+        run_id = r.json()["run_id"]
+        wait_for(lambda: c.get(f"/v1/runs/{run_id}").json()["events"], "the cell to start")
+        ms[1].proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: c.get("/readyz").status_code == 503, "manager 1 to turn not ready")
+        assert c.get("/readyz").json()["checks"]["drain"] == {"ok": False, "draining": True}
+        refused = [c.post("/v1/sessions/drain1/execute", json={"code": "w"}), c.post("/v1/sessions", json={})]
+        assert c.get(f"/v1/runs/{run_id}").json()["done"] is False  # all of this while the run ran
+    for r in refused:
+        assert r.status_code == 503 and r.json()["error"]["code"] == "server_busy", r.text
+        assert r.headers["Retry-After"] == "1" and "stopping" in r.json()["error"]["message"]
+    assert ms[1].proc.wait(60) == 0
+    run = _stored_run(ms, run_id)
+    assert run["status"] == "ok" and run["result"] == "'finished'" and run["stdout"] == "started\n", run
+    with ms.client(0) as c:
+        result = wait_for(lambda: _answers(c, "drain1", "w"), "manager 0 to serve drain1", timeout=60)
+        assert isinstance(result, dict) and result["result"] == "12", result
+        assert c.get(f"/v1/runs/{run_id}").json()["result"]["status"] == "ok"
+    assert _owner_url(ms, "drain1") == ms[0].url
+    assert "drained in" in ms[1].log()
+    ms.restart(1)
 
 
 def test_a_restarted_manager_does_not_take_another_live_managers_sessions(ms: Managers) -> None:

@@ -140,7 +140,7 @@ class SessionManager:
     async def start(self, running_kernels: set[str] | frozenset[str] = frozenset()) -> None:
         """``running_kernels``: kernels of an adopted gateway (left by a crashed manager); the
         sessions they belong to are taken over with their variables, the rest become ``lost``."""
-        self.ownership.start()  # alive in the store before anything is taken
+        await self.ownership.start()  # alive in the store before anything is taken
         for s in await self.lifecycle.adopt(running_kernels):
             self.live.add(s)
         await self.lifecycle.begin(running_kernels)

@@ -3,8 +3,9 @@
 A backend (sqlite.py, postgres.py) gives three primitives (``_rows``, ``_row``, ``_run``: one
 statement each, with ``?`` placeholders) and the methods whose SQL differs between the two
 (JSON functions, upserts that replace, index hints). Each call is one short statement, made from
-the event loop as the SQLite store always was: see docs/scaling.md on what that costs on
-PostgreSQL.
+the event loop as the SQLite store always was (see docs/scaling.md on what that costs on
+PostgreSQL), but for the heartbeat's and the takeover scan's, made in a thread on a connection
+of their own (``background``).
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ class SessionStore(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def background(self) -> SessionStore:
+        """The store on a connection of its own, for statements run in a thread off the event
+        loop (the heartbeat, the takeover scan: ownership.py); close it after. One manager's
+        SQLite store has no heartbeat: itself."""
+        return self
 
     @abstractmethod
     def describe(self) -> str:

@@ -77,12 +77,14 @@ class PostgresStore(SessionStore):
 
     shared = True
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, migrated: bool = False) -> None:
+        """``migrated``: the schema is current already (a second connection of one manager)."""
         self._url = url
         self._lock = threading.Lock()  # one reconnect at a time
         self._conn = self._connect()
         try:
-            migrate(self._conn)
+            if not migrated:
+                migrate(self._conn)
         except BaseException:
             self._conn.close()
             raise
@@ -132,6 +134,9 @@ class PostgresStore(SessionStore):
 
     def close(self) -> None:
         self._conn.close()
+
+    def background(self) -> PostgresStore:
+        return PostgresStore(self._url, migrated=True)
 
     def describe(self) -> str:
         return f"PostgreSQL {describe(self._url)}"

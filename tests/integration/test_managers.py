@@ -206,13 +206,18 @@ def test_a_manager_frozen_past_its_lease_never_overwrites_the_new_owners_records
         with ms.client(0) as poll:
             wait_for(lambda: poll.get(f"/v1/runs/{run_id}").json()["events"], "the cell to start")
         os.kill(ms[0].proc.pid, signal.SIGSTOP)
-        try:
-            wait_for(lambda: _stored_run(ms, run_id).get("status") == "interrupted",
-                     "manager 1 to take frozen0 over and end its run", timeout=60)
-            assert _owner_url(ms, "frozen0") == ms[1].url
-        finally:
-            os.kill(ms[0].proc.pid, signal.SIGCONT)
-        answer = waiting.result(timeout=60)  # the run ended in manager 0's view
+        # Its heartbeat held up once it wakes (its managers row locked; the heartbeat waits off
+        # the event loop): the run's end, not a renewal, is the first to find the lease gone.
+        with psycopg.connect(ms.env["KERNELMODE_STORE__URL"]) as holder:
+            try:
+                wait_for(lambda: _stored_run(ms, run_id).get("status") == "interrupted",
+                         "manager 1 to take frozen0 over and end its run", timeout=60)
+                assert _owner_url(ms, "frozen0") == ms[1].url
+                holder.execute("SELECT 1 FROM managers WHERE url = %s FOR UPDATE", (ms[0].url,))
+            finally:
+                os.kill(ms[0].proc.pid, signal.SIGCONT)
+            answer = waiting.result(timeout=60)  # the run ended in manager 0's view
+            holder.rollback()
     assert answer.status_code == 503, answer.text
     error = answer.json()["error"]
     assert error["code"] == "session_owned_elsewhere" and error["details"] == {"run_id": run_id}, error
@@ -226,7 +231,7 @@ def test_a_manager_frozen_past_its_lease_never_overwrites_the_new_owners_records
     assert _sql(ms, "SELECT COUNT(*) FROM runs WHERE run_id = %s", (run_id,))[0][0] == 1
     assert _sql(ms, "SELECT kernel_id, status FROM sessions WHERE session_id = 'frozen0'")[0] == (kernel, "idle")
     assert _owner_url(ms, "frozen0") == ms[1].url
-    assert _audits(ms, "session_lease_lost", 0, session_id="frozen0")
+    assert _audits(ms, "session_lease_lost", 0, session_id="frozen0", how="a write of its record was refused")
     assert not _audits(ms, "run", 0, run_id=run_id)  # manager 0 recorded nothing of its end
     ms.restart(0)  # its warm pool was shut down by manager 1 while it was frozen
 

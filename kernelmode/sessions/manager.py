@@ -29,6 +29,7 @@ from ..errors import (
     KernelUnavailable,
     RunNotFound,
     SessionNotFound,
+    SessionOwnedElsewhere,
     StoreError,
 )
 from ..gateway.client import GatewayClient
@@ -300,8 +301,11 @@ class SessionManager:
         """A run typed in an attached console: in the session's history like any other."""
         if s.info.session_id not in self.live:
             return
-        self.store.add_run(code, result, events)
-        self.store.save(s.info, s.kernel_id, s.workspace)
+        try:
+            self.store.add_run(code, result, events)
+            self.store.save(s.info, s.kernel_id, s.workspace)
+        except SessionOwnedElsewhere:  # taken over meanwhile: dropped here, its console closed
+            return
         self.metrics.observe_run(result, s.info.tenant or ADMIN_TENANT, source="console")
         audit("console_run", session_id=s.info.session_id, tenant=s.info.tenant, run_id=result.run_id,
               status=result.status)

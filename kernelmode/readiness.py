@@ -1,5 +1,6 @@
-"""``/readyz``'s checks of the session side: the workspace quota and the warm pool, as they are
-now (not as configured). A pool refilling as it should is ready; one whose kernels fail to start
+"""``/readyz``'s checks of the session side: the workspace quota, the warm pool and the drain, as
+they are now (not as configured). A draining manager (stopping) is not ready: the load balancer
+sends new requests elsewhere. A pool refilling as it should is ready; one whose kernels fail to start
 is not, and neither is a workspace quota whose volumes cannot be made. ``/readyz`` is public:
 errors name no path of the data dir (``<data dir>`` stands for it)."""
 
@@ -35,3 +36,9 @@ def pool(sessions: SessionManager | None, size: int, data_dir: Path) -> dict[str
     p = sessions.pool
     return {"ok": p.state != "failing", "state": p.state, "ready": p.ready, "size": p.size,
             "target": p.target(), "error": _public(p.error, data_dir)}
+
+
+def drain(sessions: SessionManager | None) -> dict[str, Any]:
+    """Whether this manager is stopping (sessions/drain.py): it takes no new work then."""
+    draining = sessions is not None and sessions.drain.draining
+    return {"ok": not draining, "draining": draining}

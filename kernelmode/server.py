@@ -30,7 +30,6 @@ from .api.jupyter_api import jupyter_routes
 from .artifacts.base import ArtifactStore
 from .artifacts.harvester import Harvester
 from .artifacts.local import LocalStore
-from .audit import audit
 from .banner import TokenSource, startup_block
 from .code_policy import CodePolicy
 from .config import Settings
@@ -38,6 +37,7 @@ from .errors import ConfigError, KernelmodeError, SandboxUnavailable, StoreError
 from .gateway.client import GatewayClient, message_limit
 from .gateway.process import GatewayProcess, raise_open_files_limit
 from .gateway.remote import connect_external
+from .gateway_watch import watch_embedded, watch_external
 from .heap import release_large_buffers
 from .sandbox import cgroups
 from .sandbox.docker_engine import server_id
@@ -83,7 +83,7 @@ class KernelmodeApp:
         self.router: Router | None = None  # forwarding to other managers (PostgreSQL store)
         self._gateway_watch: asyncio.Task[None] | None = None
         self._lease: asyncio.Task[None] | None = None
-        self._stopping = False
+        self.stopping = False
         self._tools_started = False
         self.policy: CodePolicy | None = None  # policy.module, loaded with the tools
         self._starting: asyncio.Task[None] | None = None  # start_in_background's
@@ -203,7 +203,7 @@ class KernelmodeApp:
             self.gateway, running_kernels = await connect_external(s, message_limit(s))
             self.sandbox_report = self.limits_mechanism = f"the external gateway at {s.gateway.url}"
             await self._start_rest(dirs, running_kernels)
-            self._gateway_watch = asyncio.create_task(self._watch_external(), name="gateway-watch")
+            self._gateway_watch = asyncio.create_task(watch_external(self), name="gateway-watch")
             return
         self.gateway_process = self._gateway_process(dirs)
         # A gateway that a crashed manager left running keeps its kernels: adopt them.
@@ -231,7 +231,7 @@ class KernelmodeApp:
                                      request_timeout=s.sessions.kernel_start_timeout_seconds + 10,
                                      max_message_bytes=message_limit(s))
         await self._start_rest(dirs, set(adopted or ()))
-        self._gateway_watch = asyncio.create_task(self._watch_gateway(), name="gateway-watch")
+        self._gateway_watch = asyncio.create_task(watch_embedded(self), name="gateway-watch")
 
     async def _start_rest(self, dirs: dict[str, Path], running_kernels: set[str]) -> None:
         """Everything after the gateway: stores, sessions (adopting those of ``running_kernels``),
@@ -313,65 +313,6 @@ class KernelmodeApp:
                     self.gateway_process.renew_lease()
             await asyncio.sleep(1.0)
 
-    async def _watch_gateway(self) -> None:
-        """The gateway's exit is seen at once (we are its parent): sessions are told their
-        kernels are gone, then a new gateway is started (with backoff while that fails)."""
-        assert self.gateway_process is not None and self.gateway is not None
-        while not self._stopping:
-            code = await self.gateway_process.wait()
-            if self._stopping:
-                return
-            log.error("the kernel gateway exited (code %s), and its kernels with it; restarting it\n%s",
-                      code, self.gateway_process.log_tail(1000))
-            audit("gateway_died", exit_code=code)
-            await self.sessions.gateway_lost()
-            if self.settings.sandbox.backend == "docker":  # their launchers died with the gateway
-                from .sandbox.docker_engine import remove_orphans, server_id
-
-                await asyncio.to_thread(remove_orphans, server_id(self.data_dir))
-            backoff = 0.5
-            while not self._stopping:
-                try:
-                    await self.gateway_process.start(self.settings.gateway.startup_timeout_seconds)
-                    break
-                except KernelmodeError as e:
-                    log.error("the kernel gateway did not restart (%s); retrying in %.1f s", e.message, backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 30.0)
-            if self._stopping:
-                return
-            self.gateway.url = self.gateway_process.url  # a new port; same token
-            self.gateway_restarts += 1
-            self.sessions.metrics.gateway_restarts.inc()
-            audit("gateway_restarted", restarts=self.gateway_restarts)
-            self.sessions.gateway_back()
-
-    async def _watch_external(self) -> None:
-        """An external gateway is not our child: it is asked every few seconds. Once it answers
-        again after it did not (restarted, or the network came back), the sessions whose kernels
-        it lost are marked dead, and the log names those that survived."""
-        assert self.gateway is not None
-        down = False
-        while not self._stopping:
-            await asyncio.sleep(max(2.0, 4 * self.settings.gateway.poll_interval_seconds))
-            try:
-                # Bounded like a probe: a gateway that hangs is as down as one that refuses.
-                running = {str(k["id"]) for k in await self.gateway.list_kernels(
-                    timeout=self.settings.gateway.probe_timeout_seconds)}
-            except KernelmodeError as e:
-                if not down:
-                    log.error("the external kernel gateway does not answer: %s", e.message)
-                    audit("gateway_unreachable", url=self.settings.gateway.url)
-                down = True
-                continue
-            if down or self.sessions.kernels_vanished(running):
-                down = False
-                survived, lost = await self.sessions.external_gateway_back(running)
-                self.gateway_restarts += 1
-                log.warning("the external kernel gateway answers again; sessions that survived: %s; "
-                            "lost (kernel gone): %s", ", ".join(survived) or "none", ", ".join(lost) or "none")
-                audit("gateway_back", survived=survived, lost=lost)
-
     async def _start_store(self) -> ArtifactStore:
         cfg = self.settings.artifacts
         store: ArtifactStore
@@ -407,13 +348,23 @@ class KernelmodeApp:
             "workspace_quota": readiness.workspace_quota(getattr(self, "sessions", None), self.data_dir),
             "pool": readiness.pool(getattr(self, "sessions", None), self.settings.sessions.pool_size,
                                    self.data_dir),
+            "drain": readiness.drain(getattr(self, "sessions", None)),
             "sandbox": {"ok": bool(self.sandbox_report), "backend": self.settings.sandbox.backend,
                         "detail": self.sandbox_report, "limits": getattr(self, "limits_mechanism", "")},
         }
 
     # -- stop --------------------------------------------------------------------------------------
+    async def drain(self, cut: asyncio.Event | None = None) -> None:
+        """A stop's first step (`serve` on SIGTERM): ``/readyz`` fails, no new run, create or
+        wake starts here (503 server_busy), and the runs in flight finish and are recorded, for
+        ``server.drain_seconds`` at most (``cut``: a second signal ends it at once)."""
+        if getattr(self, "sessions", None) is None or self.settings.server.drain_seconds <= 0:
+            return
+        self.sessions.drain.begin()
+        await self.sessions.drain.wait(self.settings.server.drain_seconds, cut)
+
     async def stop(self) -> None:
-        self._stopping = True
+        self.stopping = True
         if self._starting is not None and not self._starting.done():
             self._starting.cancel()
             await asyncio.wait([self._starting])
@@ -486,6 +437,8 @@ async def serve(settings: Settings, tools: ToolRegistry | None = None,
             print(startup_block(app.url, app.token, source, settings.sandbox.backend, settings.mcp.enabled),
                   flush=True)
             await stop.wait()
+            stop.clear()  # set again by a second signal: the drain ends at once
+            await app.drain(stop)
             log.info("shutting down")
         return 0
     except SandboxUnavailable as e:

@@ -32,6 +32,14 @@ def _code(r: httpx.Response) -> str | None:
     return None
 
 
+def _ran(r: httpx.Response) -> bool:
+    """Whether a refusal names a run that did start (``details.run_id``: its manager lost the
+    session mid-run, and the new owner ended it): that request is not sent again."""
+    with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+        return bool(r.json()["error"]["details"]["run_id"])
+    return False
+
+
 def error_from_response(r: httpx.Response) -> errors.KernelmodeError:
     """The server's ``{"error": {"code", "message"}}`` as the matching exception."""
     try:
@@ -80,7 +88,7 @@ class BaseClient:
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
             return True  # the request never reached the server
         if r is not None and r.status_code == 503 and _code(r) in ("server_busy", "session_owned_elsewhere"):
-            return True  # refused before anything was done (a burst, a takeover): any request may come again
+            return not _ran(r)  # refused before anything was done (a burst, a takeover): any request may come again
         return r is not None and call.route.retry_safe and r.status_code in _RETRYABLE_STATUS
 
     @staticmethod

@@ -81,6 +81,12 @@ class ServerSettings(_Section):
     one (they forward a session's requests to its owner). Unset: built from `host` and the bound
     port, which is right on one host; set it when managers run in pods or behind NAT (e.g.
     `http://$(POD_IP):8888`), since `0.0.0.0` is no address another host can reach."""
+    drain_seconds: float = Field(20.0, ge=0, le=3600)
+    """On SIGTERM (a rolling update) or SIGINT: how long this manager waits for the runs in flight
+    to finish and be recorded before it stops. Meanwhile `/readyz` answers 503 and new runs and
+    creates are refused with `503 server_busy` (Retry-After), so clients and the load balancer go
+    to another manager; then its sessions are handed over (docs/scaling.md). `0`: stop at once (a
+    run in flight ends `interrupted`). Kubernetes: `terminationGracePeriodSeconds` must exceed it."""
     data_dir: Path = Path("./.kernelmode")
     """Where the service keeps everything it writes: the session store, workspaces, the local
     artifact store and its link key, kernels' run directories and logs, the gateway's log."""

@@ -7,6 +7,9 @@ server.py; this room only says what a loss means to the sessions.
 
 from __future__ import annotations
 
+import contextlib
+
+from ..errors import SessionOwnedElsewhere
 from ..models import DeathCause
 from .kernel_state import KernelState
 from .live import LiveSession, LiveView
@@ -26,7 +29,8 @@ class GatewayLoss:
         s.kernel.lose(cause)
         if s.conn is not None:
             await s.conn.close()
-        self.store.save(s.info, s.kernel_id, s.workspace)
+        with contextlib.suppress(SessionOwnedElsewhere):  # another manager's now (the store's fence)
+            self.store.save(s.info, s.kernel_id, s.workspace)
 
     async def lost(self) -> None:
         """The Kernel Gateway died, and every kernel with it: each session is marked ``dead``, and

@@ -1,8 +1,8 @@
 """A live session: its kernel, the lock that queues its runs, and what the manager remembers of
 its workspace and of an attached console; and ``LiveSessions``, the one map of them by id.
 
-The map has one owner, the SessionManager: it alone adds and removes (a create, an adoption at
-start, a wake; a delete, a hibernation, a stop), but for ownership.py, which drops a session
+The map has one owner, the SessionManager: it alone adds and removes (a create, in creation.py;
+an adoption at start, a wake; a delete, a hibernation, a stop), but for ownership.py, which drops a session
 whose lease was lost, and takeover.py, which adds those it adopts from a dead manager. Its rooms
 get the read-only ``LiveView`` in their constructors (mypy keeps them from writing) and see every
 change at once. With several managers on one store (``leases`` set) the map is exactly the
@@ -77,6 +77,7 @@ class LiveView:
 
     def __init__(self) -> None:
         self._by_id: dict[str, LiveSession] = {}
+        self._elsewhere: set[str] = set()  # dropped for a lost lease (rare: a frozen manager)
 
     def get(self, session_id: str) -> LiveSession | None:
         return self._by_id.get(session_id)
@@ -93,6 +94,11 @@ class LiveView:
 
     def ids(self) -> list[str]:
         return list(self._by_id)
+
+    def taken_elsewhere(self, session_id: str) -> bool:
+        """Whether the session stopped being live here because another manager took its lease
+        (not a delete): what is still running for it answers ``session_owned_elsewhere``."""
+        return session_id in self._elsewhere
 
 
 class Leases(Protocol):
@@ -118,6 +124,7 @@ class LiveSessions(LiveView):
         if self.leases is not None:
             self.leases.claim(sid)
         self._by_id[sid] = s
+        self._elsewhere.discard(sid)
 
     def remove(self, session_id: str) -> LiveSession | None:
         """``session_id`` is no longer live (its lease given up); the session it was, if any."""
@@ -129,6 +136,7 @@ class LiveSessions(LiveView):
     def drop(self, session_id: str) -> LiveSession | None:
         """``session_id`` is no longer live here because another manager took its lease: the
         lease is not touched."""
+        self._elsewhere.add(session_id)
         return self._by_id.pop(session_id, None)
 
     def clear(self) -> list[LiveSession]:

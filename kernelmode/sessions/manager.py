@@ -1,11 +1,12 @@
 """SessionManager: the core every front door calls. It owns the live sessions (``live``: only
-this module, ownership and takeover add or remove one; the rest get a read-only view) and composes the rooms that do the work: ``kernels`` (one kernel's lifecycle), ``pool`` (warm kernels),
-``runner`` (a run from submit to RunResult), ``files`` (workspace, artifacts, notebook),
+this module, creation, ownership and takeover add or remove one; the rest get a read-only view)
+and composes the rooms that do the work: ``creation`` (a create), ``kernels`` (one kernel's lifecycle), ``pool`` (warm kernels),
+``runner`` (a run from submit to RunResult), ``drain`` (a stop's first step), ``files`` (workspace, artifacts, notebook),
 ``forks`` (checkpoints on demand, forks, resume), ``gateway_loss`` (what a gateway's failure
 means to the sessions), ``admission`` (ids and caps), ``listing`` (pages), ``lifecycle`` (start
 and stop), ``recovery`` (adoption after a restart), ``reaper``, ``ownership`` (leases, when
-managers share a store) and ``takeover`` (what dead managers left). Here: create,
-get, delete, authorize, and delegation: the front doors call only this facade.
+managers share a store) and ``takeover`` (what dead managers left). Here: get, delete,
+authorize, and delegation: the front doors call only this facade.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections import Counter as Tally
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -25,12 +24,12 @@ from ..artifacts.volume import WorkspaceVolumes
 from ..audit import audit
 from ..code_policy import CodePolicy
 from ..config import ADMIN_TENANT, Settings
-from ..egress.policy import egress_info, session_policy
 from ..errors import (
     KernelmodeError,
     KernelUnavailable,
     RunNotFound,
     SessionNotFound,
+    SessionOwnedElsewhere,
     StoreError,
 )
 from ..gateway.client import GatewayClient
@@ -49,15 +48,15 @@ from ..models import (
     SessionList,
     UploadResult,
 )
-from ..packages.policy import parse_requirement
 from ..packages.service import PackageService
 from ..protocol import PIP
 from ..sandbox import cgroups
 from ..tenants import ADMIN, Principal
 from ..tools.broker import ToolBroker
-from . import listing
+from . import creation, listing
 from .admission import Admission
 from .checkpoints import Checkpoints
+from .drain import Drain
 from .egress_wiring import EgressWiring
 from .files import SessionFiles
 from .forks import Forks
@@ -65,7 +64,7 @@ from .gateway_loss import GatewayLoss
 from .hibernation import Hibernation
 from .kernel_env import Kernels
 from .lifecycle import Lifecycle
-from .live import LiveSession, LiveSessions, now
+from .live import LiveSession, LiveSessions
 from .liveness import Liveness
 from .one_shot import one_shot
 from .ownership import Ownership
@@ -99,8 +98,8 @@ class SessionManager:
         self.state_dir = state_dir
         self.sandbox = sandbox
         self.live = LiveSessions()
-        self._creating: dict[str, str] = {}  # session id -> tenant, while its kernel starts
-        self.admission = Admission(settings, store, self.live, self._creating)
+        self.creating: dict[str, str] = {}  # session id -> tenant, while its kernel starts
+        self.admission = Admission(settings, store, self.live, self.creating)
         self.metrics = Metrics(known_tool=broker.knows)
         self.packages = SessionPackages(PackageService(settings, data_dir, sandbox), self.live.get)
         broker.reserved[PIP] = self.packages.from_kernel  # %pip install in a cell
@@ -112,7 +111,7 @@ class SessionManager:
         self._cgroups = cgroups.detect() if sandbox == "bwrap" and settings.sandbox.cgroups != "off" else None
         self.pool = WarmPool(
             settings, self.kernels, sandbox,
-            busy=lambda: bool(self._creating) or any(s.info.status == "busy" for s in self.live),
+            busy=lambda: bool(self.creating) or any(s.info.status == "busy" for s in self.live),
             room=lambda: settings.sessions.max_sessions - self.admission.count,
             usage=self._kernel_memory)
         self.checkpoints = Checkpoints(settings, store, harvester.store if harvester else None,
@@ -121,6 +120,7 @@ class SessionManager:
                              broker.approvals, policy, before_run=self.checkpoints.before_run,
                              after_run=self.checkpoints.after_run, revive=self.live_session)
         self.runs = self.runner.runs
+        self.drain = Drain(self.runs)  # a stop's first step: no new work, runs in flight finish
         self.reaper = Reaper(settings.sessions.reap_interval_seconds, self.reap_expired)
         self.files = SessionFiles(settings, store, harvester, self.live.get, self.live_session,
                                   self.checkpoints.reseed)
@@ -141,7 +141,7 @@ class SessionManager:
     async def start(self, running_kernels: set[str] | frozenset[str] = frozenset()) -> None:
         """``running_kernels``: kernels of an adopted gateway (left by a crashed manager); the
         sessions they belong to are taken over with their variables, the rest become ``lost``."""
-        self.ownership.start()  # alive in the store before anything is taken
+        await self.ownership.start()  # alive in the store before anything is taken
         for s in await self.lifecycle.adopt(running_kernels):
             self.live.add(s)
         await self.lifecycle.begin(running_kernels)
@@ -240,6 +240,7 @@ class SessionManager:
             if info is None:
                 raise SessionNotFound(f"no session {session_id!r}")
             if info.status == "hibernated":
+                self.drain.check("waking a hibernated session")  # another manager wakes it
                 self.admission.check_wake(session_id, info.tenant)  # a wake is an admission
                 self.ownership.claim(session_id)  # one manager wakes it
                 s = self.hibernation.wake(info)  # its next run starts a kernel and restores
@@ -257,67 +258,8 @@ class SessionManager:
 
     # -- create / delete ---------------------------------------------------------------------------
     async def create(self, req: SessionCreate, principal: Principal = ADMIN) -> SessionInfo:
-        sid = req.session_id or uuid.uuid4().hex
-        tenant = principal.tenant
-        self.admission.check_room(sid, principal)
-        source = await self.forks.source(req, principal)
-        if source is not None:
-            req = self.forks.like_source(req, source.session_id)
-            self.admission.check_room(sid, principal)  # the source was awaited: another create may have the id now
-        self.broker.registry.check_allow_list(req.tools)
-        for r in req.packages or []:
-            parse_requirement(r)  # a bad requirement is refused before a kernel is taken
-        limits = principal.limits(req.limits, self.settings.sandbox)  # 422 above a ceiling
-        egress = session_policy(self.settings.egress, principal.tenant, principal.egress, req.egress,  # 403 if wider
-                                remote=self.kernels.remote)
-        ttl = req.ttl_seconds or self.settings.sessions.ttl_seconds
-        t = now()
-        info = SessionInfo(
-            session_id=sid, status="idle", created_at=t, last_activity=t,
-            expires_at=t + timedelta(seconds=ttl), ttl_seconds=ttl, limits=limits,
-            sandbox=self.sandbox, tools=req.tools, tenant=tenant, egress=egress_info(egress),
-        )
-        self._creating[sid] = tenant
-        try:
-            k = await self.pool.claim(limits)
-            if k is not None:
-                info.from_pool = True
-                k.info = info
-                self.pool.refill(delay=self.settings.sessions.pool_refill_delay_seconds)
-                try:
-                    if req.tools is not None:  # the pool kernel's preamble offers every tool
-                        await k.install_preamble(self.kernels.start_timeout)
-                    await self.egress.attach(k)  # its session's proxy, in the kernel's egress dir
-                except BaseException:
-                    await k.discard()
-                    raise
-            else:
-                k = await self.pool.start_for(info)  # in its turn; 503 server_busy if too late
-        finally:
-            self._creating.pop(sid, None)
-        info.kernel_id = k.kernel_id
-        s = LiveSession(kernel=k)
-        try:
-            self.live.add(s)  # its lease first (another manager may have made this id meanwhile)
-        except KernelmodeError:
-            await k.discard()
-            raise
-        self.metrics.sessions_created.labels("true" if info.from_pool else "false", tenant).inc()
-        self.store.take_id(sid, tenant)  # runs of an earlier session with this id are not this one's
-        self.store.save(info, s.kernel_id, s.workspace)
-        log.info("session %s created (kernel %s, tenant %s)", sid, s.kernel_id, tenant)
-        audit("session_created", session_id=sid, tenant=tenant, kernel_id=s.kernel_id,
-              from_pool=info.from_pool, sandbox=self.sandbox)
-        if req.packages:
-            try:
-                await self.packages.install(s, req.packages, "session_create")
-            except BaseException:  # the session was asked for with them: none without them
-                with contextlib.suppress(KernelmodeError):
-                    await self.delete(sid, keep_notebook=False, reason="packages_refused")
-                raise
-        if source is not None:
-            await self.forks.start_from(s, source)
-        return info
+        """A new live session (creation.py); a fork of ``fork_of`` or of ``from_checkpoint``."""
+        return await creation.create(self, req, principal)
 
     async def install_packages(self, session_id: str, packages: list[str], source: str = "rest") -> PackagesResult:
         """Install packages into the session's layer (visible to its kernel at once)."""
@@ -359,8 +301,11 @@ class SessionManager:
         """A run typed in an attached console: in the session's history like any other."""
         if s.info.session_id not in self.live:
             return
-        self.store.add_run(code, result, events)
-        self.store.save(s.info, s.kernel_id, s.workspace)
+        try:
+            self.store.add_run(code, result, events)
+            self.store.save(s.info, s.kernel_id, s.workspace)
+        except SessionOwnedElsewhere:  # taken over meanwhile: dropped here, its console closed
+            return
         self.metrics.observe_run(result, s.info.tenant or ADMIN_TENANT, source="console")
         audit("console_run", session_id=s.info.session_id, tenant=s.info.tenant, run_id=result.run_id,
               status=result.status)
@@ -369,6 +314,7 @@ class SessionManager:
     def submit(self, session_id: str, code: str, timeout_seconds: float | None = None,
                approvals: bool = True) -> LiveRun:
         """Start a run in its own task and return it at once (it queues behind earlier runs)."""
+        self.drain.check("a new run")
         return self.runner.submit(self.live_session(session_id), code, timeout_seconds, approvals)
 
     async def execute(self, session_id: str, code: str, timeout_seconds: float | None = None,

@@ -7,7 +7,8 @@ gives it up on each remove). A manager's row in ``managers`` says where the othe
 (``url``) and that it is alive. One heartbeat task renews the row and every lease in two
 statements each third of ``store.lease_seconds``; a session whose lease could not be renewed (it
 expired, and another manager took it) is dropped from the map at once, its kernel and record
-left to the new owner. Every kernel this manager starts is marked with its id first (so a dead
+left to the new owner; so is one whose record or run the store refused to write because the lease
+is gone (the fence: this manager is the store's ``fence``, checked in each such statement). Every kernel this manager starts is marked with its id first (so a dead
 manager's pool kernels are found and shut down by one survivor, takeover.py). Time is the
 database's. On a SQLite store (one manager) nothing is taken or renewed: ``active`` is False.
 """
@@ -16,8 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from ..audit import audit
 from ..config import Settings
@@ -28,6 +32,7 @@ from .live import LiveSessions
 from .store import SessionStore, new_manager_id
 
 log = logging.getLogger("kernelmode.sessions")
+T = TypeVar("T")
 # How often a manager looks for expired leases: two indexed statements, so often enough that
 # failover waits mostly for the lease itself (a dead manager's sessions are adopted within
 # store.lease_seconds + this of its death).
@@ -48,14 +53,17 @@ class Ownership:
         self.live: LiveSessions | None = None  # the manager's map (``attach``)
         self.scan: Callable[[], Awaitable[object]] | None = None  # takeover.py's pass
         self.adopting: set[str] = set()  # leases taken for sessions not live yet (renewed too)
+        self.side = store  # the heartbeat's and scan's connection (``start``: a second one)
+        self._thread: ThreadPoolExecutor | None = None  # ``side``'s one user (``off_loop``)
         self._tasks: list[asyncio.Task[None]] = []
         self._closing: set[asyncio.Task[None]] = set()
 
     def attach(self, live: LiveSessions, kernels: Kernels) -> None:
-        """The manager's map (its adds take leases) and kernels (their starts are marked)."""
+        """The manager's map (its adds take leases), kernels (their starts are marked) and the
+        store's writes of sessions' records and runs (fenced by the leases: ``lost``)."""
         self.live = live
         if self.active:
-            live.leases = kernels.marks = self
+            live.leases = kernels.marks = self.store.fence = self
 
     # -- who owns a session ------------------------------------------------------------------------
     def owner_url(self, session_id: str) -> str | None:
@@ -104,24 +112,56 @@ class Ownership:
             self.store.managers.drop_pool(kernel_id)
 
     # -- heartbeat ---------------------------------------------------------------------------------
-    def beat(self) -> list[str]:
+    # The heartbeat's and the takeover scan's statements run in a thread of their own on a
+    # connection of their own (``side``, SessionStore.background; ``off_loop``): a slow PostgreSQL
+    # (a lock, a network stall) then holds neither the event loop nor the connection requests use
+    # (psycopg serializes a shared connection's users: a stalled heartbeat on it would stall them).
+    # One thread, so the connection has one user and is closed after its last statement. Not
+    # psycopg's AsyncConnection: these are the same sync Leases/Managers statements as the rest of
+    # the store's, with no second, async copy of their SQL to keep in step.
+    async def off_loop(self, work: Callable[..., T], *args: object) -> T:
+        """``work(*args)`` in the heartbeat's thread (at once where there is none: SQLite)."""
+        if self._thread is None:
+            return work(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._thread, functools.partial(work, *args))
+
+    async def beat(self) -> list[str]:
         """This manager is alive for one more lease period, and so are its leases: the sessions
         whose lease was lost meanwhile, dropped from the live map (kernel and record untouched)."""
         if not self.active:
             return []
-        self.store.managers.beat(self.manager_id, self.url, self.home, self.ttl)
         held = sorted({*(self.live.ids() if self.live is not None else ()), *self.adopting})
-        if not held:
-            return []
-        lost = sorted(set(held) - self.store.leases.renew_all(self.manager_id, held, self.ttl))
+        renewed = await self.off_loop(self._renew, held)
+        # Still held here after the statement: one given up meanwhile (a delete) is not lost, and
+        # one taken again meanwhile (a wake) has a fresh lease, which owner() shows.
+        maybe = [sid for sid in held if sid not in renewed
+                 and (sid in self.adopting or (self.live is not None and sid in self.live))]
+        lost = [sid for sid in maybe
+                if await self.off_loop(self.side.leases.owner, sid) != self.manager_id]
         for sid in lost:
-            s = self.live.drop(sid) if self.live is not None else None
-            if s is not None and s.conn is not None:  # the new owner talks to the kernel now
-                self._later(s.conn.close())
-            log.warning("session %s: its lease was lost (another manager owns it now); this manager "
-                        "stops acting for it, leaving its kernel and record alone", sid)
-            audit("session_lease_lost", session_id=sid, manager_id=self.manager_id)
+            self._lose(sid, "its lease could not be renewed")
         return lost
+
+    def _renew(self, held: list[str]) -> set[str]:
+        """The heartbeat's two statements (in a thread): the ids of ``held`` still this manager's."""
+        self.side.managers.beat(self.manager_id, self.url, self.home, self.ttl)
+        return self.side.leases.renew_all(self.manager_id, held, self.ttl) if held else set()
+
+    def lost(self, session_id: str) -> None:
+        """The store refused a write of the session: its lease is another manager's now (the
+        store's fence, store/postgres.py)."""
+        self._lose(session_id, "a write of its record was refused")
+
+    def _lose(self, sid: str, how: str) -> None:
+        """Stop acting for ``sid`` at once: dropped from the live map, its kernel websocket
+        closed; its kernel and record are the new owner's."""
+        self.adopting.discard(sid)
+        s = self.live.drop(sid) if self.live is not None else None
+        if s is not None and s.conn is not None:  # the new owner talks to the kernel now
+            self._later(s.conn.close())
+        log.warning("session %s: its lease was lost (%s; another manager owns it now); this manager "
+                    "stops acting for it, leaving its kernel and record alone", sid, how)
+        audit("session_lease_lost", session_id=sid, manager_id=self.manager_id, how=how)
 
     def _later(self, work: Awaitable[object]) -> None:
         async def run() -> None:
@@ -131,13 +171,15 @@ class Ownership:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """The first beat now (before this manager starts or takes anything), then one every
         third of a lease; a predecessor on this data dir (it died: this process holds the data
         dir's lock) leaves its leases, for this start to adopt."""
         if not self.active:
             return
-        self.beat()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="heartbeat")
+        self.side = await self.off_loop(self.store.background)
+        await self.beat()
         self._tasks.append(asyncio.create_task(self._every("heartbeat", self.ttl / 3, self.beat)))
         if gone := self.store.managers.predecessors(self.manager_id, self.home):
             log.info("the previous manager(s) of this data dir (%s) are gone: their sessions are "
@@ -172,3 +214,8 @@ class Ownership:
             with contextlib.suppress(Exception):  # a store that does not answer: they expire
                 self.store.leases.expire_all(self.manager_id)
                 self.store.managers.leave(self.manager_id)
+        if self._thread is not None:  # closed after the statement under way, if one is
+            if self.side is not self.store:
+                self._thread.submit(self.side.close)
+            self._thread.shutdown(wait=False)
+            self._thread, self.side = None, self.store

@@ -21,7 +21,13 @@ from ..artifacts.harvester import Harvester
 from ..audit import audit
 from ..code_policy import CodePolicy
 from ..config import ADMIN_TENANT, Settings
-from ..errors import InvalidRequest, KernelmodeError, PayloadTooLarge, SessionNotFound
+from ..errors import (
+    InvalidRequest,
+    KernelmodeError,
+    PayloadTooLarge,
+    SessionNotFound,
+    SessionOwnedElsewhere,
+)
 from ..gateway.exchange import ExecuteExchange, Outcome
 from ..gateway.execution import OutputCollector
 from ..metrics import Metrics
@@ -177,6 +183,7 @@ class Runner:
                         # Recorded as running first: if this server dies now, its successor can
                         # say the run was interrupted.
                         self.store.add_run(run.code, run.snapshot())
+                        run.recorded = True
                         with counted(k, run.run_id) as egress_used:
                             result = await self._run(k, run, timeout)
                         result.egress = egress_used()  # hosts its code reached or was refused
@@ -189,8 +196,8 @@ class Runner:
                     s.touch()
                     if s.info.status == "busy":
                         s.info.status = "idle"
-                if session_id not in self.live:  # deleted (or reaped) while the code ran
-                    raise SessionNotFound(f"session {session_id!r} was deleted while the code ran")
+                if session_id not in self.live:  # deleted (or reaped, or taken over) while the code ran
+                    raise self._gone(session_id)
                 if self.harvester is not None and result.status == "ok":
                     # Never raises: a harvest problem is a note on the result, which stands.
                     channel = file_channel(s.conn, self.settings.sessions.files_timeout_seconds)
@@ -203,9 +210,10 @@ class Runner:
             finally:
                 s.lock.release()
         except Exception as e:
-            run.failure = e if isinstance(e, KernelmodeError) else KernelmodeError(
-                f"internal error ({type(e).__name__}); see the server log")
+            run.failure = self._failure(run, e)
             self.store.forget_run_if_running(run.run_id)  # it failed as a request, not as code
+            if run.failure is not e:
+                raise run.failure from e
             raise
         finally:
             self.approvals.close(run.run_id)
@@ -218,6 +226,28 @@ class Runner:
               cause=result.cause.model_dump() if result.cause else None,
               tool_calls=len(result.tool_calls), artifacts=len(result.artifacts))
         return result
+
+    def _gone(self, session_id: str) -> KernelmodeError:
+        if self.live.taken_elsewhere(session_id):
+            return SessionOwnedElsewhere(f"session {session_id!r} was taken over by another manager "
+                                         "while the code ran; send the request again")
+        return SessionNotFound(f"session {session_id!r} was deleted while the code ran")
+
+    @staticmethod
+    def _failure(run: LiveRun, e: Exception) -> KernelmodeError:
+        """What a run that failed as a request says. One whose session was taken over by another
+        manager while it ran (this one froze past its lease) was ended ``interrupted`` in the
+        store by that manager: polls read that record, and the client is told not to run the
+        code again (``details.run_id``)."""
+        if isinstance(e, SessionOwnedElsewhere) and run.recorded:
+            run.handed_over = True
+            return SessionOwnedElsewhere(
+                f"session {run.session_id!r} was taken over by another manager while run {run.run_id} ran "
+                "(this manager stopped answering for longer than store.lease_seconds): that manager "
+                f"ended the run 'interrupted' (GET /v1/runs/{run.run_id}) and serves the session now; "
+                "the code was not run again", details={"run_id": run.run_id})
+        return e if isinstance(e, KernelmodeError) else KernelmodeError(
+            f"internal error ({type(e).__name__}); see the server log")
 
     async def _ready(self, s: LiveSession) -> Restore | None:
         """The kernel readied for the run: started if it is dead (woken, given up), its preamble

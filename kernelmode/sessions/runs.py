@@ -54,6 +54,8 @@ class LiveRun:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     stored: bool = False  # a finished run's stub: its result and events are in the session store
     gate: RunGate | None = None  # its calls waiting for approval (tools/approvals.py)
+    recorded: bool = False  # written to the store as running (its end is written in its place)
+    handed_over: bool = False  # its session's new owner (another manager) ended it in the store
 
     @property
     def awaiting(self) -> bool:
@@ -67,7 +69,8 @@ class LiveRun:
     def stub(self) -> LiveRun:
         """What a finished run keeps in memory: who, when, and a failure's message; no output."""
         return LiveRun(run_id=self.run_id, session_id=self.session_id, finished_at=self.finished_at,
-                       collector=OutputCollector(0), failure=self.failure, stored=self.failure is None)
+                       collector=OutputCollector(0), failure=self.failure,
+                       stored=self.failure is None or self.handed_over)
 
     def snapshot(self) -> RunResult:
         """The run as a RunResult: the final one, or ``running`` with the output so far."""

@@ -38,12 +38,15 @@ class Takeover:
 
     async def scan(self) -> list[str]:
         """One pass: the sessions adopted from dead managers."""
+        if self.m.drain.draining:  # stopping: what it adopted now it would give up at once
+            return []
         await self._orphaned_kernels()
         return await self._expired_sessions()
 
     async def _orphaned_kernels(self) -> None:
         m = self.m
-        orphans = set(m.store.managers.orphaned_pool())
+        # Off the loop on the heartbeat's connection, as the next pass's statements (ownership.py).
+        orphans = set(await m.ownership.off_loop(m.ownership.side.managers.orphaned_pool))
         if not orphans:
             return
         orphans -= {str(i.kernel_id) for i in m.store.with_kernels(orphans)}  # sessions': adopted
@@ -55,14 +58,10 @@ class Takeover:
             audit("orphan_kernels_removed", kernel_ids=sorted(orphans))
 
     async def _expired_sessions(self) -> list[str]:
-        own, store = self.m.ownership, self.m.store
+        own = self.m.ownership
         t0 = time.monotonic()
-        won = []
-        for sid in store.leases.expired():
-            if sid.startswith(":"):  # a singleton's (the reaper's), not a session's
-                continue
-            if own.take(sid) and sid not in self.live:  # one of ours, late: taken back above
-                won.append(sid)
+        taken = await own.off_loop(self._take_expired)
+        won = [sid for sid in taken if sid not in self.live]  # one of ours, late: taken back above
         if not won:
             return []
         own.adopting.update(won)  # renewed by the heartbeat while the kernels are reached
@@ -70,6 +69,15 @@ class Takeover:
             return await self._adopt(won, t0)
         finally:
             own.adopting.difference_update(won)
+
+    def _take_expired(self) -> list[str]:
+        """(In a thread.) The expired sessions' leases this manager took: one statement when
+        none expired, one more per expired session."""
+        own = self.m.ownership
+        side = own.side
+        return [sid for sid in side.leases.expired()
+                if not sid.startswith(":")  # a singleton's (the reaper's), not a session's
+                and side.leases.acquire(sid, own.manager_id, own.ttl)]
 
     async def _adopt(self, won: list[str], t0: float) -> list[str]:
         m, own, store = self.m, self.m.ownership, self.m.store

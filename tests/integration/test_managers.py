@@ -6,8 +6,11 @@ start-up beside live managers, failover after a `kill -9`, one reaper across man
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import psycopg
@@ -22,6 +25,7 @@ LEASE = 3  # store.lease_seconds: failover within about 1.5 of it
 ENV = {
     "KERNELMODE_STORE__LEASE_SECONDS": str(LEASE),
     "KERNELMODE_SESSIONS__POOL_SIZE": "1",
+    "KERNELMODE_SERVER__DRAIN_SECONDS": "20",  # the default (the suite's servers stop without)
     # Hibernation on, but only a session created with a short ttl_seconds is ever due (the
     # reaping test); a hibernated one is deleted 2 s later, by one manager.
     "KERNELMODE_SESSIONS__HIBERNATE_AFTER_SECONDS": "3600",
@@ -173,6 +177,94 @@ def test_kill_9_during_a_long_run_ends_it_interrupted_once_and_keeps_the_state(m
     assert run["state_lost"] is False
     assert _sql(ms, "SELECT COUNT(*) FROM runs WHERE run_id = %s", (run_id,))[0][0] == 1
     assert _sql(ms, "SELECT COUNT(*) FROM runs WHERE running")[0][0] == 0
+    ms.restart(1)
+
+
+def _stored_run(ms: Managers, run_id: str) -> dict:
+    rows = _sql(ms, "SELECT result FROM runs WHERE run_id = %s", (run_id,))
+    return json.loads(rows[0][0]) if rows else {}
+
+
+LONG = "print('started', flush=True)\nimport time\nwhile True: time.sleep(0.1)"
+
+
+def test_a_manager_frozen_past_its_lease_never_overwrites_the_new_owners_records(ms: Managers) -> None:
+    """SIGSTOP of the owner during a long run: the other manager takes the session over and
+    ends the run ``interrupted``. Woken (SIGCONT), the old owner sees its run end; the store
+    refuses its writes (the lease is gone: fencing), so the record stays the new owner's; its
+    waiting client gets 503 ``session_owned_elsewhere`` naming the run (not sent again), and the
+    session is the other manager's from then on."""
+    with ms.client(0) as c:
+        _create(c, "frozen0")
+        assert _run(c, "frozen0", "v = 5")["status"] == "ok"
+    kernel = _sql(ms, "SELECT kernel_id FROM sessions WHERE session_id = 'frozen0'")[0][0]
+    with ThreadPoolExecutor(1) as pool, ms.client(0) as c:
+        waiting = pool.submit(c.post, "/v1/sessions/frozen0/execute", json={"code": LONG})  # answered at the end
+        running = wait_for(lambda: _sql(ms, "SELECT run_id FROM runs WHERE session_id = 'frozen0' AND running"),
+                           "the long run to be recorded")
+        run_id = running[0][0]  # type: ignore[index]
+        with ms.client(0) as poll:
+            wait_for(lambda: poll.get(f"/v1/runs/{run_id}").json()["events"], "the cell to start")
+        os.kill(ms[0].proc.pid, signal.SIGSTOP)
+        # Its heartbeat held up once it wakes (its managers row locked; the heartbeat waits off
+        # the event loop): the run's end, not a renewal, is the first to find the lease gone.
+        with psycopg.connect(ms.env["KERNELMODE_STORE__URL"]) as holder:
+            try:
+                wait_for(lambda: _stored_run(ms, run_id).get("status") == "interrupted",
+                         "manager 1 to take frozen0 over and end its run", timeout=60)
+                assert _owner_url(ms, "frozen0") == ms[1].url
+                holder.execute("SELECT 1 FROM managers WHERE url = %s FOR UPDATE", (ms[0].url,))
+            finally:
+                os.kill(ms[0].proc.pid, signal.SIGCONT)
+            answer = waiting.result(timeout=60)  # the run ended in manager 0's view
+            holder.rollback()
+    assert answer.status_code == 503, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "session_owned_elsewhere" and error["details"] == {"run_id": run_id}, error
+    assert answer.headers["Retry-After"] == "1"
+    with ms.client(0) as c:  # manager 0 reads the new owner's record, and serves the session no more
+        run = c.get(f"/v1/runs/{run_id}").json()["result"]
+        assert run["status"] == "interrupted" and run["error"]["ename"] == "ServerRestarted", run
+        assert _run(c, "frozen0", "v")["result"] == "5"  # forwarded to manager 1: state kept
+    stored = _stored_run(ms, run_id)
+    assert stored["status"] == "interrupted" and "another manager took the session over" in stored["error"]["evalue"]
+    assert _sql(ms, "SELECT COUNT(*) FROM runs WHERE run_id = %s", (run_id,))[0][0] == 1
+    assert _sql(ms, "SELECT kernel_id, status FROM sessions WHERE session_id = 'frozen0'")[0] == (kernel, "idle")
+    assert _owner_url(ms, "frozen0") == ms[1].url
+    assert _audits(ms, "session_lease_lost", 0, session_id="frozen0", how="a write of its record was refused")
+    assert not _audits(ms, "run", 0, run_id=run_id)  # manager 0 recorded nothing of its end
+    ms.restart(0)  # its warm pool was shut down by manager 1 while it was frozen
+
+
+def test_sigterm_drains_the_run_in_flight_then_another_manager_serves_the_session(ms: Managers) -> None:
+    """A rolling update's SIGTERM: the manager stops taking work (``/readyz`` 503, runs and
+    creates 503 ``server_busy`` with Retry-After), lets the run in flight finish with its real
+    result, then gives its leases up; the other manager serves the session with its variables."""
+    with ms.client(1) as c:
+        _create(c, "drain1")
+        assert _run(c, "drain1", "w = 11")["status"] == "ok"
+        r = c.post("/v1/sessions/drain1/execute", json={
+            "code": "print('started', flush=True)\nimport time\ntime.sleep(8)\nw += 1\n'finished'",
+            "wait_seconds": 0})
+        run_id = r.json()["run_id"]
+        wait_for(lambda: c.get(f"/v1/runs/{run_id}").json()["events"], "the cell to start")
+        ms[1].proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: c.get("/readyz").status_code == 503, "manager 1 to turn not ready")
+        assert c.get("/readyz").json()["checks"]["drain"] == {"ok": False, "draining": True}
+        refused = [c.post("/v1/sessions/drain1/execute", json={"code": "w"}), c.post("/v1/sessions", json={})]
+        assert c.get(f"/v1/runs/{run_id}").json()["done"] is False  # all of this while the run ran
+    for r in refused:
+        assert r.status_code == 503 and r.json()["error"]["code"] == "server_busy", r.text
+        assert r.headers["Retry-After"] == "1" and "stopping" in r.json()["error"]["message"]
+    assert ms[1].proc.wait(60) == 0
+    run = _stored_run(ms, run_id)
+    assert run["status"] == "ok" and run["result"] == "'finished'" and run["stdout"] == "started\n", run
+    with ms.client(0) as c:
+        result = wait_for(lambda: _answers(c, "drain1", "w"), "manager 0 to serve drain1", timeout=60)
+        assert isinstance(result, dict) and result["result"] == "12", result
+        assert c.get(f"/v1/runs/{run_id}").json()["result"]["status"] == "ok"
+    assert _owner_url(ms, "drain1") == ms[0].url
+    assert "drained in" in ms[1].log()
     ms.restart(1)
 
 

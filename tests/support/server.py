@@ -129,6 +129,9 @@ def start_server(env_extra: dict[str, str] | None = None, data_dir: Path | None 
         # in each pool kernel and a small pool ceiling, unless a test asks (test_burst.py does).
         "KERNELMODE_SESSIONS__POOL_PREIMPORT": "[]",
         "KERNELMODE_SESSIONS__POOL_MAX": "4",
+        # A stop mid-run is a restart in most tests (the run ends interrupted): no drain, unless a
+        # test asks (test_managers.py's SIGTERM test).
+        "KERNELMODE_SERVER__DRAIN_SECONDS": "0",
         # Canary secrets in the server's environment: no kernel may ever see them.
         "KM_SECRET_CANARY": CANARY,
         "AWS_SECRET_ACCESS_KEY": CANARY,

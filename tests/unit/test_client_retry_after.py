@@ -53,3 +53,14 @@ def test_a_run_refused_as_owned_elsewhere_is_sent_again() -> None:
     km, seen = client([httpx.Response(503, json=moved, headers={"Retry-After": "0"}), httpx.Response(200, json=done)])
     assert km.execute("s1", "1").status == "ok"
     assert [r.method for r in seen] == ["POST", "POST"]
+
+
+def test_a_run_its_manager_lost_mid_run_is_not_sent_again() -> None:
+    """A manager frozen past its lease while the run was in flight: the new owner ended the run
+    (interrupted) and the refusal names it (details.run_id): sending it again would run it twice."""
+    lost = {"error": {"code": "session_owned_elsewhere", "message": "taken over mid-run",
+                      "details": {"run_id": "r" * 32}}}
+    km, seen = client([httpx.Response(503, json=lost, headers={"Retry-After": "0"})])
+    with pytest.raises(Exception, match="taken over mid-run"):
+        km.execute("s1", "1")
+    assert len(seen) == 1

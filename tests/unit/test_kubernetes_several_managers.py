@@ -1,5 +1,6 @@
 """deploy/kubernetes/ with several managers, validated offline (docs/scaling.md "Several
-managers"): the manager Deployment runs more than one replica and rolls without losing capacity, a
+managers"): the manager Deployment runs more than one replica and rolls without losing capacity
+(its grace period covers preStop, the drain and the stop), a
 PodDisruptionBudget lets a drain take one replica at a time, replicas spread over nodes, readiness
 is the manager's own readiness route, the store's URL comes from the Secret and each pod
 advertises its own address, and only managers reach PostgreSQL.
@@ -20,6 +21,7 @@ import yaml
 from psycopg.conninfo import conninfo_to_dict
 
 from kernelmode.api.handlers import HealthHandler, ReadyHandler, routes
+from kernelmode.config import ServerSettings
 from tests.kubernetes_render import (
     Cluster,
     Pod,
@@ -83,7 +85,16 @@ def check_replicas_and_rollout(docs: Docs) -> None:
     assert not [o for o in docs if o["kind"] == "PersistentVolumeClaim"
                 and o["metadata"]["labels"].get("app.kubernetes.io/component") == "manager"]
     pre_stop = container(d)["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert spec["terminationGracePeriodSeconds"] >= pre_stop + 30
+    # SIGTERM comes after preStop; the drain (runs in flight finish) and the stop after it must
+    # end before the kubelet's SIGKILL.
+    assert spec["terminationGracePeriodSeconds"] >= pre_stop + drain_seconds(docs) + 30
+
+
+def drain_seconds(docs: Docs) -> float:
+    """The managers' ``server.drain_seconds``, from their ConfigMap (else the setting's default)."""
+    config = yaml.safe_load(find(docs, "ConfigMap", "kernelmode-config", "kernelmode")["data"]["kernelmode.yaml"])
+    given = (config.get("server") or {}).get("drain_seconds")
+    return float(given if given is not None else ServerSettings().drain_seconds)
 
 
 def check_disruption_budget(docs: Docs) -> None:
@@ -227,6 +238,16 @@ def _drop(docs: Docs, kind: str, name: str) -> None:
     docs.remove(find(docs, kind, name, "kernelmode"))
 
 
+def _set_drain(docs: Docs, seconds: float | None) -> None:
+    """The ConfigMap's ``server.drain_seconds`` (None: not given, the default)."""
+    data = find(docs, "ConfigMap", "kernelmode-config", "kernelmode")["data"]
+    config = yaml.safe_load(data["kernelmode.yaml"])
+    config["server"].pop("drain_seconds", None)
+    if seconds is not None:
+        config["server"]["drain_seconds"] = seconds
+    data["kernelmode.yaml"] = yaml.safe_dump(config)
+
+
 def _env_first(docs: Docs, name: str) -> None:
     """Move env ``name`` to the end of the manager's env list."""
     env = _mgr(docs)["env"]
@@ -242,6 +263,9 @@ BREAKAGES: dict[str, tuple[Callable[[Docs], None], Callable[[Docs], None]]] = {
         {"name": "store", "persistentVolumeClaim": {"claimName": "kernelmode-data"}}), check_replicas_and_rollout),
     "grace shorter than preStop": (lambda d: pod_spec(manager(d)).update(terminationGracePeriodSeconds=5),
                                    check_replicas_and_rollout),
+    "drain longer than the grace": (lambda d: _set_drain(d, 45), check_replicas_and_rollout),
+    "default drain, short grace": (lambda d: (_set_drain(d, None), pod_spec(manager(d)).update(
+        terminationGracePeriodSeconds=40)), check_replicas_and_rollout),
     "no PDB": (lambda d: _drop(d, "PodDisruptionBudget", "kernelmode"), check_disruption_budget),
     "PDB selects MinIO": (lambda d: find(d, "PodDisruptionBudget", "kernelmode")["spec"]["selector"]["matchLabels"]
                           .update({"app.kubernetes.io/component": "minio"}), check_disruption_budget),

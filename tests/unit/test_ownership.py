@@ -5,6 +5,7 @@ alone, and a lost lease dropping the session from the live map without touching 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,10 +106,10 @@ def test_a_lost_lease_drops_the_session_from_the_live_map_and_touches_nothing(an
     assert any_store.leases.owner("a") == "m1" and any_store.leases.owner("b") == "m1"
     _expire(any_store, "b")
     assert any_store.leases.acquire("b", "m2", 60)  # another manager adopted it
-    assert own.beat() == ["b"]
+    assert asyncio.run(own.beat()) == ["b"]
     assert live.ids() == ["a"] and any_store.leases.owner("b") == "m2"
     assert any_store.get("b").status == "idle"  # type: ignore[union-attr]
-    assert own.beat() == [] and any_store.leases.owner("a") == "m1"
+    assert asyncio.run(own.beat()) == [] and any_store.leases.owner("a") == "m1"
     live.remove("a")  # a delete (or a hibernation) gives the lease up
     assert any_store.leases.owner("a") is None
     assert own.owner_url("b") is None  # m2 has no row: not alive as far as the store knows
@@ -124,10 +125,10 @@ def test_the_heartbeat_keeps_the_leases_of_sessions_being_adopted(any_store: Ses
     own.live = LiveSessions()
     assert own.take("adopting") and own.take("forgotten")
     own.adopting.add("adopting")  # its kernel is being reached: not live yet, still this manager's
-    assert own.beat() == []
+    assert asyncio.run(own.beat()) == []
     assert any_store.leases.renew_all("m1", ["adopting", "forgotten"], 60) == {"adopting", "forgotten"}
     _expire(any_store, "forgotten")
     _expire(any_store, "adopting")
     assert any_store.leases.acquire("adopting", "m2", 60)
-    assert own.beat() == ["adopting"]  # taken meanwhile: reported lost (the takeover gives it up)
+    assert asyncio.run(own.beat()) == ["adopting"]  # taken meanwhile: reported lost (the takeover gives it up)
     assert any_store.leases.expired() == ["forgotten"]  # a lease neither live nor adopting is not renewed

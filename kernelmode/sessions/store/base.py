@@ -3,8 +3,9 @@
 A backend (sqlite.py, postgres.py) gives three primitives (``_rows``, ``_row``, ``_run``: one
 statement each, with ``?`` placeholders) and the methods whose SQL differs between the two
 (JSON functions, upserts that replace, index hints). Each call is one short statement, made from
-the event loop as the SQLite store always was: see docs/scaling.md on what that costs on
-PostgreSQL.
+the event loop as the SQLite store always was (see docs/scaling.md on what that costs on
+PostgreSQL), but for the heartbeat's and the takeover scan's, made in a thread on a connection
+of their own (``background``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from ...errors import SessionOwnedElsewhere
 from ...models import Artifact, CheckpointInfo, RunResult, SessionInfo
 from .egress_tokens import EgressTokens
-from .leases import Leases
+from .leases import Fence, Leases
 from .managers import Managers
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -51,6 +53,9 @@ class SessionStore(ABC):
     egress_tokens: EgressTokens  # remote kernels' egress credentials (egress_tokens.py)
     managers: Managers
     shared = False  # several managers may use it at once (PostgreSQL): ownership.py takes leases
+    # The manager whose lease a session's record and runs are written under (ownership.py sets
+    # it on a shared store): a write of a session it no longer holds is refused (``_fenced``).
+    fence: Fence | None = None
 
     # -- the backend's primitives ------------------------------------------------------------------
     @abstractmethod
@@ -68,6 +73,12 @@ class SessionStore(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def background(self) -> SessionStore:
+        """The store on a connection of its own, for statements run in a thread off the event
+        loop (the heartbeat, the takeover scan: ownership.py); close it after. One manager's
+        SQLite store has no heartbeat: itself."""
+        return self
+
     @abstractmethod
     def describe(self) -> str:
         """Which backend and where, for the log (no password)."""
@@ -75,6 +86,26 @@ class SessionStore(ABC):
     def _text(self, text: str) -> str:
         """User text (a run's code) as the backend can hold it."""
         return storable(text)
+
+    def _fenced(self, session_sql: str = "?") -> str:
+        """The condition of a write of a session's record or runs, in the writing statement
+        itself: always true here (one manager); the shared store's holds while the writer holds
+        the lease of the session that ``session_sql`` names (postgres.py)."""
+        return "1 = 1"
+
+    def _fence_args(self, *session_id: str) -> tuple[str, ...]:
+        """The arguments of ``_fenced``'s condition (none here)."""
+        return ()
+
+    def _refused(self, session_id: str) -> None:
+        """A fenced write found the lease gone: the manager stops acting for the session (the
+        fence's ``lost``) and the request is answered 503 ``session_owned_elsewhere``."""
+        if self.fence is not None:
+            self.fence.lost(session_id)
+        raise SessionOwnedElsewhere(
+            f"session {session_id!r} is no longer this manager's (it was frozen or cut off from the store "
+            "longer than store.lease_seconds, and another manager took the session over): nothing was "
+            "written here; send the request again")
 
     @staticmethod
     def _listed(info: SessionInfo) -> tuple[str | None, int, str]:
@@ -215,16 +246,20 @@ class SessionStore(ABC):
 
     # -- runs ------------------------------------------------------------------------------------------
     def add_run(self, code: str, result: RunResult, events: list[dict[str, Any]] | None = None) -> None:
-        """``events``: the run's output in arrival order (what a notebook export shows)."""
+        """``events``: the run's output in arrival order (what a notebook export shows).
+        SessionOwnedElsewhere when the writer no longer holds the session's lease (``_fenced``)."""
         # A run is written when it starts (status running) and again when it ends, in its place.
-        self._run(
-            "INSERT INTO runs (run_id, session_id, seq, code, result, events, running) VALUES "
-            "(?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs WHERE session_id=?), ?, ?, ?, ?) "
-            "ON CONFLICT(run_id) DO UPDATE SET result=excluded.result, events=excluded.events, "
-            "running=excluded.running",
+        # (SELECT ... WHERE, not VALUES: the lease's condition is in the writing statement.)
+        if not self._rows(
+            "INSERT INTO runs (run_id, session_id, seq, code, result, events, running) "
+            "SELECT ?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs WHERE session_id=?), ?, ?, ?, ? "
+            f"WHERE {self._fenced()} ON CONFLICT(run_id) DO UPDATE SET result=excluded.result, "
+            "events=excluded.events, running=excluded.running RETURNING run_id",
             (result.run_id, result.session_id, result.session_id, self._text(code), result.model_dump_json(),
-             json.dumps(events, default=str) if events is not None else None, result.status == "running"),
-        )
+             json.dumps(events, default=str) if events is not None else None, result.status == "running",
+             *self._fence_args(result.session_id)),
+        ):
+            self._refused(result.session_id)
 
     def end_run(self, result: RunResult) -> None:
         self._run("UPDATE runs SET result=?, running=? WHERE run_id=?",

@@ -16,9 +16,19 @@ import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 Rows = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
+
+
+class Fence(Protocol):
+    """The manager a shared store writes sessions' records and runs for (ownership.py): a write
+    of a session whose lease it no longer holds is refused, and ``lost`` told."""
+
+    manager_id: str
+
+    def lost(self, session_id: str) -> None:
+        """A write found the session's lease gone: stop acting for the session."""
 
 
 def new_manager_id() -> str:

@@ -1,7 +1,10 @@
 """The PostgreSQL store (``store.url: postgresql://...``): what several managers share.
 
 One psycopg 3 connection in autocommit, so each call is one short transaction as on SQLite;
-psycopg serializes the threads that share it. The schema is migrations.py's. Text columns hold
+psycopg serializes the threads that share it. Fencing: with ``fence`` set (ownership.py), a
+session's record and runs are written only while the writer holds the session's lease, checked in
+the writing statement itself (``_fenced``), so a manager that wakes from a freeze past its lease
+never overwrites what the session's new owner wrote. The schema is migrations.py's. Text columns hold
 the records' JSON as the SQLite store does (``info::jsonb`` would refuse the ``\\u0000`` a run's
 output may hold), so the few queries that change a record do it in Python.
 """
@@ -74,12 +77,14 @@ class PostgresStore(SessionStore):
 
     shared = True
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, migrated: bool = False) -> None:
+        """``migrated``: the schema is current already (a second connection of one manager)."""
         self._url = url
         self._lock = threading.Lock()  # one reconnect at a time
         self._conn = self._connect()
         try:
-            migrate(self._conn)
+            if not migrated:
+                migrate(self._conn)
         except BaseException:
             self._conn.close()
             raise
@@ -130,6 +135,9 @@ class PostgresStore(SessionStore):
     def close(self) -> None:
         self._conn.close()
 
+    def background(self) -> PostgresStore:
+        return PostgresStore(self._url, migrated=True)
+
     def describe(self) -> str:
         return f"PostgreSQL {describe(self._url)}"
 
@@ -137,15 +145,29 @@ class PostgresStore(SessionStore):
         # PostgreSQL's text holds no NUL character: kept escaped, as a lone surrogate is.
         return super()._text(text).replace("\x00", "\\x00")
 
+    def _fenced(self, session_sql: str = "?") -> str:
+        if self.fence is None:
+            return "TRUE"
+        # FOR SHARE: a take of the lease by another manager waits until this write commits, and
+        # a take committed meanwhile is seen (the condition is checked again on the new row).
+        return (f"EXISTS (SELECT 1 FROM leases WHERE leases.session_id = {session_sql} "
+                "AND leases.manager_id = ? AND leases.expires_at > now() FOR SHARE)")
+
+    def _fence_args(self, *session_id: str) -> tuple[str, ...]:
+        return () if self.fence is None else (*session_id, self.fence.manager_id)
+
     def save(self, info: SessionInfo, kernel_id: str, workspace: Path) -> None:
         expires = micros(info.expires_at) if info.expires_at is not None else None
-        self._run(
+        if not self._rows(
             "INSERT INTO sessions (session_id, kernel_id, workspace, info, tenant, created_us, status, expires_us) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            f"SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE {self._fenced()} "
             "ON CONFLICT(session_id) DO UPDATE SET kernel_id=excluded.kernel_id, "
             "workspace=excluded.workspace, info=excluded.info, tenant=excluded.tenant, "
-            "created_us=excluded.created_us, status=excluded.status, expires_us=excluded.expires_us",
-            (info.session_id, kernel_id, str(workspace), info.model_dump_json(), *self._listed(info), expires))
+            "created_us=excluded.created_us, status=excluded.status, expires_us=excluded.expires_us "
+            "RETURNING session_id",
+            (info.session_id, kernel_id, str(workspace), info.model_dump_json(), *self._listed(info), expires,
+             *self._fence_args(info.session_id))):
+            self._refused(info.session_id)
 
     def mark_lost(self, info: SessionInfo) -> None:
         self._run("UPDATE sessions SET info=?, status='lost', expires_us=NULL WHERE session_id=?",
@@ -197,7 +219,9 @@ class PostgresStore(SessionStore):
         return [RunResult.model_validate_json(r[0]) for r in self._rows("SELECT result FROM runs WHERE running")]
 
     def forget_run_if_running(self, run_id: str) -> None:
-        self._run("DELETE FROM runs WHERE run_id=? AND running", (run_id,))
+        # Fenced too, quietly: a run another manager took over is its to end (interrupted).
+        self._run(f"DELETE FROM runs WHERE run_id=? AND running AND {self._fenced('runs.session_id')}",
+                  (run_id, *self._fence_args()))
 
     def history_iter(self, session_id: str) -> Iterator[tuple[str, RunResult, list[dict[str, Any]] | None]]:
         seqs = [r[0] for r in self._rows("SELECT seq FROM runs WHERE session_id=? ORDER BY seq", (session_id,))]

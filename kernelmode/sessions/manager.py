@@ -113,7 +113,8 @@ class SessionManager:
             settings, self.kernels, sandbox,
             busy=lambda: bool(self.creating) or any(s.info.status == "busy" for s in self.live),
             room=lambda: settings.sessions.max_sessions - self.admission.count,
-            usage=self._kernel_memory)
+            usage=self._kernel_memory, usable=self.ownership.fresh)
+        self.ownership.revived = self._pool_again
         self.checkpoints = Checkpoints(settings, store, harvester.store if harvester else None,
                                        harvester.scratch if harvester else state_dir)
         self.runner = Runner(settings, store, harvester, self.metrics, self.live, self.kernels.collector,
@@ -170,6 +171,11 @@ class SessionManager:
     async def external_gateway_back(self, running: set[str]) -> tuple[list[str], list[str]]:
         """An external gateway answers again: (session ids that survived, those lost)."""
         return await self.gateway_loss.external_back(running)
+
+    async def _pool_again(self) -> None:
+        """This manager was dead to the others for a while: its warm kernels may be gone."""
+        await self.pool.drop()
+        self.pool.refill()
 
     @property
     def pool_size(self) -> int:

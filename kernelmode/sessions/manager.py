@@ -1,11 +1,12 @@
 """SessionManager: the core every front door calls. It owns the live sessions (``live``: only
-this module, creation, ownership and takeover add or remove one; the rest get a read-only view)
+this module, creation, ownership, takeover and rebalance add or remove one; the rest get a read-only view)
 and composes the rooms that do the work: ``creation`` (a create), ``kernels`` (one kernel's lifecycle), ``pool`` (warm kernels),
 ``runner`` (a run from submit to RunResult), ``drain`` (a stop's first step), ``files`` (workspace, artifacts, notebook),
 ``forks`` (checkpoints on demand, forks, resume), ``gateway_loss`` (what a gateway's failure
 means to the sessions), ``admission`` (ids and caps), ``listing`` (pages), ``lifecycle`` (start
 and stop), ``recovery`` (adoption after a restart), ``reaper``, ``ownership`` (leases, when
-managers share a store) and ``takeover`` (what dead managers left). Here: get, delete,
+managers share a store), ``takeover`` (what dead managers left) and ``rebalance`` (idle sessions
+handed to an underloaded manager). Here: get, delete,
 authorize, and delegation: the front doors call only this facade.
 """
 
@@ -72,6 +73,7 @@ from .packages import SessionPackages
 from .pool import WarmPool
 from .readying import restart_asked
 from .reaper import Reaper, reap_pass
+from .rebalance import Rebalance
 from .runner import Runner
 from .runs import LiveRun
 from .store import SessionStore
@@ -129,6 +131,9 @@ class SessionManager:
         self.gateway_loss = GatewayLoss(self.live, self.pool, store)
         self.lifecycle = Lifecycle(self, self.live)
         self.ownership.scan = Takeover(self, self.live).scan
+        self.rebalance = Rebalance(self, self.live)  # idle sessions handed to an underloaded manager
+        if self.rebalance.enabled:
+            self.ownership.rebalance = self.rebalance.round
         self.hibernation = Hibernation(settings, store, self.checkpoints, self.kernels, self.live)
         self.liveness = Liveness(settings, self.live, self.pool,
                                  lambda s: self.store.save(s.info, s.kernel_id, s.workspace))

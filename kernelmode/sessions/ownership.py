@@ -53,6 +53,7 @@ class Ownership:
         self.active = store.shared
         self.live: LiveSessions | None = None  # the manager's map (``attach``)
         self.scan: Callable[[], Awaitable[object]] | None = None  # takeover.py's pass
+        self.rebalance: Callable[[], Awaitable[object]] | None = None  # rebalance.py's round
         self.adopting: set[str] = set()  # leases taken for sessions not live yet (renewed too)
         self.side = store  # the heartbeat's and scan's connection (``start``: a second one)
         self._thread: ThreadPoolExecutor | None = None  # ``side``'s one user (``off_loop``)
@@ -105,8 +106,9 @@ class Ownership:
             return SessionOwnedElsewhere(f"session {info.session_id!r} is owned by the manager at {url}; "
                                          "send its requests there, or retry in a moment")
         return SessionOwnedElsewhere(
-            f"session {info.session_id!r} is being taken over from a manager that stopped (within "
-            f"{self.ttl + SCAN_SECONDS:g} s of its death); retry in a moment")
+            f"session {info.session_id!r} is being taken over, from a manager that stopped (within "
+            f"{self.ttl + SCAN_SECONDS:g} s of its death) or handed over by one to even the load; "
+            "retry in a moment")
 
     # -- the kernels this manager started ----------------------------------------------------------
     def mark(self, kernel_id: str) -> None:
@@ -209,10 +211,13 @@ class Ownership:
                      "taken over now", ", ".join(gone))
 
     def run(self) -> None:
-        """The takeover scan (every second, or half a lease if shorter), once the start is done."""
+        """The takeover scan (every second, or half a lease if shorter) and the rebalancing
+        rounds (rebalance.py, every third of a lease), once the start is done."""
         if self.active and self.scan is not None:
             self._tasks.append(asyncio.create_task(self._every("takeover scan", min(SCAN_SECONDS, self.ttl / 2),
                                                                  self.scan)))
+        if self.active and self.rebalance is not None:  # at the heartbeat's pace
+            self._tasks.append(asyncio.create_task(self._every("rebalance", self.ttl / 3, self.rebalance)))
 
     @staticmethod
     async def _every(name: str, interval: float, work: Callable[[], object]) -> None:

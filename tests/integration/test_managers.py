@@ -26,6 +26,8 @@ ENV = {
     "KERNELMODE_STORE__LEASE_SECONDS": str(LEASE),
     "KERNELMODE_SESSIONS__POOL_SIZE": "1",
     "KERNELMODE_SERVER__DRAIN_SECONDS": "20",  # the default (the suite's servers stop without)
+    # Sessions stay where they were made, as the tests assert (rebalancing: test_rebalance.py).
+    "KERNELMODE_STORE__REBALANCE": "false",
     # Hibernation on, but only a session created with a short ttl_seconds is ever due (the
     # reaping test); a hibernated one is deleted 2 s later, by one manager.
     "KERNELMODE_SESSIONS__HIBERNATE_AFTER_SECONDS": "3600",

@@ -267,6 +267,7 @@ class KernelmodeApp:
             from .mcp.http import McpHandler, McpHttp
 
             self.mcp_http = McpHttp(self.mcp_server(), s.mcp.max_request_bytes)
+            self.sessions.rebalance.pinned = self.mcp_server().tools.connections.own.values  # kept here
             if self.router is not None:  # where each MCP connection lives, for the other managers
                 self.mcp_http.record = self.router.record_mcp
                 self.mcp_http.forget = self.router.forget_mcp

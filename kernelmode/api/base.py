@@ -230,4 +230,7 @@ class BaseHandler(web.RequestHandler):
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if isinstance(value, KernelmodeError) and value.http_status < 500:
             return  # a client error, answered as such
+        if isinstance(value, (ServerBusy, SessionOwnedElsewhere)):  # refused before anything ran: retried
+            log.info("%s %s: %s (%s)", self.request.method, self.request.uri, value.code, value)
+            return
         super().log_exception(typ, value, tb)

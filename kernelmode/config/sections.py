@@ -296,6 +296,15 @@ class StoreSettings(_Section):
     """How long a manager's lease on a session lasts unless renewed (its heartbeat renews it every
     third of this): a dead manager's sessions are adopted by another within this plus about a second
     (PostgreSQL store only; a SQLite store has one manager and takes no lease)."""
+    rebalance: bool = True
+    """Even out the sessions between managers: a manager holding more than its fair share (the
+    live managers' sessions divided among them, rounded up) hands a few idle sessions, each round
+    of its heartbeat, to the manager holding the fewest, which adopts them with their variables
+    (docs/high-availability.md "Rebalancing"). Applies with a PostgreSQL store and an external
+    gateway (`gateway.url`: the only kind another manager can reach a kernel on)."""
+    rebalance_per_round: int = Field(2, ge=1, le=100)
+    """At most this many sessions a manager hands over per heartbeat round (every third of
+    `store.lease_seconds`), so that a manager that joins is filled gently, not all at once."""
 
 
 class GatewaySettings(_Section):

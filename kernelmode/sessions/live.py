@@ -3,7 +3,8 @@ its workspace and of an attached console; and ``LiveSessions``, the one map of t
 
 The map has one owner, the SessionManager: it alone adds and removes (a create, in creation.py;
 an adoption at start, a wake; a delete, a hibernation, a stop), but for ownership.py, which drops a session
-whose lease was lost, and takeover.py, which adds those it adopts from a dead manager. Its rooms
+whose lease was lost, takeover.py, which adds those it adopts from a dead manager (or that
+another handed over), and rebalance.py, which drops those it hands to another manager. Its rooms
 get the read-only ``LiveView`` in their constructors (mypy keeps them from writing) and see every
 change at once. With several managers on one store (``leases`` set) the map is exactly the
 sessions this manager holds leases on: an add takes the lease, a remove gives it up.

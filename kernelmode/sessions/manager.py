@@ -1,11 +1,12 @@
 """SessionManager: the core every front door calls. It owns the live sessions (``live``: only
-this module, creation, ownership and takeover add or remove one; the rest get a read-only view)
+this module, creation, ownership, takeover and rebalance add or remove one; the rest get a read-only view)
 and composes the rooms that do the work: ``creation`` (a create), ``kernels`` (one kernel's lifecycle), ``pool`` (warm kernels),
 ``runner`` (a run from submit to RunResult), ``drain`` (a stop's first step), ``files`` (workspace, artifacts, notebook),
 ``forks`` (checkpoints on demand, forks, resume), ``gateway_loss`` (what a gateway's failure
 means to the sessions), ``admission`` (ids and caps), ``listing`` (pages), ``lifecycle`` (start
 and stop), ``recovery`` (adoption after a restart), ``reaper``, ``ownership`` (leases, when
-managers share a store) and ``takeover`` (what dead managers left). Here: get, delete,
+managers share a store), ``takeover`` (what dead managers left) and ``rebalance`` (idle sessions
+handed to an underloaded manager). Here: get, delete,
 authorize, and delegation: the front doors call only this facade.
 """
 
@@ -72,6 +73,7 @@ from .packages import SessionPackages
 from .pool import WarmPool
 from .readying import restart_asked
 from .reaper import Reaper, reap_pass
+from .rebalance import Rebalance
 from .runner import Runner
 from .runs import LiveRun
 from .store import SessionStore
@@ -113,7 +115,8 @@ class SessionManager:
             settings, self.kernels, sandbox,
             busy=lambda: bool(self.creating) or any(s.info.status == "busy" for s in self.live),
             room=lambda: settings.sessions.max_sessions - self.admission.count,
-            usage=self._kernel_memory)
+            usage=self._kernel_memory, usable=self.ownership.fresh)
+        self.ownership.revived = self._pool_again
         self.checkpoints = Checkpoints(settings, store, harvester.store if harvester else None,
                                        harvester.scratch if harvester else state_dir)
         self.runner = Runner(settings, store, harvester, self.metrics, self.live, self.kernels.collector,
@@ -128,6 +131,9 @@ class SessionManager:
         self.gateway_loss = GatewayLoss(self.live, self.pool, store)
         self.lifecycle = Lifecycle(self, self.live)
         self.ownership.scan = Takeover(self, self.live).scan
+        self.rebalance = Rebalance(self, self.live)  # idle sessions handed to an underloaded manager
+        if self.rebalance.enabled:
+            self.ownership.rebalance = self.rebalance.round
         self.hibernation = Hibernation(settings, store, self.checkpoints, self.kernels, self.live)
         self.liveness = Liveness(settings, self.live, self.pool,
                                  lambda s: self.store.save(s.info, s.kernel_id, s.workspace))
@@ -170,6 +176,11 @@ class SessionManager:
     async def external_gateway_back(self, running: set[str]) -> tuple[list[str], list[str]]:
         """An external gateway answers again: (session ids that survived, those lost)."""
         return await self.gateway_loss.external_back(running)
+
+    async def _pool_again(self) -> None:
+        """This manager was dead to the others for a while: its warm kernels may be gone."""
+        await self.pool.drop()
+        self.pool.refill()
 
     @property
     def pool_size(self) -> int:

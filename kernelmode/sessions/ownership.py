@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -52,11 +53,18 @@ class Ownership:
         self.active = store.shared
         self.live: LiveSessions | None = None  # the manager's map (``attach``)
         self.scan: Callable[[], Awaitable[object]] | None = None  # takeover.py's pass
+        self.rebalance: Callable[[], Awaitable[object]] | None = None  # rebalance.py's round
         self.adopting: set[str] = set()  # leases taken for sessions not live yet (renewed too)
         self.side = store  # the heartbeat's and scan's connection (``start``: a second one)
         self._thread: ThreadPoolExecutor | None = None  # ``side``'s one user (``off_loop``)
         self._tasks: list[asyncio.Task[None]] = []
         self._closing: set[asyncio.Task[None]] = set()
+        # When the last beat that wrote this manager's row began (monotonic; it keeps counting
+        # through a SIGSTOP): its row lives until at least then + ttl (``fresh``).
+        self._beat_at: float | None = None
+        # Called when a beat found this manager's row expired (a freeze past its lease): another
+        # manager may have shut its warm kernels down as a dead manager's (the manager drops its pool).
+        self.revived: Callable[[], Awaitable[object]] | None = None
 
     def attach(self, live: LiveSessions, kernels: Kernels) -> None:
         """The manager's map (its adds take leases), kernels (their starts are marked) and the
@@ -98,8 +106,9 @@ class Ownership:
             return SessionOwnedElsewhere(f"session {info.session_id!r} is owned by the manager at {url}; "
                                          "send its requests there, or retry in a moment")
         return SessionOwnedElsewhere(
-            f"session {info.session_id!r} is being taken over from a manager that stopped (within "
-            f"{self.ttl + SCAN_SECONDS:g} s of its death); retry in a moment")
+            f"session {info.session_id!r} is being taken over, from a manager that stopped (within "
+            f"{self.ttl + SCAN_SECONDS:g} s of its death) or handed over by one to even the load; "
+            "retry in a moment")
 
     # -- the kernels this manager started ----------------------------------------------------------
     def mark(self, kernel_id: str) -> None:
@@ -131,7 +140,16 @@ class Ownership:
         if not self.active:
             return []
         held = sorted({*(self.live.ids() if self.live is not None else ()), *self.adopting})
-        renewed = await self.off_loop(self._renew, held)
+        first, at = self._beat_at is None, time.monotonic()
+        alive, renewed = await self.off_loop(self._renew, held)
+        self._beat_at = at
+        if not alive and not first:
+            log.warning("this manager's row in the store had expired (it was frozen or cut off from the "
+                        "store longer than store.lease_seconds): its warm kernels may have been shut down "
+                        "by another manager; the pool is dropped and refilled")
+            audit("manager_row_expired", manager_id=self.manager_id)
+            if self.revived is not None:
+                await self.revived()
         # Still held here after the statement: one given up meanwhile (a delete) is not lost, and
         # one taken again meanwhile (a wake) has a fresh lease, which owner() shows.
         maybe = [sid for sid in held if sid not in renewed
@@ -142,10 +160,17 @@ class Ownership:
             self._lose(sid, "its lease could not be renewed")
         return lost
 
-    def _renew(self, held: list[str]) -> set[str]:
-        """The heartbeat's two statements (in a thread): the ids of ``held`` still this manager's."""
-        self.side.managers.beat(self.manager_id, self.url, self.home, self.ttl)
-        return self.side.leases.renew_all(self.manager_id, held, self.ttl) if held else set()
+    def _renew(self, held: list[str]) -> tuple[bool, set[str]]:
+        """The heartbeat's two statements (in a thread): whether this manager's row was alive
+        until now, and the ids of ``held`` still this manager's."""
+        alive = self.side.managers.beat(self.manager_id, self.url, self.home, self.ttl)
+        return alive, self.side.leases.renew_all(self.manager_id, held, self.ttl) if held else set()
+
+    def fresh(self) -> bool:
+        """Whether this manager's row is surely unexpired now (its last beat began less than a
+        lease ago): otherwise its warm kernels may be a dead manager's to the others, and none
+        is handed out until a beat has said (a manager just woken from a freeze)."""
+        return not self.active or (self._beat_at is not None and time.monotonic() - self._beat_at < self.ttl)
 
     def lost(self, session_id: str) -> None:
         """The store refused a write of the session: its lease is another manager's now (the
@@ -186,10 +211,13 @@ class Ownership:
                      "taken over now", ", ".join(gone))
 
     def run(self) -> None:
-        """The takeover scan (every second, or half a lease if shorter), once the start is done."""
+        """The takeover scan (every second, or half a lease if shorter) and the rebalancing
+        rounds (rebalance.py, every third of a lease), once the start is done."""
         if self.active and self.scan is not None:
             self._tasks.append(asyncio.create_task(self._every("takeover scan", min(SCAN_SECONDS, self.ttl / 2),
                                                                  self.scan)))
+        if self.active and self.rebalance is not None:  # at the heartbeat's pace
+            self._tasks.append(asyncio.create_task(self._every("rebalance", self.ttl / 3, self.rebalance)))
 
     @staticmethod
     async def _every(name: str, interval: float, work: Callable[[], object]) -> None:

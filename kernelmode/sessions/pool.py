@@ -33,9 +33,12 @@ KERNEL_MB_ESTIMATE = 150.0  # a warm kernel with numpy and pandas, where none ca
 class WarmPool:
     def __init__(self, settings: Settings, kernels: Kernels, sandbox: str, *,
                  busy: Callable[[], bool] = lambda: False, room: Callable[[], int] | None = None,
-                 usage: Callable[[str], int | None] = lambda kernel_id: None) -> None:
+                 usage: Callable[[str], int | None] = lambda kernel_id: None,
+                 usable: Callable[[], bool] = lambda: True) -> None:
         """``busy``: whether runs or creates are under way (a refill waits for them); ``room``:
-        the sessions the server may still hold; ``usage``: a kernel's memory use in bytes (or None)."""
+        the sessions the server may still hold; ``usage``: a kernel's memory use in bytes (or None);
+        ``usable``: whether the waiting kernels may be handed out now (ownership.fresh: not while
+        another manager may have shut them down as a dead manager's)."""
         self.settings = settings
         self.kernels = kernels
         self.sandbox = sandbox
@@ -47,6 +50,7 @@ class WarmPool:
         self.busy = busy
         self.room = room or (lambda: settings.sessions.max_sessions)
         self.usage = usage
+        self.usable = usable
         # The pool kernel being started first (done when its start ends), and whether a create
         # waits for it: one that comes while it starts takes it rather than start a second beside it.
         self._next: asyncio.Future[None] | None = None
@@ -206,7 +210,7 @@ class WarmPool:
     def take(self, limits: Limits) -> Kernel | None:
         """A pool kernel for a session with the default limits; never one that ran any code
         (but kernelmode's: the preamble, ``pool_preimport``)."""
-        if limits != self.settings.sandbox.limits:
+        if limits != self.settings.sandbox.limits or not self.usable():
             return None
         self.demand.add()
         self.refill(self.settings.sessions.pool_refill_delay_seconds)  # grows after a burst
@@ -222,7 +226,8 @@ class WarmPool:
         once it is up: it is ready sooner than one started now beside it (the first session
         after start, e.g. the embedded MCP server's)."""
         k = self.take(limits)
-        if k is None and self._next is not None and not self._claimed and limits == self.settings.sandbox.limits:
+        if k is None and self._next is not None and not self._claimed and limits == self.settings.sandbox.limits \
+                and self.usable():
             self._claimed = True
             await asyncio.shield(self._next)
             if self._ready:

@@ -7,6 +7,8 @@ manager left (docs/high-availability.md).
   is interrupted in the kernel and ends ``interrupted`` with its cause (never run again). A
   session whose kernel is gone is marked ``lost``; a hibernated, lost or deleted one only has its
   stale lease removed.
+- Sessions another manager handed to this one to even the load (rebalance.py): their leases
+  are this manager's already (marked handed); each is adopted the same way (no run is in flight).
 - Kernels a dead manager marked (its warm pool, a start under way): deleted by the one survivor
   whose statement removed their marks; a kernel that turned out to be a session's is left for
   the session's adoption.
@@ -41,7 +43,7 @@ class Takeover:
         if self.m.drain.draining:  # stopping: what it adopted now it would give up at once
             return []
         await self._orphaned_kernels()
-        return await self._expired_sessions()
+        return await self._expired_sessions() + await self._handed_sessions()
 
     async def _orphaned_kernels(self) -> None:
         m = self.m
@@ -70,6 +72,22 @@ class Takeover:
         finally:
             own.adopting.difference_update(won)
 
+    async def _handed_sessions(self) -> list[str]:
+        own = self.m.ownership
+        if not self.m.rebalance.enabled:
+            return []
+        t0 = time.monotonic()
+        handed = await own.off_loop(own.side.leases.handed, own.manager_id)
+        won = [sid for sid in handed if sid not in self.live and sid not in own.adopting]
+        if not won:
+            return []
+        own.adopting.update(won)
+        try:
+            return await self._adopt(won, t0, "handed over by another manager to even the load",
+                                     "sessions_received")
+        finally:
+            own.adopting.difference_update(won)
+
     def _take_expired(self) -> list[str]:
         """(In a thread.) The expired sessions' leases this manager took: one statement when
         none expired, one more per expired session."""
@@ -79,7 +97,8 @@ class Takeover:
                 if not sid.startswith(":")  # a singleton's (the reaper's), not a session's
                 and side.leases.acquire(sid, own.manager_id, own.ttl)]
 
-    async def _adopt(self, won: list[str], t0: float) -> list[str]:
+    async def _adopt(self, won: list[str], t0: float, why: str = "from a manager that stopped",
+                     event: str = "sessions_taken_over") -> list[str]:
         m, own, store = self.m, self.m.ownership, self.m.store
         infos = []
         for sid in won:
@@ -116,7 +135,7 @@ class Takeover:
         recovery.end_interrupted_runs(store, {sid: r for sid, r in in_flight.items() if sid not in elsewhere},
                                       kept, recovery.TAKEN_OVER)
         self.adopted += len(kept)
-        log.info("took over %d session(s) from a manager that stopped, in %.2f s (lost: %s)", len(kept),
+        log.info("took over %d session(s) %s, in %.2f s (lost: %s)", len(kept), why,
                  time.monotonic() - t0, ", ".join(sorted(lost)) or "none")
-        audit("sessions_taken_over", session_ids=sorted(kept), lost=sorted(lost), manager_id=own.manager_id)
+        audit(event, session_ids=sorted(kept), lost=sorted(lost), manager_id=own.manager_id)
         return sorted(kept)

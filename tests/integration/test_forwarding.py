@@ -38,6 +38,8 @@ ALPHA, BETA = "alpha-" + secrets.token_hex(8), "beta-" + secrets.token_hex(8)
 def three(pg_cluster: PgCluster) -> Iterator[Managers]:
     with start_managers(3, pg_cluster.create_database("forwarding"),
                         {"KERNELMODE_STORE__LEASE_SECONDS": str(LEASE),
+                         # Sessions stay where they were made (rebalancing: test_rebalance.py).
+                         "KERNELMODE_STORE__REBALANCE": "false",
                          "KERNELMODE_SERVER__TENANTS": f"[{{name: alpha, token: '{ALPHA}'}}, "
                                                        f"{{name: beta, token: '{BETA}'}}]"}) as ms:
         yield ms

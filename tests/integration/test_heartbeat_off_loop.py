@@ -15,7 +15,7 @@ from tests.support.postgres import PgCluster
 from tests.support.server import wait_for
 
 WAITING = ("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-           "AND query LIKE 'INSERT INTO managers%'")
+           "AND query LIKE '%INSERT INTO managers%'")  # the heartbeat's beat
 
 
 def test_a_heartbeat_blocked_in_postgresql_leaves_the_manager_answering(pg_cluster: PgCluster) -> None:

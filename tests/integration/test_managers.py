@@ -26,6 +26,8 @@ ENV = {
     "KERNELMODE_STORE__LEASE_SECONDS": str(LEASE),
     "KERNELMODE_SESSIONS__POOL_SIZE": "1",
     "KERNELMODE_SERVER__DRAIN_SECONDS": "20",  # the default (the suite's servers stop without)
+    # Sessions stay where they were made, as the tests assert (rebalancing: test_rebalance.py).
+    "KERNELMODE_STORE__REBALANCE": "false",
     # Hibernation on, but only a session created with a short ttl_seconds is ever due (the
     # reaping test); a hibernated one is deleted 2 s later, by one manager.
     "KERNELMODE_SESSIONS__HIBERNATE_AFTER_SECONDS": "3600",
@@ -234,6 +236,35 @@ def test_a_manager_frozen_past_its_lease_never_overwrites_the_new_owners_records
     assert _audits(ms, "session_lease_lost", 0, session_id="frozen0", how="a write of its record was refused")
     assert not _audits(ms, "run", 0, run_id=run_id)  # manager 0 recorded nothing of its end
     ms.restart(0)  # its warm pool was shut down by manager 1 while it was frozen
+
+
+def test_a_manager_frozen_past_its_lease_hands_no_dead_pool_kernel_to_its_next_create(ms: Managers) -> None:
+    """SIGSTOP of a manager with a warm kernel, until the other found it dead and shut that
+    kernel down; woken (SIGCONT), its next create gets a working kernel (its heartbeat found its
+    row expired and dropped the pool; until then a create takes no pool kernel) and its session
+    answers."""
+    with ms.client(0) as c:
+        wait_for(lambda: c.get("/readyz").json()["checks"]["pool"]["ready"] >= 1, "manager 0's pool kernel")
+    pool = _pool_of(ms, 0)
+    assert pool
+    os.kill(ms[0].proc.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: not pool & _gateway_kernels(ms), "manager 1 to shut manager 0's pool kernel down",
+                 timeout=60)
+    finally:
+        os.kill(ms[0].proc.pid, signal.SIGCONT)
+    with ms.client(0) as c:
+        _create(c, "thawed0")
+        assert _run(c, "thawed0", "t = 6 * 7\nt")["result"] == "42"
+        assert _run(c, "thawed0", "t")["result"] == "42"
+        kernel = c.get("/v1/sessions/thawed0").json()["kernel_id"]
+        assert kernel not in pool
+        # The pool is refilled with live kernels, and the next create works too.
+        wait_for(lambda: c.get("/readyz").json()["checks"]["pool"]["ready"] >= 1, "manager 0's pool refilled")
+        assert _pool_of(ms, 0) <= _gateway_kernels(ms)
+        _create(c, "thawed1")
+        assert _run(c, "thawed1", "1 + 1")["result"] == "2"
+    assert _owner_url(ms, "thawed0") == ms[0].url
 
 
 def test_sigterm_drains_the_run_in_flight_then_another_manager_serves_the_session(ms: Managers) -> None:

@@ -69,6 +69,11 @@ class Managers:
         srv.token = self.token
         return srv
 
+    def add(self) -> Server:
+        """Start the next manager (one that joins: ``start_managers(..., started=)``)."""
+        self.servers.append(self._start(len(self.servers)))
+        return self.servers[-1]
+
     def kill(self, i: int) -> None:
         """SIGKILL manager ``i`` (its kernels keep running on the gateway)."""
         self.servers[i].stop(signal.SIGKILL)
@@ -94,10 +99,11 @@ class Managers:
 
 @contextlib.contextmanager
 def start_managers(n: int, pg_url: str | None, env_extra: dict[str, str] | None = None,
-                   args: list[str] | None = None) -> Iterator[Managers]:
+                   args: list[str] | None = None, started: int | None = None) -> Iterator[Managers]:
     """``n`` managers on one gateway and one PostgreSQL database (``pg_url``; None: SQLite in
     each one's data dir, for a single manager); all stopped and removed after. ``env_extra``:
-    settings every manager gets (`KERNELMODE_...`)."""
+    settings every manager gets (`KERNELMODE_...`); ``started``: how many start now (the
+    others join with ``add``)."""
     root = Path(tempfile.mkdtemp(prefix="kmmgr-", dir="/tmp"))
     root.chmod(0o711)
     (root / "artifacts").mkdir(mode=0o700)
@@ -111,8 +117,8 @@ def start_managers(n: int, pg_url: str | None, env_extra: dict[str, str] | None 
            "KERNELMODE_TOKEN": "t" + secrets.token_urlsafe(16), **(env_extra or {})}
     ms = Managers(gateway=gw, root=root, env=env, ports=[_free_port() for _ in range(n)], args=list(args or []))
     try:
-        for i in range(n):
-            ms.servers.append(ms._start(i))
+        for _ in range(n if started is None else started):
+            ms.add()
         yield ms
     finally:
         ms.stop()

@@ -47,6 +47,19 @@ def test_owner_url_names_another_live_manager_only(any_store: SessionStore) -> N
     assert any_store.leases.owner_url("b", "m1") is None and m.live() == {"m1": "http://one:1"}
 
 
+def test_a_beat_says_whether_the_manager_was_alive_until_then(any_store: SessionStore) -> None:
+    """The signal a manager frozen past its lease gets on waking: its row had expired, so
+    another manager may have taken its pool kernels' marks (``orphaned_pool``) and shut them down."""
+    m = any_store.managers
+    assert m.beat("m1", "http://one:1", "h1", 60) is False  # the first beat: no row yet
+    assert m.beat("m1", "http://one:1", "h1", 60) is True
+    m.add_pool("k1", "m1")
+    m.beat("m1", "http://one:1", "h1", 0)  # frozen past its expiry...
+    assert m.orphaned_pool() == ["k1"]  # ...another manager takes its marks
+    assert m.beat("m1", "http://one:1", "h1", 60) is False  # woken: told
+    assert m.beat("m1", "http://one:1", "h1", 60) is True
+
+
 def test_a_stop_or_a_restart_on_the_same_data_dir_frees_the_leases_at_once(any_store: SessionStore) -> None:
     m, leases = any_store.managers, any_store.leases
     m.beat("old", "http://x:1", "host:/data", 60)

@@ -86,3 +86,34 @@ def test_without_a_fence_writes_are_as_before(any_store: SessionStore) -> None:
     any_store.forget_run_if_running("r1")
     run = any_store.get_run("r1")
     assert run is not None and run.status == "ok" and any_store.run_count("s") == 1
+
+
+def test_an_adopters_end_never_overwrites_a_result_that_landed_before_it(pg_store: SessionStore) -> None:
+    """The old owner recorded its run's real end just before the adopter took the lease; the
+    adopter, which read the run as in flight before that, ends it ``interrupted``: the statement
+    changes a run only while it is still running, so the real result stands."""
+    pg_store.fence = _Fence("m-old")
+    assert pg_store.leases.acquire("s", "m-old", 60)
+    _save(pg_store, _info("s"))
+    pg_store.add_run("1", _run("s", "r1", "running"))
+    in_flight = pg_store.runs_in_flight()  # the adopter's read
+    pg_store.add_run("1", _run("s", "r1", "ok", stdout="real"))  # the old owner's end lands
+    _expire(pg_store, "s")
+    assert pg_store.leases.acquire("s", "m-new", 60)
+    pg_store.fence = _Fence("m-new")
+    assert [r.run_id for r in in_flight] == ["r1"]
+    assert pg_store.end_run(_run("s", "r1", "interrupted")) is False
+    run = pg_store.get_run("r1")
+    assert run is not None and run.status == "ok" and run.stdout == "real"
+    assert pg_store.runs_in_flight() == []
+
+
+def test_end_run_ends_a_run_still_running(any_store: SessionStore) -> None:
+    _save(any_store, _info("s"))
+    any_store.add_run("1", _run("s", "r1", "running"))
+    assert any_store.end_run(_run("s", "r1", "interrupted")) is True
+    run = any_store.get_run("r1")
+    assert run is not None and run.status == "interrupted" and any_store.runs_in_flight() == []
+    assert any_store.end_run(_run("s", "r1", "error")) is False  # ended: left as it is
+    run = any_store.get_run("r1")
+    assert run is not None and run.status == "interrupted"

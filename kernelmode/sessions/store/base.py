@@ -261,9 +261,12 @@ class SessionStore(ABC):
         ):
             self._refused(result.session_id)
 
-    def end_run(self, result: RunResult) -> None:
-        self._run("UPDATE runs SET result=?, running=? WHERE run_id=?",
-                  (result.model_dump_json(), result.status == "running", result.run_id))
+    def end_run(self, result: RunResult) -> bool:
+        """A run left running ends as ``result`` (an adopter's ``interrupted``): only if it is still
+        running, in the same statement, so a result its manager recorded just before never is
+        overwritten. Whether it was still running."""
+        return bool(self._rows("UPDATE runs SET result=?, running=? WHERE run_id=? AND running RETURNING run_id",
+                               (result.model_dump_json(), result.status == "running", result.run_id)))
 
     def get_run(self, run_id: str) -> RunResult | None:
         row = self._row("SELECT result FROM runs WHERE run_id=?", (run_id,))

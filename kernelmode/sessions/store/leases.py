@@ -78,6 +78,21 @@ class Leases(ABC):
     def expire_all(self, manager_id: str) -> None:
         """Every lease of ``manager_id`` expires now (it stops: the others adopt at once)."""
 
+    # -- rebalancing (sessions/rebalance.py): a shared store's; one manager has nobody to hand to --
+    def hand_over(self, session_id: str, manager_id: str, receiver: str, ttl: float) -> bool:
+        """Give ``manager_id``'s unexpired lease to ``receiver`` for ``ttl`` seconds, marked
+        handed (``handed``), in one statement: True if it was ``manager_id``'s to give."""
+        return False
+
+    def handed(self, manager_id: str) -> list[str]:
+        """The sessions handed to ``manager_id`` that it has not adopted yet, sorted."""
+        return []
+
+    def counts(self) -> dict[str, int]:
+        """Each live manager's id -> the sessions it holds unexpired leases on (handed ones
+        included; singletons such as ``:reaper`` not)."""
+        return {}
+
     def release(self, session_id: str, manager_id: str) -> bool:
         """Give the lease up (only ``manager_id``'s own): True if it held it."""
         return bool(self._rows("DELETE FROM leases WHERE session_id=? AND manager_id=? RETURNING session_id",
@@ -141,9 +156,27 @@ class PostgresLeases(Leases):
         return bool(self._rows(
             "INSERT INTO leases (session_id, manager_id, expires_at) "
             "VALUES (?, ?, now() + make_interval(secs => ?)) "
-            "ON CONFLICT (session_id) DO UPDATE SET manager_id=excluded.manager_id, expires_at=excluded.expires_at "
+            "ON CONFLICT (session_id) DO UPDATE SET manager_id=excluded.manager_id, expires_at=excluded.expires_at, "
+            "handed_from=NULL "
             "WHERE leases.expires_at <= now() OR leases.manager_id = excluded.manager_id RETURNING session_id",
             (session_id, manager_id, float(ttl))))
+
+    def hand_over(self, session_id: str, manager_id: str, receiver: str, ttl: float) -> bool:
+        return bool(self._rows(
+            "UPDATE leases SET manager_id=?, handed_from=?, expires_at = now() + make_interval(secs => ?) "
+            "WHERE session_id=? AND manager_id=? AND expires_at > now() RETURNING session_id",
+            (receiver, manager_id, float(ttl), session_id, manager_id)))
+
+    def handed(self, manager_id: str) -> list[str]:
+        return [r[0] for r in self._rows(
+            "SELECT session_id FROM leases WHERE manager_id=? AND handed_from IS NOT NULL AND expires_at > now() "
+            "ORDER BY session_id", (manager_id,))]
+
+    def counts(self) -> dict[str, int]:
+        return {mid: int(n) for mid, n in self._rows(
+            "SELECT m.manager_id, COUNT(l.session_id) FROM managers m LEFT JOIN leases l "
+            "ON l.manager_id = m.manager_id AND l.expires_at > now() AND l.session_id NOT LIKE ':%' "
+            "WHERE m.expires_at > now() GROUP BY m.manager_id", ())}
 
     def renew(self, session_id: str, manager_id: str, ttl: float) -> bool:
         return bool(self._rows(

@@ -23,8 +23,11 @@ class Managers(ABC):
         self._rows = rows
 
     @abstractmethod
-    def beat(self, manager_id: str, url: str, home: str, ttl: float) -> None:
-        """This manager is alive for ``ttl`` seconds more, reached at ``url``."""
+    def beat(self, manager_id: str, url: str, home: str, ttl: float) -> bool:
+        """This manager is alive for ``ttl`` seconds more, reached at ``url``. Whether it was alive
+        until now (its row there and unexpired, read in the same statement): False at its first
+        beat, and after a freeze past its expiry, when another manager may have taken its pool
+        kernels' marks (``orphaned_pool``) and shut those kernels down."""
 
     @abstractmethod
     def live(self) -> dict[str, str]:
@@ -60,10 +63,13 @@ class Managers(ABC):
 
 
 class SqliteManagers(Managers):
-    def beat(self, manager_id: str, url: str, home: str, ttl: float) -> None:
+    def beat(self, manager_id: str, url: str, home: str, ttl: float) -> bool:
+        alive = bool(self._rows("SELECT 1 FROM managers WHERE manager_id=? AND expires_at > ?",
+                                (manager_id, time.time())))  # one manager: nobody writes between
         self._rows("INSERT INTO managers (manager_id, url, home, expires_at) VALUES (?, ?, ?, ?) "
                    "ON CONFLICT(manager_id) DO UPDATE SET url=excluded.url, expires_at=excluded.expires_at "
                    "RETURNING manager_id", (manager_id, url, home, time.time() + ttl))
+        return alive
 
     def live(self) -> dict[str, str]:
         return dict(self._rows("SELECT manager_id, url FROM managers WHERE expires_at > ?", (time.time(),)))
@@ -82,11 +88,15 @@ class SqliteManagers(Managers):
 
 
 class PostgresManagers(Managers):
-    def beat(self, manager_id: str, url: str, home: str, ttl: float) -> None:
-        self._rows("INSERT INTO managers (manager_id, url, home, expires_at) "
-                   "VALUES (?, ?, ?, now() + make_interval(secs => ?)) "
-                   "ON CONFLICT(manager_id) DO UPDATE SET url=excluded.url, expires_at=excluded.expires_at "
-                   "RETURNING manager_id", (manager_id, url, home, float(ttl)))
+    def beat(self, manager_id: str, url: str, home: str, ttl: float) -> bool:
+        # The CTE reads the row as it was before this statement's upsert.
+        rows = self._rows("WITH before AS (SELECT expires_at > now() AS alive FROM managers WHERE manager_id=?) "
+                          "INSERT INTO managers (manager_id, url, home, expires_at) "
+                          "VALUES (?, ?, ?, now() + make_interval(secs => ?)) "
+                          "ON CONFLICT(manager_id) DO UPDATE SET url=excluded.url, expires_at=excluded.expires_at "
+                          "RETURNING COALESCE((SELECT alive FROM before), FALSE)",
+                          (manager_id, manager_id, url, home, float(ttl)))
+        return bool(rows and rows[0][0])
 
     def live(self) -> dict[str, str]:
         return dict(self._rows("SELECT manager_id, url FROM managers WHERE expires_at > now()", ()))

@@ -98,6 +98,11 @@ MIGRATIONS: tuple[str, ...] = (
         manager_id TEXT NOT NULL
     );
     """,
+    # 5: a lease handed to another manager to even the load (sessions/rebalance.py): the giver's
+    # id until the receiver has adopted the session (its acquire clears it).
+    """
+    ALTER TABLE leases ADD COLUMN handed_from TEXT;
+    """,
 )
 
 

@@ -92,10 +92,10 @@ _WRITE = re.compile(r"\blive\.(add|remove|drop|clear|pop)\(|\blive\[[^\]]+\]\s*=
 def test_only_the_manager_changes_which_sessions_are_live() -> None:
     """And the create (creation.py, the manager's own step, moved out of manager.py for size),
     and, with several managers on one store, ownership (a lost lease drops a session) and
-    takeover (a dead manager's sessions are added)."""
+    takeover (a dead manager's sessions are added), and rebalance (an idle session handed over)."""
     root = Path(kernelmode.sessions.__file__).parent
     writers = sorted(f.name for f in root.glob("*.py") if _WRITE.search(f.read_text()))
-    assert writers == ["creation.py", "manager.py", "ownership.py", "takeover.py"]
+    assert writers == ["creation.py", "manager.py", "ownership.py", "rebalance.py", "takeover.py"]
 
 
 def _wiring(data_dir: Path) -> EgressWiring:

@@ -25,7 +25,7 @@ from .errors import ConfigError
 from .gateway.process import GatewayProcess
 from .sandbox import cgroups
 from .sandbox.docker_engine import server_id
-from .sandbox.kernelspec import check_bwrap, install_kernelspec
+from .sandbox.kernelspec import check_bwrap, install_kernelspec, kernel_env_paths
 from .tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
@@ -83,9 +83,10 @@ def gateway_process(settings: Settings, data_dir: Path, dirs: dict[str, Path]) -
                           orphan_timeout=s.gateway.orphan_timeout_seconds, fingerprint=fingerprint)
 
 
-def check_sandbox(settings: Settings, data_dir: Path, adopted: set[str]) -> str:
+def check_sandbox(settings: Settings, data_dir: Path, adopted: set[str], ro_paths: list[str] | None = None) -> str:
     """The sandbox's check for its backend (a throw-away sandbox, or the Docker engine): a
-    description, or SandboxUnavailable saying what is missing. Blocking: run it in a thread."""
+    description, or SandboxUnavailable saying what is missing. Blocking: run it in a thread.
+    ``ro_paths``: the kernel environment's paths, if known (``kernel_env_paths``)."""
     backend = settings.sandbox.backend
     if backend == "docker":
         from .sandbox.docker_engine import check_docker, remove_orphans
@@ -102,7 +103,7 @@ def check_sandbox(settings: Settings, data_dir: Path, adopted: set[str]) -> str:
         log.warning("with this server's user, files, network and environment. Development only.")
         log.warning("=" * 72)
         return "none: NO ISOLATION"
-    report = check_bwrap(settings.sandbox.bwrap_path, settings.sandbox.kernel_python, data_dir)
+    report = check_bwrap(settings.sandbox.bwrap_path, settings.sandbox.kernel_python, data_dir, ro_paths)
     log.info("sandbox: %s", report)
     version = cgroups.detect() if settings.sandbox.cgroups == "auto" else None
     if version and (swept := cgroups.sweep_stale(version)):
@@ -121,11 +122,13 @@ class LocalStart:
         self.dirs: dict[str, Path] = {}
         self.process: GatewayProcess | None = None
         self.adopted: list[str] | None = None  # kernel ids of a gateway left running (adopted)
+        self.ro_paths: list[str] | None = None  # the kernel environment's (kernel_env_paths)
         self._lock_fd: int | None = None
         self._launching: asyncio.Future[None] | None = None
         self._lease: asyncio.Task[None] | None = None
         self._check: asyncio.Future[str] | None = None
         self._stopped = False
+        self.spawned = asyncio.Event()  # the gateway adopted or spawned (or that failed: launch() says why)
 
     def prepare_dirs(self) -> dict[str, Path]:
         if self.dirs:
@@ -156,25 +159,40 @@ class LocalStart:
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd  # held (open) until release()
 
-    async def launch(self) -> None:
-        """The gateway adopted or spawned (not waited for: ``process.wait_ready``), and the
-        sandbox check started. Raises what stopped it, to every caller."""
+    def begin(self) -> None:
+        """``launch`` started, in a task of its own (``spawned`` is set once the gateway is)."""
         if self._launching is None:
             self._launching = asyncio.ensure_future(self._launch())
+
+    async def launch(self) -> None:
+        """The gateway adopted or spawned (not waited for: ``process.wait_ready``) and the
+        kernelspec installed. Raises what stopped it, to every caller."""
+        self.begin()
+        assert self._launching is not None
         await self._launching
 
     async def _launch(self) -> None:
         s = self.settings
-        dirs = self.prepare_dirs()
-        self.process = gateway_process(s, self.data_dir, dirs)
-        # A gateway that a crashed manager left running keeps its kernels: adopt them.
-        self.adopted = await self.process.adopt()
-        install_kernelspec(dirs["kernels"], s.sandbox.backend, s.sandbox.kernel_python,
-                           s.gateway.config_dir / "kernelspec.json")
-        # Renewed from here on: a gateway slow to start must not find its lease stale.
-        self._lease = asyncio.create_task(self._renew_lease_forever(), name="gateway-lease")
-        if self.adopted is None:
-            await self.process.spawn()
+        try:
+            dirs = self.prepare_dirs()
+            self.process = gateway_process(s, self.data_dir, dirs)
+            # A gateway that a crashed manager left running keeps its kernels: adopt them.
+            self.adopted = await self.process.adopt()
+            # Renewed from here on: a gateway slow to start must not find its lease stale.
+            self._lease = asyncio.create_task(self._renew_lease_forever(), name="gateway-lease")
+            if self.adopted is None:
+                await self.process.spawn()
+        finally:
+            self.spawned.set()
+        # After the spawn (the gateway reads kernelspecs at a kernel's start, not at its own):
+        # finding the kernel environment's paths asks its Python (~0.2 s), beside the gateway's start.
+        await asyncio.to_thread(self._install_kernelspec)
+
+    def _install_kernelspec(self) -> None:
+        s = self.settings
+        self.ro_paths = [] if s.sandbox.backend == "docker" else kernel_env_paths(s.sandbox.kernel_python)
+        install_kernelspec(self.dirs["kernels"], s.sandbox.backend, s.sandbox.kernel_python,
+                           s.gateway.config_dir / "kernelspec.json", self.ro_paths)
 
     def start_check(self) -> None:
         """The sandbox check's throw-away sandbox started (once), in a thread. The embedded
@@ -183,7 +201,7 @@ class LocalStart:
         the rest (KernelmodeApp.stop)."""
         if self._check is None:
             self._check = asyncio.ensure_future(asyncio.to_thread(
-                check_sandbox, self.settings, self.data_dir, set(self.adopted or ())))
+                check_sandbox, self.settings, self.data_dir, set(self.adopted or ()), self.ro_paths))
 
     async def sandbox_checked(self) -> str:
         """The sandbox check's report (SandboxUnavailable if it failed), started if it was not."""
@@ -205,9 +223,12 @@ class LocalStart:
         if self._stopped:
             return
         self._stopped = True
-        if self._launching is not None and not self._launching.done():
-            self._launching.cancel()
-            await asyncio.wait([self._launching])
+        if self._launching is not None:
+            if not self._launching.done():
+                self._launching.cancel()
+                await asyncio.wait([self._launching])
+            if not self._launching.cancelled():
+                self._launching.exception()  # retrieved: whoever needed the launch was told
         if self._lease is not None:
             self._lease.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -13,7 +13,6 @@ carries only the protocol (the SDK points fd 1 at stderr while it serves; logs g
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import logging
 import os
@@ -148,8 +147,8 @@ async def embedded(settings: Settings) -> int:
         if settings.sandbox.backend != "auto" and not settings.gateway.url:
             # Spawned now: its start overlaps the imports below. Whatever fails here, the service's
             # start raises again (every tool call waits for that start and answers with its error).
-            with contextlib.suppress(Exception):
-                await local.launch()
+            local.begin()  # the kernelspec is installed beside the imports below
+            await local.spawned.wait()
         # The MCP SDK and the tools' module (~0.5 s of imports), in a thread: the loop renews the
         # gateway's lease meanwhile.
         front = await asyncio.to_thread(importlib.import_module, "kernelmode.mcp.app")

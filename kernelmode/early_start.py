@@ -126,6 +126,7 @@ class LocalStart:
         self._lock_fd: int | None = None
         self._launching: asyncio.Future[None] | None = None
         self._lease: asyncio.Task[None] | None = None
+        self._installing: asyncio.Future[None] | None = None
         self._check: asyncio.Future[str] | None = None
         self._stopped = False
         self.spawned = asyncio.Event()  # the gateway adopted or spawned (or that failed: launch() says why)
@@ -160,16 +161,21 @@ class LocalStart:
         self._lock_fd = fd  # held (open) until release()
 
     def begin(self) -> None:
-        """``launch`` started, in a task of its own (``spawned`` is set once the gateway is)."""
+        """The gateway adopted or spawned, in a task of its own (``spawned`` is set once it is)."""
         if self._launching is None:
             self._launching = asyncio.ensure_future(self._launch())
 
     async def launch(self) -> None:
-        """The gateway adopted or spawned (not waited for: ``process.wait_ready``) and the
+        """The gateway adopted or spawned (not waited for: ``process.wait_ready``), then the
         kernelspec installed. Raises what stopped it, to every caller."""
         self.begin()
         assert self._launching is not None
         await self._launching
+        if self._installing is None:
+            # After the spawn (the gateway reads kernelspecs at a kernel's start, not at its own):
+            # the kernel environment's paths come from its Python (~0.2 s), beside the gateway's start.
+            self._installing = asyncio.ensure_future(asyncio.to_thread(self._install_kernelspec))
+        await self._installing
 
     async def _launch(self) -> None:
         s = self.settings
@@ -184,9 +190,6 @@ class LocalStart:
                 await self.process.spawn()
         finally:
             self.spawned.set()
-        # After the spawn (the gateway reads kernelspecs at a kernel's start, not at its own):
-        # finding the kernel environment's paths asks its Python (~0.2 s), beside the gateway's start.
-        await asyncio.to_thread(self._install_kernelspec)
 
     def _install_kernelspec(self) -> None:
         s = self.settings
@@ -195,17 +198,20 @@ class LocalStart:
                            s.gateway.config_dir / "kernelspec.json", self.ro_paths)
 
     def start_check(self) -> None:
-        """The sandbox check's throw-away sandbox started (once), in a thread. The embedded
-        `kernelmode mcp` starts it once its own imports for ``initialize`` are done, not beside
-        them (three starts on two cores would slow all); a failed check stops the gateway with
-        the rest (KernelmodeApp.stop)."""
+        """The kernelspec and the sandbox check (a throw-away sandbox) under way, once, in a task.
+        The embedded `kernelmode mcp` starts them once its own imports for ``initialize`` are
+        done, not beside them (more starts than cores slow all); a failed check stops the gateway
+        with the rest (KernelmodeApp.stop)."""
         if self._check is None:
-            self._check = asyncio.ensure_future(asyncio.to_thread(
-                check_sandbox, self.settings, self.data_dir, set(self.adopted or ()), self.ro_paths))
+            self._check = asyncio.ensure_future(self._checked())
+
+    async def _checked(self) -> str:
+        await self.launch()
+        return await asyncio.to_thread(check_sandbox, self.settings, self.data_dir, set(self.adopted or ()),
+                                       self.ro_paths)
 
     async def sandbox_checked(self) -> str:
         """The sandbox check's report (SandboxUnavailable if it failed), started if it was not."""
-        await self.launch()
         self.start_check()
         assert self._check is not None
         return await self._check
@@ -233,10 +239,11 @@ class LocalStart:
             self._lease.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._lease
-        if self._check is not None:  # a thread: it ends on its own (bounded by its timeout)
-            await asyncio.wait([self._check])
-            if not self._check.cancelled():
-                self._check.exception()  # retrieved: a failed check was reported by whoever awaited it
+        for step in (self._installing, self._check):  # threads: they end on their own (with timeouts)
+            if step is not None:
+                await asyncio.wait([step])
+                if not step.cancelled():
+                    step.exception()  # retrieved: whoever needed the step was told
         if self.process is not None:
             await self.process.stop()
 

@@ -147,13 +147,13 @@ async def embedded(settings: Settings) -> int:
         if settings.sandbox.backend != "auto" and not settings.gateway.url:
             # Spawned now: its start overlaps the imports below. Whatever fails here, the service's
             # start raises again (every tool call waits for that start and answers with its error).
-            local.begin()  # the kernelspec is installed beside the imports below
+            local.begin()
             await local.spawned.wait()
         # The MCP SDK and the tools' module (~0.5 s of imports), in a thread: the loop renews the
         # gateway's lease meanwhile.
         front = await asyncio.to_thread(importlib.import_module, "kernelmode.mcp.app")
         if local.process is not None:
-            local.start_check()  # beside the session layer's import, which comes after initialize
+            local.start_check()  # kernelspec and check beside the session layer's import (after initialize)
         tools = ToolRegistry()
         policy = await start_host_tools(settings, tools)  # the instructions list the tools
         app: asyncio.Future[KernelmodeApp] = loop.create_future()

@@ -155,7 +155,9 @@ class KernelmodeApp:
         self.gateway_process = self.local.process
         assert self.gateway_process is not None
         adopted = self.local.adopted
-        self.sandbox_report = await self.local.sandbox_checked()
+        self.local.start_check()
+        if s.sandbox.backend == "docker":  # its check removes this server's stray containers: first
+            self.sandbox_report = await self.local.sandbox_checked()
         self.limits_mechanism = (
             f"cgroups {cgroups.detect()} (memory, pids) + rlimits (cpu, fsize, nofile)"
             if s.sandbox.backend == "bwrap" and s.sandbox.cgroups == "auto" and cgroups.detect()
@@ -194,6 +196,10 @@ class KernelmodeApp:
                                        s.sandbox.backend, ToolBroker(self.tools, s.tool_calls),
                                        self.harvester, self.policy, self.ownership)
         await self.sessions.start(running_kernels)
+        # The pool's first kernels start beside the sandbox check (no user code runs in them before
+        # a session takes one); nothing is served before the check has passed.
+        if not s.gateway.url:
+            self.sandbox_report = await self.local.sandbox_checked()
         if self.ownership.active:  # several managers: a session's requests go to its owner
             self.router = Router(self.sessions, self.store, self.ownership, s.store.lease_seconds)
         self.services = services = Services(

@@ -83,8 +83,6 @@ def _egress_proxy(args: argparse.Namespace) -> int:
 def _mcp(args: argparse.Namespace) -> int:
     import os
 
-    from .mcp.stdio import bridge, embedded
-
     setup_logging(args.log_level, args.log_format or "auto")
     url = args.url or os.environ.get("KERNELMODE_URL")
     if url:
@@ -93,6 +91,8 @@ def _mcp(args: argparse.Namespace) -> int:
             print("kernelmode mcp: --url needs the server's token (--token or $KERNELMODE_TOKEN)",
                   file=sys.stderr)
             return 2
+        from .mcp.stdio import bridge
+
         return asyncio.run(bridge(url, token))
     try:
         settings = load_settings(args.config)
@@ -108,6 +108,8 @@ def _mcp(args: argparse.Namespace) -> int:
         settings.sandbox.backend = args.sandbox
     if args.token is not None:
         settings.server.token = args.token
+    from .embedded import embedded  # not the MCP SDK yet: the gateway's start goes first
+
     return loops.run(embedded(settings), settings.server.event_loop)
 
 

@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import hashlib
-import json
 import logging
-import os
 import secrets
 import signal
 import socket
@@ -33,15 +29,15 @@ from .artifacts.local import LocalStore
 from .banner import TokenSource, startup_block
 from .code_policy import CodePolicy
 from .config import Settings
-from .errors import ConfigError, KernelmodeError, SandboxUnavailable, StoreError
-from .gateway.client import GatewayClient, message_limit
+from .early_start import LocalStart, message_limit, start_host_tools
+from .errors import KernelmodeError, SandboxUnavailable, StoreError
+from .gateway.client import GatewayClient
 from .gateway.process import GatewayProcess, raise_open_files_limit
 from .gateway.remote import connect_external
 from .gateway_watch import watch_embedded, watch_external
 from .heap import release_large_buffers
 from .sandbox import cgroups
 from .sandbox.docker_engine import server_id
-from .sandbox.kernelspec import check_bwrap, install_kernelspec
 from .services import Services
 from .sessions import SessionManager
 from .sessions.ownership import Ownership
@@ -51,6 +47,7 @@ from .tools.broker import ToolBroker
 from .tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
+    from .early_start import EarlyStart
     from .mcp.app import KernelmodeMCP
     from .mcp.http import McpHttp
 
@@ -60,15 +57,19 @@ log = logging.getLogger("kernelmode")
 class KernelmodeApp:
     """One running service: what `kernelmode serve` starts and stops."""
 
-    def __init__(self, settings: Settings, tools: ToolRegistry | None = None) -> None:
+    def __init__(self, settings: Settings, tools: ToolRegistry | None = None, *,
+                 early: EarlyStart | None = None) -> None:
         """``tools``: a registry with the host application's own callables (library mode); the
-        tools and MCP servers of the settings are added to it."""
+        tools and MCP servers of the settings are added to it. ``early``: what the embedded
+        `kernelmode mcp` started before importing this module (the tools among it)."""
         self.settings = settings
         self.tools = tools if tools is not None else ToolRegistry()
         self.token = settings.server.token or secrets.token_urlsafe(24)
         self.token_generated = settings.server.token is None
         self.tenants = Tenants(settings, self.token)
         self.data_dir = settings.server.data_dir.resolve()
+        # The data dir and the gateway child: made, spawned and checked by LocalStart.
+        self.local = early.local if early is not None else LocalStart(settings, self.data_dir)
         self.sandbox_report = ""
         self.gateway_process: GatewayProcess | None = None
         self.gateway: GatewayClient | None = None
@@ -82,41 +83,15 @@ class KernelmodeApp:
         self.mcp_http: McpHttp | None = None
         self.router: Router | None = None  # forwarding to other managers (PostgreSQL store)
         self._gateway_watch: asyncio.Task[None] | None = None
-        self._lease: asyncio.Task[None] | None = None
         self.stopping = False
-        self._tools_started = False
-        self.policy: CodePolicy | None = None  # policy.module, loaded with the tools
+        self._tools_started = early is not None
+        self.policy: CodePolicy | None = early.policy if early is not None else None  # policy.module
+        if early is not None:
+            self.mcp = early.mcp
         self._starting: asyncio.Task[None] | None = None  # start_in_background's
         self.gateway_restarts = 0
-        self._lock_fd: int | None = None
 
     # -- start -------------------------------------------------------------------------------------
-    def _prepare_dirs(self) -> dict[str, Path]:
-        dirs = {name: self.data_dir / name for name in ("run", "state", "gateway", "kernels")}
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_data_dir()
-        # Kernels run as other uids and must traverse (not list) the data dir to their own parts.
-        self.data_dir.chmod(0o711)
-        for name, d in dirs.items():
-            d.mkdir(exist_ok=True)
-            d.chmod(0o711 if name == "run" else 0o700)
-        return dirs
-
-    def _lock_data_dir(self) -> None:
-        """One `serve` per data dir: a second one would adopt (steal) the first one's gateway and
-        kernels. The lock dies with its process, so a crashed manager's successor gets it."""
-        fd = os.open(self.data_dir / "serve.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise ConfigError(f"another kernelmode serve (pid {owner}) is using the data dir "
-                              f"{self.data_dir}: stop it, or give this one another --data-dir") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._lock_fd = fd  # held (open) until this process ends
-
     def _choose_backend(self) -> None:
         """'auto': Docker when an engine answers and the kernel image exists, else bubblewrap."""
         sb = self.settings.sandbox
@@ -129,43 +104,12 @@ class KernelmodeApp:
         log.info("sandbox backend: %s (auto: docker %s)", sb.backend,
                  "usable" if usable else f"not usable: {why}")
 
-    def _check_sandbox(self, adopted: set[str]) -> None:
-        backend = self.settings.sandbox.backend
-        if backend == "docker":
-            from .sandbox.docker_engine import check_docker, remove_orphans, server_id
-
-            self.sandbox_report = check_docker(self.settings.sandbox.docker_image,
-                                               self.settings.sandbox.max_limits)
-            removed = remove_orphans(server_id(self.data_dir), keep=adopted)
-            if removed:
-                log.info("removed %d kernel container(s) left by an earlier run", removed)
-            log.info("sandbox: %s", self.sandbox_report)
-            return
-        if backend == "none":
-            log.warning("=" * 72)
-            log.warning("SANDBOX DISABLED (--sandbox none): kernels run as plain local processes")
-            log.warning("with this server's user, files, network and environment. Development only.")
-            log.warning("=" * 72)
-            self.sandbox_report = "none: NO ISOLATION"
-            return
-        self.sandbox_report = check_bwrap(
-            self.settings.sandbox.bwrap_path, self.settings.sandbox.kernel_python, self.data_dir
-        )
-        log.info("sandbox: %s", self.sandbox_report)
-        version = cgroups.detect() if self.settings.sandbox.cgroups == "auto" else None
-        if version and (swept := cgroups.sweep_stale(version)):
-            log.info("removed %d empty kernel cgroup(s) left by killed servers", swept)
-
     async def start_tools(self) -> None:
         """The host tools (and upstream MCP servers' tools): all that the MCP tool list and
         instructions need, so an embedded MCP server can answer ``initialize`` before ``start``."""
         if self._tools_started:
             return
-        s = self.settings
-        self.tools.add_from_settings(s.tools, s.mcp_servers)  # a bad tool fails before anything runs
-        if s.policy.module:  # so does a bad policy path (a ConfigError naming policy.module)
-            self.policy = CodePolicy.load(s.policy.module, s.policy.timeout_seconds)
-        await self.tools.start()
+        self.policy = await start_host_tools(self.settings, self.tools)
         self._tools_started = True
 
     def mcp_server(self) -> KernelmodeMCP:
@@ -197,7 +141,7 @@ class KernelmodeApp:
     async def start(self) -> None:
         s = self.settings
         await self.start_tools()
-        dirs = self._prepare_dirs()
+        dirs = self.local.prepare_dirs()
         await asyncio.to_thread(self._choose_backend)  # may ask a Docker engine (up to 5 s)
         if s.gateway.url:  # an external gateway: none of our own, no local sandbox check
             self.gateway, running_kernels = await connect_external(s, message_limit(s))
@@ -205,18 +149,15 @@ class KernelmodeApp:
             await self._start_rest(dirs, running_kernels)
             self._gateway_watch = asyncio.create_task(watch_external(self), name="gateway-watch")
             return
-        self.gateway_process = self._gateway_process(dirs)
-        # A gateway that a crashed manager left running keeps its kernels: adopt them.
-        adopted = await self.gateway_process.adopt()
-        install_kernelspec(dirs["kernels"], s.sandbox.backend, s.sandbox.kernel_python,
-                           s.gateway.config_dir / "kernelspec.json")
-        # Renewed from here on: a gateway slow to start must not find its lease stale.
-        self._lease = asyncio.create_task(self._renew_lease_forever(), name="gateway-lease")
-        if adopted is None:
-            # The gateway's own start (a second or more of imports) overlaps the sandbox check;
-            # a failed check stops it with the rest (stop()).
-            await self.gateway_process.spawn()
-        await asyncio.to_thread(self._check_sandbox, set(adopted or ()))
+        # Adopted or spawned (already, in the embedded `kernelmode mcp`); the gateway's own start
+        # (a second of imports) overlaps the sandbox check, and a failed check stops it (stop()).
+        await self.local.launch()
+        self.gateway_process = self.local.process
+        assert self.gateway_process is not None
+        adopted = self.local.adopted
+        self.local.start_check()
+        if s.sandbox.backend == "docker":  # its check removes this server's stray containers: first
+            self.sandbox_report = await self.local.sandbox_checked()
         self.limits_mechanism = (
             f"cgroups {cgroups.detect()} (memory, pids) + rlimits (cpu, fsize, nofile)"
             if s.sandbox.backend == "bwrap" and s.sandbox.cgroups == "auto" and cgroups.detect()
@@ -255,6 +196,10 @@ class KernelmodeApp:
                                        s.sandbox.backend, ToolBroker(self.tools, s.tool_calls),
                                        self.harvester, self.policy, self.ownership)
         await self.sessions.start(running_kernels)
+        # The pool's first kernels start beside the sandbox check (no user code runs in them before
+        # a session takes one); nothing is served before the check has passed.
+        if not s.gateway.url:
+            self.sandbox_report = await self.local.sandbox_checked()
         if self.ownership.active:  # several managers: a session's requests go to its owner
             self.router = Router(self.sessions, self.store, self.ownership, s.store.lease_seconds)
         self.services = services = Services(
@@ -279,40 +224,6 @@ class KernelmodeApp:
         self.http = httpserver.HTTPServer(app, max_body_size=s.server.max_body_bytes, xheaders=False)
         self.http.add_sockets(socks)
         self.harvester.public_url = (s.artifacts.public_url or self.url).rstrip("/")
-
-    def _gateway_process(self, dirs: dict[str, Path]) -> GatewayProcess:
-        s = self.settings
-        env = {
-            "JUPYTER_PATH": str(self.data_dir),  # -> data_dir/kernels/kernelmode
-            "KERNELMODE_GW_RUNTIME_DIR": str(dirs["run"]),
-            "KERNELMODE_GW_STATE_DIR": str(dirs["state"]),
-            "KERNELMODE_GW_LIMITS": s.sandbox.limits.model_dump_json(),
-            "KERNELMODE_GW_BWRAP": s.sandbox.bwrap_path,
-            "KERNELMODE_GW_UID_BASE": str(s.sandbox.uid_base),
-            "KERNELMODE_GW_UID_COUNT": str(s.sandbox.uid_count),
-            "KERNELMODE_GW_CGROUPS": s.sandbox.cgroups,
-            "KERNELMODE_GW_POLL_INTERVAL": str(s.gateway.poll_interval_seconds),
-            "KERNELMODE_GW_MAX_STREAM_CHARS": str(s.sessions.max_output_bytes + 1),
-            "KERNELMODE_GW_MAX_MESSAGE_BYTES": str(message_limit(s)),
-            "KERNELMODE_GW_DOCKER_IMAGE": s.sandbox.docker_image,
-            "KERNELMODE_GW_DOCKER_CPUS": str(s.sandbox.docker_cpus),
-            "KERNELMODE_GW_SERVER_ID": server_id(self.data_dir),
-            **({"DOCKER_HOST": os.environ["DOCKER_HOST"]} if os.environ.get("DOCKER_HOST") else {}),
-        }
-        # What the running kernels depend on: a gateway started with other values is not adopted.
-        fingerprint = hashlib.sha256(json.dumps(
-            {**env, "backend": s.sandbox.backend, "python": str(s.sandbox.kernel_python),
-             "config": str(s.gateway.config_dir)}, sort_keys=True).encode()).hexdigest()
-        env["KERNELMODE_GW_EVENT_LOOP"] = s.server.event_loop  # the kernels do not depend on it
-        return GatewayProcess(s.gateway.config_dir / "kernel_gateway_config.py", dirs["gateway"], env,
-                              orphan_timeout=s.gateway.orphan_timeout_seconds, fingerprint=fingerprint)
-
-    async def _renew_lease_forever(self) -> None:
-        while True:
-            if self.gateway_process is not None:
-                with contextlib.suppress(OSError):
-                    self.gateway_process.renew_lease()
-            await asyncio.sleep(1.0)
 
     async def _start_store(self) -> ArtifactStore:
         cfg = self.settings.artifacts
@@ -369,11 +280,10 @@ class KernelmodeApp:
         if self._starting is not None and not self._starting.done():
             self._starting.cancel()
             await asyncio.wait([self._starting])
-        for task in (self._gateway_watch, self._lease):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        if self._gateway_watch is not None:
+            self._gateway_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._gateway_watch
         if self.http is not None:
             self.http.stop()
         if self.mcp_http is not None:
@@ -383,8 +293,8 @@ class KernelmodeApp:
         if getattr(self, "sessions", None) is not None:
             # An external gateway keeps running, with the kernels of live sessions: adoptable.
             await self.sessions.stop(keep_sessions=bool(self.settings.gateway.url))
+        await self.local.stop()  # the gateway child (ours or adopted) and its lease
         if self.gateway_process is not None:
-            await self.gateway_process.stop()
             if self.settings.sandbox.backend == "docker":
                 # Our gateway and its kernels are gone: no container of this server may run on
                 # (a launcher SIGKILLed with the gateway's group cannot remove its own).
@@ -396,21 +306,20 @@ class KernelmodeApp:
             await self.artifact_store.stop()
         if self.store is not None:
             self.store.close()
-        if self._lock_fd is not None:  # the data dir is free for the next serve
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        self.local.release()  # the data dir is free for the next serve
 
 
 @contextlib.asynccontextmanager
 async def running(settings: Settings, tools: ToolRegistry | None = None, *,
-                  background: bool = False) -> AsyncIterator[KernelmodeApp]:
+                  background: bool = False, early: EarlyStart | None = None) -> AsyncIterator[KernelmodeApp]:
     """The one place that builds, starts and stops the service (`serve`, the embedded
     `kernelmode mcp`): everything started is stopped on the way out, start errors included.
 
     ``background``: only the tools start before this yields (enough for the MCP tool list);
-    the rest starts in a task, and whatever needs it awaits ``app.started()``."""
+    the rest starts in a task, and whatever needs it awaits ``app.started()``. ``early``: what
+    the embedded `kernelmode mcp` started before (its tools, MCP server and gateway child)."""
     raise_open_files_limit()  # one websocket per session
-    app = KernelmodeApp(settings, tools)
+    app = KernelmodeApp(settings, tools, early=early)
     try:
         if background:
             await app.start_tools()

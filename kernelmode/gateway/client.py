@@ -15,7 +15,7 @@ import ssl
 import uuid
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import websockets
 from jupyter_client.session import Session as JupyterSession
@@ -35,9 +35,6 @@ from ..errors import (
 )
 from ..protocol.frames import Bounds, decode_frame, encode_frame, pack_json
 from .exchange import DISCONNECTED_EVENT, KERNEL_STATUS_EVENT
-
-if TYPE_CHECKING:
-    from ..config import Settings
 
 log = logging.getLogger("kernelmode.gateway")
 
@@ -62,14 +59,6 @@ MAX_QUEUE = 4
 # A kernel's message over the cap ends that websocket (1009) and the run is reported lost:
 # our gateway cuts messages to the cap first (kg_extensions), so this is only a backstop.
 FRAME_SLACK = 64 * 1024
-
-
-def message_limit(settings: Settings) -> int:
-    """The largest message a kernel may send the manager, in bytes, from the caps on what the
-    manager keeps of one: a display, a tool request, or a stream text cut at the output cap
-    (up to 6 bytes a character as escaped JSON); plus room for the rest of the message."""
-    return max(settings.sessions.max_display_bytes, settings.tool_calls.max_argument_bytes,
-               6 * settings.sessions.max_output_bytes) + 1024 * 1024
 
 
 class GatewayClient:

@@ -47,15 +47,19 @@ def _child_setup() -> None:
     raise_open_files_limit()
 
 
-# `python -m kernel_gateway`, less an import it does not use: jsonschema (through nbformat) imports
-# rfc3987_syntax when it is installed, which builds a Lark grammar for its "iri" format checks at
-# import time: 2-4 s of the gateway's start, for a check that neither the gateway nor its
-# kernels run. "kernel_gateway" stays in the command line (see _is_gateway).
+# `python -m kernel_gateway`, less imports it does not use: jsonschema (through nbformat) imports
+# its optional format checkers' libraries when they are installed: rfc3987_syntax builds a Lark
+# grammar at import (2-4 s of the gateway's start), rfc3986_validator its regexes and isoduration
+# the arrow package (~45 ms more, on the embedded `kernelmode mcp`'s path to its first result),
+# for "iri", "uri" and "duration" checks that neither the gateway nor its kernels run (without
+# them, jsonschema leaves those formats unchecked). "kernel_gateway" stays in the command line
+# (see _is_gateway).
 # The gateway imports kernelmode (its config's classes, the provisioners) from the same place as
 # this manager: its cwd is its work dir, so without the path it found whichever copy is installed
 # (a checkout's changes to gateway code were not what its gateway ran).
 _ROOT = str(Path(__file__).resolve().parents[2])
-_LAUNCH = (f"import sys; sys.path.insert(0, {_ROOT!r}); sys.modules['rfc3987_syntax'] = None; "
+_UNUSED = ("rfc3987_syntax", "rfc3986_validator", "isoduration")
+_LAUNCH = (f"import sys; sys.path.insert(0, {_ROOT!r}); sys.modules.update(dict.fromkeys({_UNUSED!r})); "
            "import kernel_gateway.gatewayapp as app; app.launch_instance()")
 
 

@@ -9,7 +9,7 @@ import base64
 import binascii
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
@@ -17,11 +17,13 @@ from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 from ..config import McpFrontSettings
 from ..errors import ImageTooLarge
 from ..models import RunResult
-from ..sessions.runs import LiveRun
-from ..tools.approvals import Asker
 from .budget import lean_record, take_page, wire_bytes
 from .images import fit_image
 from .render import clip, run_text, size_text
+
+if TYPE_CHECKING:  # types only: `initialize` is answered before the session layer is imported
+    from ..sessions.runs import LiveRun
+    from ..tools.approvals import Asker
 
 _MAX_FOLLOWED = 10_000  # runs whose shown output is remembered for get_run (per connection)
 

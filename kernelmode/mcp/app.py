@@ -8,13 +8,14 @@ request passes: the era check, the wait for the service's start, and the message
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.tools.base import Tool
 from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR, METHOD_NOT_FOUND
+from mcp_types import INTERNAL_ERROR, METHOD_NOT_FOUND, CallToolResult, TextContent
 
 from .. import __version__
 from ..config import Settings
@@ -30,6 +31,19 @@ __all__ = ["TENANT_HEADER", "KernelmodeMCP"]
 
 # Tool calls that need only the host tools: answered while the service starts.
 _NO_SESSION_TOOLS = frozenset({"list_tools", "search_tools"})
+# What a client sends first, whose answer it waits for before anything else.
+_GREETINGS = frozenset({"initialize", "server/discover"})
+
+
+def start_failed(error: MCPError) -> CallToolResult:
+    """A tool call's answer when the service could not start (the embedded `kernelmode mcp`):
+    what failed and what to do, for the model and its user to read; the error object as REST
+    gives it in the structured content, for a program."""
+    text = (f"{error.error.message}\n\nThis MCP server cannot run code until that is fixed: fix "
+            "what is named above (`kernelmode doctor` checks everything the service needs), then "
+            "restart the MCP server.")
+    data = error.error.data if isinstance(error.error.data, dict) else None
+    return CallToolResult(content=[TextContent(text=text)], structured_content=data, is_error=True)
 
 
 class KernelmodeMCP:
@@ -49,8 +63,12 @@ class KernelmodeMCP:
         built = self.tools.build()
         self.server: MCPServer[Any] = MCPServer(
             name="kernelmode", version=__version__, instructions=instructions(tools), tools=built,
-            middleware=[self._refuse_discover, self._await_start, self._cap_message],
+            middleware=[self._refuse_discover, self._note_greeting, self._await_start, self._cap_message],
         )
+        # Set once the client's greeting (initialize, or server/discover in the 2026-07-28 era)
+        # has been answered, or another request came: the embedded `kernelmode mcp` imports and
+        # starts the rest of the service then, not while its client waits for that answer.
+        self.greeted = asyncio.Event()
         # The registered Tool objects of the direct route's tools (fastcall.py): kept here, as
         # the SDK's tool table is private.
         self.fast_tools: dict[str, Tool] = {t.name: t for t in built if t.name in FAST_TOOLS}
@@ -71,12 +89,23 @@ class KernelmodeMCP:
             raise MCPError(METHOD_NOT_FOUND, "server/discover is not offered: use the initialize handshake")
         return await call_next(ctx)
 
+    async def _note_greeting(self, ctx: Any, call_next: Any) -> Any:
+        if getattr(ctx, "method", None) not in _GREETINGS:
+            self.greeted.set()  # before: a tool call may wait for what this starts
+        try:
+            return await call_next(ctx)
+        finally:
+            self.greeted.set()
+
     async def _await_start(self, ctx: Any, call_next: Any) -> Any:
         """A tool call that needs the sessions waits until the service has started; a failed
-        start answers every such call with its reason (a protocol error, never a hang)."""
+        start answers every such call with its reason and what to do (an isError, never a hang)."""
         params = ctx.params if isinstance(ctx.params, Mapping) else {}
         if self._services is None and ctx.method == "tools/call" and params.get("name") not in _NO_SESSION_TOOLS:
-            await self.await_start()
+            try:
+                await self.await_start()
+            except MCPError as e:
+                return start_failed(e)
         return await call_next(ctx)
 
     async def await_start(self) -> None:

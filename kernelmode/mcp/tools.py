@@ -4,8 +4,8 @@ Errors come out in one way, at one point (``tool_errors``, wrapped around every 
 ``KernelmodeError`` from anywhere below becomes an ``isError`` result whose text is the SDK's own
 (``Error executing tool NAME: message``) and whose structured content is the error as REST
 gives it (``{"error": {"code", "message"}}``), so a program need not parse the text. The one
-error met before any tool runs (the service could not start) is a JSON-RPC error with the same
-object in its ``data`` (``protocol_error``).
+error met before any tool runs (the service could not start) is an ``isError`` too, saying what
+to do, with the same structured content (``app.start_failed``, from ``protocol_error``).
 """
 
 from __future__ import annotations

@@ -50,15 +50,17 @@ def kernel_env_paths(kernel_python: Path) -> list[str]:
 
 
 def install_kernelspec(
-    kernels_dir: Path, backend: str, kernel_python: Path, template: Path
+    kernels_dir: Path, backend: str, kernel_python: Path, template: Path, ro_paths: list[str] | None = None
 ) -> Path:
-    """Write ``kernels_dir/kernelmode/kernel.json``; return the kernelspec directory."""
+    """Write ``kernels_dir/kernelmode/kernel.json``; return the kernelspec directory.
+    ``ro_paths``: ``kernel_env_paths(kernel_python)`` if the caller has them (a probe: ~0.2 s)."""
     spec = json.loads(template.read_text())
     # A Docker kernel runs the image's own Python; the provisioner puts it in the command.
     python = "python" if backend == "docker" else str(kernel_python)
     spec["argv"] = [a.replace("{kernel_python}", python) for a in spec["argv"]]
     spec["metadata"]["kernel_provisioner"]["provisioner_name"] = PROVISIONERS[backend]
-    spec["metadata"]["kernelmode"]["ro_paths"] = [] if backend == "docker" else kernel_env_paths(kernel_python)
+    spec["metadata"]["kernelmode"]["ro_paths"] = ([] if backend == "docker" else ro_paths if ro_paths is not None
+                                                  else kernel_env_paths(kernel_python))
     d = kernels_dir / KERNEL_NAME
     d.mkdir(parents=True, exist_ok=True)
     (d / "kernel.json").write_text(json.dumps(spec, indent=2))
@@ -78,12 +80,13 @@ def _check_traversable(path: str) -> None:
             )
 
 
-def check_bwrap(bwrap: str, kernel_python: Path, data_dir: Path) -> str:
-    """Start one throw-away sandbox; return a description, or raise SandboxUnavailable."""
+def check_bwrap(bwrap: str, kernel_python: Path, data_dir: Path, ro_paths: list[str] | None = None) -> str:
+    """Start one throw-away sandbox; return a description, or raise SandboxUnavailable.
+    ``ro_paths``: ``kernel_env_paths(kernel_python)`` if the caller has them."""
     exe = shutil.which(bwrap)
     if exe is None:
         raise SandboxUnavailable(INSTALL_HINT)
-    ro_paths = kernel_env_paths(kernel_python)
+    ro_paths = ro_paths if ro_paths is not None else kernel_env_paths(kernel_python)
     if os.getuid() == 0:
         for p in [*ro_paths, str(data_dir)]:
             _check_traversable(p)

@@ -101,6 +101,11 @@ class WarmPool:
     async def _fill(self, delay: float) -> None:
         # After a take, let the new session's first runs have the CPU before a kernel starts.
         await asyncio.sleep(delay)
+        if self._next is None:
+            # The very first kernel starts alone: a create that waits for it (the embedded MCP
+            # server's first call, sent while the service starts) gets it sooner, without a second
+            # start and its imports beside it on the cores.
+            await self._worker(starts=1)
         workers = max(1, min(self.gate.slots, self.target() - len(self._ready)))
         await asyncio.gather(*(self._worker() for _ in range(workers)))
 
@@ -119,9 +124,12 @@ class WarmPool:
             await asyncio.sleep(0.1)
             waited += 0.1
 
-    async def _worker(self) -> None:
+    async def _worker(self, starts: int | None = None) -> None:
+        """Start kernels while the pool is short (``starts``: at most that many tries)."""
         backoff = 0.5
-        while self._short() and not self._stopping:
+        while self._short() and not self._stopping and (starts is None or starts > 0):
+            if starts is not None:
+                starts -= 1
             await self._quiet()
             if not self._short() or self._stopping:
                 return

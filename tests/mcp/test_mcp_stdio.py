@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.shared.exceptions import MCPError
 
 from tests.conftest import REPO, Server
 
@@ -168,21 +167,75 @@ async def test_initialize_does_not_wait_for_the_gateway_and_a_first_run_waits_fo
         assert result.structured_content["result"] == "42"
 
 
+async def test_initialize_comes_before_the_session_layer_and_a_run_sent_at_once_waits(tmp_path: Path) -> None:
+    """An MCP host waits for initialize at each launch: it is answered with only the MCP SDK and
+    the tools imported; the session layer is imported after it (in the background, as the gateway
+    and the first kernel start). A run_python sent at once waits for all that, then answers."""
+    errlog = tmp_path / "stderr"
+    # -X importtime: each import's line goes to stderr as it ends, in order with the log lines.
+    launch = StdioServerParameters(command=KERNELMODE[0], args=["-X", "importtime", *KERNELMODE[1:], "--log-level", "info"],
+                                   env=dict(os.environ), cwd=str(REPO))
+    with errlog.open("w") as err:
+        async with Client(stdio_client(launch, errlog=err)) as client:
+            result = await client.call_tool("run_python", {"code": "x = 6 * 7\nx"})
+            assert not result.is_error, text(result)
+            assert result.structured_content["result"] == "42"
+            again = await client.call_tool("run_python", {"code": "x + 1"})
+            assert again.structured_content["result"] == "43"
+    lines = errlog.read_text().splitlines()
+
+    def imported(module: str) -> int:
+        return next(i for i, line in enumerate(lines)
+                    if line.startswith("import time:") and line.split("|")[-1].strip() == module)
+
+    answered = next(i for i, line in enumerate(lines) if "greeting is answered" in line)
+    assert imported("kernelmode.mcp.tools") < answered < imported("kernelmode.sessions.manager")
+
+
+async def test_a_start_that_fails_answers_initialize_and_each_run_with_what_to_do() -> None:
+    """No kernel environment where the settings say (a real misconfiguration): initialize and the
+    tool list are answered; run_python answers isError naming the problem and what to do, every
+    time (no hang, no crash); and the process cleans up and exits when the client goes."""
+    before = embedded_dirs()
+    env = {"KERNELMODE_SANDBOX__KERNEL_PYTHON": "/nonexistent/kernel-venv/bin/python"}
+    async with Client(stdio_client(params(env=env))) as client:
+        assert "run_python" in {t.name for t in (await client.list_tools()).tools}
+        for _ in range(2):
+            failed = await client.call_tool("run_python", {"code": "1+1"})
+            message = text(failed)
+            assert failed.is_error, message
+            assert "could not start" in message and "/nonexistent/kernel-venv/bin/python" in message, message
+            assert "kernelmode setup" in message and "restart the MCP server" in message, message
+            assert failed.structured_content["error"]["code"] == "sandbox_unavailable"
+        data_dir = (embedded_dirs() - before).pop()
+    assert_cleaned_up(data_dir)  # stdin closed: kernels, gateway and data dir gone
+
+
+def test_the_process_exits_cleanly_when_stdin_closes_after_a_failed_start() -> None:
+    env = {**os.environ, "KERNELMODE_SANDBOX__KERNEL_PYTHON": "/nonexistent/kernel-venv/bin/python"}
+    init = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+    proc = subprocess.run(KERNELMODE, input=init + "\n", capture_output=True, text=True, timeout=120,
+                          env=env, cwd=str(REPO))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[0])["result"]["serverInfo"]["name"] == "kernelmode"
+
+
 async def test_a_gateway_that_cannot_start_gives_run_python_a_clear_error(tmp_path: Path) -> None:
     broken = gateway_config(tmp_path / "gw", "raise SystemExit('kmtest: this gateway refuses to start')")
     async with Client(stdio_client(params(env={"KERNELMODE_GATEWAY__CONFIG_DIR": str(broken)}))) as client:
-        with pytest.raises(MCPError) as failed:
-            await client.call_tool("run_python", {"code": "1"})
-        message = str(failed.value)
-        assert "could not start" in message and "gateway" in message, message
-        # ... with the error as REST gives it, for a program (mcp/tools.py protocol_error)
-        data = failed.value.error.data
+        failed = await client.call_tool("run_python", {"code": "1"})
+        message = text(failed)
+        assert failed.is_error and "could not start" in message and "gateway" in message, message
+        assert "restart the MCP server" in message  # what to do
+        # ... with the error as REST gives it, for a program (mcp/app.py start_failed)
+        data = failed.structured_content
         assert isinstance(data, dict) and data["error"]["code"] != "internal", data
         assert data["error"]["message"] in message, data
         # The server still answers (and says the same again), it does not hang or die.
         assert not (await client.call_tool("list_tools", {})).is_error
-        with pytest.raises(MCPError, match="could not start"):
-            await client.call_tool("run_python", {"code": "2"})
+        again = await client.call_tool("run_python", {"code": "2"})
+        assert again.is_error and "could not start" in text(again)
 
 
 def test_stale_data_dir_of_a_killed_embedded_service_is_swept() -> None:

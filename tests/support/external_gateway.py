@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 
 from kernelmode.config import load_settings
+from kernelmode.early_start import gateway_process
 from kernelmode.gateway.process import _LAUNCH
 from kernelmode.sandbox.kernelspec import install_kernelspec
-from kernelmode.server import KernelmodeApp
 
 
 @dataclass
@@ -48,14 +48,13 @@ def start_external_gateway(data_dir: Path, port: int = 0, token: str = "") -> Ex
     ``port`` and ``token``: those of one that ran before (a restarted gateway)."""
     settings = load_settings()
     settings.server.data_dir = data_dir
-    app = KernelmodeApp(settings)
     dirs = {name: data_dir / name for name in ("run", "state", "gateway", "kernels")}
     for name, d in dirs.items():
         d.mkdir(exist_ok=True)
         d.chmod(0o711 if name == "run" else 0o700)
     install_kernelspec(dirs["kernels"], settings.sandbox.backend, settings.sandbox.kernel_python,
                        settings.gateway.config_dir / "kernelspec.json")
-    gp = app._gateway_process(dirs)
+    gp = gateway_process(settings, data_dir.resolve(), dirs)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         gp.port = port or s.getsockname()[1]

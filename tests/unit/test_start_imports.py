@@ -1,7 +1,8 @@
 """What a start imports: `kernelmode serve` and the stdio MCP server (`kernelmode mcp`, launched
 by an MCP host on every start) load the service's modules before they answer, and each module
 they load costs start time. Heavy libraries that only a later request needs are imported when
-it comes (issue 33): tool search's bm25s, PyStemmer and numpy (~80 ms) at the first search."""
+it comes (issue 33): tool search's bm25s, PyStemmer and numpy (~80 ms) at the first search; the
+session layer, in the embedded `kernelmode mcp`, after ``initialize`` is answered."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def _loaded(code: str) -> set[str]:
 
 
 def test_a_start_does_not_import_what_only_a_search_needs() -> None:
-    loaded = _loaded("import kernelmode.cli, kernelmode.mcp.stdio, kernelmode.server")
+    loaded = _loaded("import kernelmode.cli, kernelmode.embedded, kernelmode.mcp.stdio, kernelmode.server")
     assert not loaded & set(LATER), f"imported at start: {sorted(loaded & set(LATER))}"
 
 
@@ -34,3 +35,20 @@ def test_the_first_search_imports_them_and_ranks() -> None:
         " ToolInfo(name='mail.send', description='Send an email.', signature='send(to)', namespace='mail')]\n"
         "assert [m.name for m in ToolSearch().search(infos, 'commits of a repo')][:1] == ['github.list_commits']")
     assert set(LATER) <= loaded
+
+
+def test_the_embedded_server_spawns_its_gateway_before_the_mcp_sdk_is_imported() -> None:
+    """`kernelmode mcp` (embedded) starts the gateway child from early_start.py before anything
+    imports the MCP SDK (~0.4 s): the gateway's start overlaps the imports that follow."""
+    loaded = _loaded("import kernelmode.cli, kernelmode.embedded, kernelmode.early_start")
+    assert not {m for m in loaded if m == "mcp" or m.startswith("mcp.")}, "the MCP SDK"
+    assert not {m for m in loaded if m.startswith(("kernelmode.sessions", "kernelmode.server", "kernelmode.mcp."))}
+
+
+def test_what_initialize_needs_does_not_import_the_session_layer() -> None:
+    """The MCP server (tools, instructions) is made before the session layer is imported (~0.35 s,
+    imported after initialize is answered)."""
+    loaded = _loaded("import kernelmode.cli, kernelmode.embedded, kernelmode.mcp.app")
+    heavy = {m for m in loaded if m.startswith(("kernelmode.sessions", "kernelmode.server", "kernelmode.api",
+                                                 "kernelmode.gateway.client", "jupyter_client"))}
+    assert not heavy, sorted(heavy)

@@ -124,11 +124,13 @@ class OwnerWatch(threading.Thread):
                 held = Counter(sid for sid, _ in rows if sid in self.kernels)
                 self.owned_twice += [sid for sid, k in held.items() if k > 1]
                 by_kernel = {k["id"]: k.get("connections", 0) for k in self.ms.gateway.get("/api/kernels").json()}
+                owner = dict(rows)
                 for sid, kid in self.kernels.items():
                     n = by_kernel.get(kid, 0)
                     self.connections[n] += 1
                     if n > 1:
-                        self.live_twice.append(f"{sid} ({n} connections)")
+                        self.live_twice.append(f"{sid} ({n} connections, kernel {kid}, lease {owner.get(sid)}, "
+                                               f"{time.strftime('%H:%M:%S')})")
                 self.samples += 1
 
 
@@ -265,6 +267,9 @@ def test_twenty_sessions_under_load_survive_a_kill_9_and_restart_of_the_busiest_
         print(f"store: {dict(store)}")
         print(f"owner samples: {watch.samples}, owned twice {len(watch.owned_twice)}, kernel websockets per "
               f"sample {dict(watch.connections)}, live twice {len(watch.live_twice)}")
+        if problems or watch.live_twice or watch.owned_twice:  # what each manager did, to tell why
+            for i in range(len(ms)):
+                (Path("/tmp") / f"km-under-load-m{i}.log").write_text(ms[i].log())
         assert not problems, problems
         assert store["lost"] == 0 and store["duplicated"] == 0 and store["duplicated values"] == 0, store
         assert watch.samples > 0 and not watch.owned_twice and not watch.live_twice, watch.live_twice[:5]

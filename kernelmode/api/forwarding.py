@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 import httpx
@@ -28,7 +28,7 @@ from tornado import web
 from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
-from ..errors import ManagerGone, SessionOwnedElsewhere
+from ..errors import ManagerGone, ServerBusy, SessionOwnedElsewhere
 
 if TYPE_CHECKING:
     from ..sessions import SessionManager
@@ -59,12 +59,12 @@ class Router:
     store call; only ids this manager does not hold ask the store."""
 
     def __init__(self, sessions: SessionManager, store: SessionStore, ownership: Ownership,
-                 lease_seconds: float) -> None:
+                 lease_seconds: float, max_connections: int = 256) -> None:
         self.sessions = sessions
         self.store = store
         self.ownership = ownership
         self.lease_seconds = lease_seconds
-        self.forwarder = Forwarder(ownership.manager_id)
+        self.forwarder = Forwarder(ownership.manager_id, max_connections)
 
     @property
     def manager_id(self) -> str:
@@ -97,9 +97,10 @@ class Router:
 
         async def has(url: str) -> str | None:
             try:
-                r = await self.forwarder.client.get(
-                    f"{url}/v1/runs/{run_id}", timeout=CONNECT_SECONDS,
-                    headers={"Authorization": authorization, FORWARDED_HEADER: self.manager_id})
+                with self.forwarder.slot():
+                    r = await self.forwarder.client.get(
+                        f"{url}/v1/runs/{run_id}", timeout=CONNECT_SECONDS,
+                        headers={"Authorization": authorization, FORWARDED_HEADER: self.manager_id})
             except httpx.HTTPError:
                 return None
             return url if r.status_code == 200 else None
@@ -138,13 +139,45 @@ class Router:
 
 
 class Forwarder:
-    """One HTTP client (its connections kept alive) to the other managers."""
+    """One HTTP client (its connections kept alive) to the other managers, with at most
+    ``max_connections`` requests through it at once: one more is refused at once (503
+    ``server_busy``) rather than queued for a connection without end."""
 
-    def __init__(self, manager_id: str) -> None:
+    def __init__(self, manager_id: str, max_connections: int = 256) -> None:
         self.manager_id = manager_id
+        self.max_connections = max_connections
+        self.in_use = 0
+        # One request holds one connection until its answer is closed, and a slot for as long:
+        # the pool never waits (its timeout is a backstop, answered like a full gate).
         self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=CONNECT_SECONDS), follow_redirects=False,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            timeout=httpx.Timeout(None, connect=CONNECT_SECONDS, pool=CONNECT_SECONDS), follow_redirects=False,
+            limits=httpx.Limits(max_connections=max_connections,
+                                max_keepalive_connections=min(64, max_connections)))
+
+    def take(self) -> None:
+        """A slot for one request to another manager, or ServerBusy when all are in use."""
+        if self.in_use >= self.max_connections:
+            raise self.busy()
+        self.in_use += 1
+
+    def give(self) -> None:
+        self.in_use -= 1
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        self.take()
+        try:
+            yield
+        finally:
+            self.give()
+
+    def busy(self, waited: bool = False) -> ServerBusy:
+        """``waited``: no pooled connection came free in time (the backstop; the slots should
+        have said so first)."""
+        why = (f"no connection to the session's manager came free within {CONNECT_SECONDS:g} s" if waited else
+               f"this manager is passing {self.in_use} requests on to the managers that own their sessions")
+        return ServerBusy(f"{why}, its limit (server.forward_max_connections): send the request again in a moment",
+                          details={"retry_after_seconds": 1})
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -170,6 +203,8 @@ class Relay:
         self.has_body = body is None and bool(
             req.headers.get("Content-Length", "0") not in ("", "0")
             or "chunked" in req.headers.get("Transfer-Encoding", "").lower())
+        router.forwarder.take()  # ServerBusy (503) at once when this manager forwards its most
+        self._slot, self._answering = True, False
         self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=8)
         self._client_gone = asyncio.Event()
         url = f"{self.base_url}{req.uri}"
@@ -193,13 +228,27 @@ class Relay:
         await asyncio.wait({put, self._response}, return_when=asyncio.FIRST_COMPLETED)
         put.cancel()
 
+    def _release(self) -> None:
+        if self._slot:
+            self._slot = False
+            self.router.forwarder.give()
+
     async def answer(self) -> None:
         """Wait for the owner's answer and stream it to the client (called once the body is in)."""
+        self._answering = True
+        try:
+            await self._answer()
+        finally:
+            self._release()
+
+    async def _answer(self) -> None:
         h = self.handler
         if self.has_body:
             await self.feed(None)
         try:
             response = await self._response
+        except httpx.PoolTimeout as e:  # the gate should have said so: answered alike
+            raise self.router.forwarder.busy(waited=True) from e
         except httpx.HTTPError as e:  # refused or timed out; or it broke off (then it may have acted)
             log.warning("forwarding %s %s to %s broke off: %s", h.request.method, h.request.path, self.base_url, e)
             raise self.router.gone(self.base_url, e) from e
@@ -245,6 +294,8 @@ class Relay:
         """The client went away: the request to the owner ends too."""
         self._response.cancel()
         self._client_gone.set()
+        if not self._answering:  # no answer() to give the slot back
+            self._release()
         with contextlib.suppress(asyncio.QueueFull):
             self._chunks.put_nowait(None)
 

@@ -81,6 +81,11 @@ class ServerSettings(_Section):
     one (they forward a session's requests to its owner). Unset: built from `host` and the bound
     port, which is right on one host; set it when managers run in pods or behind NAT (e.g.
     `http://$(POD_IP):8888`), since `0.0.0.0` is no address another host can reach."""
+    forward_max_connections: int = Field(256, ge=1, le=100_000)
+    """Requests this manager passes on to the other managers at once (a session's requests go to
+    the manager that owns it), each over a connection of its own. One more is answered at once
+    with `503 server_busy` and `Retry-After: 1` instead of waiting for a connection, so a flood
+    through one manager cannot open connections without bound on another."""
     data_dir: Path = Path("./.kernelmode")
     """Where the service keeps everything it writes: the session store, workspaces, the local
     artifact store and its link key, kernels' run directories and logs, the gateway's log."""

@@ -43,6 +43,7 @@ from ..errors import (
     InvalidRequest,
     KernelmodeError,
     PayloadTooLarge,
+    RunNotFound,
     SessionNotFound,
     StoreError,
 )
@@ -50,11 +51,13 @@ from ..models import SESSION_ID_PATTERN, SessionCreate
 from ..services import Services
 from ..tools.registry import ToolRegistry
 from ..tools.search import MAX_LIMIT, MAX_QUERY_CHARS
+from . import remote
 from .answers import RunAnswers
 from .budget import McpRunResult
 from .connections import Connections
 from .elicit import asker
 from .images import INLINE_TYPES, fit_image
+from .instructions import LIST_AT_MOST, call_form
 from .render import clip, size_text
 
 log = logging.getLogger("kernelmode.mcp")
@@ -100,40 +103,6 @@ def tool_errors(tool: str, fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitab
             return error_result(tool, e)
 
     return call
-
-
-def instructions(tools: ToolRegistry) -> str:
-    """The server's instructions to the model (the host tools are listed, so: after they started)."""
-    infos = tools.infos()
-    listed = "\n".join(f"- {call_form(t.name, t.signature)}: {t.description.splitlines()[0] if t.description else ''}"
-                       for t in infos)
-    if len(infos) > LIST_AT_MOST:  # a long list costs the context that code mode saves: search instead
-        host = (f"Code can call {len(infos)} host tools (they run outside the sandbox, with the network), "
-                "from servers " + ", ".join(sorted(tools.namespaces) or ["(none)"]) + " and the host. Find "
-                "the ones you need with search_tools('what you want to do'), or tools.search(...) from code.")
-    else:
-        host = (f"Code can call these host tools (they run outside the sandbox, with the network):\n{listed}"
-                if infos else "No host tools are configured.")
-    return (
-        "kernelmode runs Python in a sandboxed, stateful Jupyter kernel. Variables, imports and "
-        "loaded data persist between run_python calls of the same session, so build an analysis "
-        "step by step instead of repeating work. The kernel has no network. Files live in "
-        "/mnt/data: upload_file puts data there, and files your code writes there are kept and "
-        "listed with download links; read_artifact shows you an image or text file. numpy, pandas "
-        "and matplotlib are installed (plots appear as images). A long run keeps going in the "
-        "background: run_python then returns status RUNNING with a run_id for get_run. A package "
-        "the kernel lacks: install_packages (or `%pip install NAME` in code) fetches it for you.\n" + host
-    )
-
-
-# More host tools than this, and the instructions point to search_tools instead of listing them.
-LIST_AT_MOST = 8
-
-
-def call_form(name: str, signature: str) -> str:
-    """How code calls a tool: ``tools.github.list_commits(owner: str, ...)``."""
-    prefix = name.rpartition(".")[0]
-    return f"tools.{prefix + '.' if prefix else ''}{signature or name.rpartition('.')[2] + '(...)'}"
 
 
 class McpTools:
@@ -203,10 +172,13 @@ class McpTools:
         svc = self._services()
         key = self.connections.key(ctx)
         sid, note = await self.connections.session(ctx, session_id)
+        if (owner := remote.owner_of(svc.router, ctx.headers, sid)) is not None:  # it counts the run
+            return await remote.run_python(ctx, owner, self.answers, key, sid, code, timeout_seconds,
+                                           self._wait(wait_seconds), note)
         svc.tenants.count_run(self.connections.principal(ctx))
         run = svc.sessions.submit(sid, code, timeout_seconds)
         result = await self.answers.follow(ctx, run, self._wait(wait_seconds), asker(ctx, sid))
-        return await self.answers.result(key, run, result, note)
+        return await self.answers.result(key, result, note)
 
     async def get_run(
         self,
@@ -217,12 +189,20 @@ class McpTools:
     ) -> Annotated[CallToolResult, McpRunResult]:
         """Follow a run that was still RUNNING: returns the output that came since you last looked
         and, once the run has ended, its final result (status, value, error, files)."""
-        run = self._services().sessions.get_run(run_id, self.connections.principal(ctx))
-        key = self.connections.key(ctx)
+        svc, key = self._services(), self.connections.key(ctx)
+        try:
+            run = svc.sessions.get_run(run_id, self.connections.principal(ctx))
+        except RunNotFound as e:
+            run, unknown = None, e
+        # In flight on another manager (the store's record of it here is not the run)?
+        if (owner := await remote.run_owner(svc.router, ctx.headers, run_id, run is None)) is not None:
+            return await remote.get_run(ctx, owner, self.answers, key, run_id, self._wait(wait_seconds))
+        if run is None:
+            raise unknown
         # More than a page waits for this reader (paging): answer with the next one at once.
-        wait = 0 if self.answers.backlog(key, run) else self._wait(wait_seconds)
+        wait = 0 if self.answers.backlog(key, run.snapshot()) else self._wait(wait_seconds)
         result = await self.answers.follow(ctx, run, wait, asker(ctx, run.session_id))
-        return await self.answers.result(key, run, result, None)
+        return await self.answers.result(key, result, None)
 
     async def upload_file(
         self,

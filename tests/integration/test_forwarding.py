@@ -7,8 +7,10 @@ kernel websocket."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
+import re
 import secrets
 import uuid
 from collections.abc import Iterator
@@ -280,8 +282,6 @@ def test_unreachable_owner_is_a_503_with_retry_after(three: Managers) -> None:
 
 def _text(r: CallToolResult) -> str:
     """A tool answer's text, with what differs per run made neutral: ids, the cell's number."""
-    import re
-
     text = "\n".join(b.text for b in r.content if isinstance(b, TextContent))
     return re.sub(r"In\[\d+\]", "In[N]", re.sub(r"[0-9a-f]{32}", "ID", text))
 
@@ -327,6 +327,28 @@ def test_mcp_tool_calls_for_a_session_another_manager_owns(three: Managers) -> N
             assert isinstance(r.structured_content, dict)
             done = await b.call_tool("get_run", {"run_id": r.structured_content["run_id"], "wait_seconds": 60})
             assert not done.is_error and "late" in _text(done) and "status: ok" in _text(done), done
+            # The session's other tools, through B, read as C's own answers.
+            sent = await b.call_tool("upload_file", {"filename": "notes/a.txt", "session_id": s.id,
+                                                     "content_base64": base64.b64encode(b"hello").decode()})
+            assert not sent.is_error and "Saved /mnt/data/notes/a.txt (5 bytes) in session ID" in _text(sent), sent
+            for tool, args in (("list_files", {}), ("read_artifact", {"path_or_artifact": "notes/a.txt"}),
+                               ("read_artifact", {"path_or_artifact": "nothing.txt"}), ("interrupt", {})):
+                via_b = await b.call_tool(tool, {**args, "session_id": s.id})
+                local = await own.call_tool(tool, {**args, "session_id": s.id})
+                assert _text(via_b) == _text(local) and via_b.is_error == local.is_error, (tool, via_b, local)
+            assert "hello" in _text(via_b := await b.call_tool("read_artifact", {
+                "path_or_artifact": "/mnt/data/notes/a.txt", "session_id": s.id})), via_b
+            cp = await b.call_tool("checkpoint", {"session_id": s.id})
+            assert not cp.is_error and "kept" in _text(cp), cp
+            fork = await b.call_tool("fork_session", {"session_id": s.id})
+            assert not fork.is_error, fork
+            fork_id = re.search(r"New session ([0-9a-f]{32})", "".join(
+                x.text for x in fork.content if isinstance(x, TextContent)))
+            assert fork_id is not None, fork
+            in_fork = await b.call_tool("run_python", {"code": "kept", "session_id": fork_id[1]})
+            assert _text(in_fork).endswith("42"), in_fork
+            closed = await b.call_tool("close_session", {"session_id": fork_id[1]})
+            assert _text(closed) == "Session ID is closed.", closed
 
     try:
         asyncio.run(go())

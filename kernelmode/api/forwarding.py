@@ -19,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import TYPE_CHECKING, Protocol
 
 import httpx
@@ -43,6 +45,8 @@ FORWARDED_HEADER = "X-Kernelmode-Forwarded-By"
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailer", "transfer-encoding", "upgrade", "host", "date", "server"})
 CONNECT_SECONDS = 5.0  # an owner on another host that does not answer a SYN is as gone as a refusal
+OWNER_CACHE_SECONDS = 1.0  # how long a session's owner, read from the store, is taken as known
+_OWNERS_KEPT = 10_000
 
 
 class Ownership(Protocol):
@@ -65,6 +69,7 @@ class Router:
         self.ownership = ownership
         self.lease_seconds = lease_seconds
         self.forwarder = Forwarder(ownership.manager_id, max_connections)
+        self._owners: dict[str, tuple[str, float]] = {}  # session id -> (owner's URL, until)
 
     @property
     def manager_id(self) -> str:
@@ -73,10 +78,30 @@ class Router:
     def for_session(self, session_id: str, forwarded: bool) -> str | None:
         if self.sessions.peek(session_id) is not None:
             return None
-        url = self.ownership.owner_url(session_id)
+        url = self._owner_url(session_id)
         if url is not None and forwarded:
             raise SessionOwnedElsewhere(f"session {session_id!r} is owned by the manager at {url} (it changed "
                                         "hands while this request was forwarded): send it again")
+        return url
+
+    def _owner_url(self, session_id: str) -> str | None:
+        """``owner_url``, remembered for ``OWNER_CACHE_SECONDS``: a client behind a balancer sends
+        a session's requests through the same non-owner again and again, and the store read (a
+        round trip to PostgreSQL on the event loop) was the largest part of a forwarding's cost.
+        Stale for that long at most: a lease that moved meanwhile gets 503
+        ``session_owned_elsewhere`` from the old owner (retried), a dead one ``manager_gone``
+        (which forgets it at once)."""
+        now = time.monotonic()
+        hit = self._owners.get(session_id)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        url = self.ownership.owner_url(session_id)
+        if url is None:
+            self._owners.pop(session_id, None)
+            return None
+        if len(self._owners) >= _OWNERS_KEPT:
+            self._owners.clear()
+        self._owners[session_id] = (url, now + OWNER_CACHE_SECONDS)
         return url
 
     def for_run(self, run_id: str, forwarded: bool) -> str | None:
@@ -131,6 +156,9 @@ class Router:
         self.store.forget_mcp_session(mcp_session_id)
 
     def gone(self, url: str, error: Exception) -> ManagerGone:
+        """The answer when the manager at ``url`` does not answer (it is forgotten as an owner)."""
+        for sid in [k for k, (u, _) in self._owners.items() if u.rstrip("/") == url.rstrip("/")]:
+            del self._owners[sid]
         lease = self.lease_seconds
         return ManagerGone(
             f"the session's manager ({url}) does not answer ({type(error).__name__}): it is gone, and "
@@ -149,8 +177,12 @@ class Forwarder:
         self.in_use = 0
         # One request holds one connection until its answer is closed, and a slot for as long:
         # the pool never waits (its timeout is a backstop, answered like a full gate).
+        timeout = httpx.Timeout(None, connect=CONNECT_SECONDS, pool=CONNECT_SECONDS)
+        self.extensions = {"timeout": timeout.as_dict()}  # what build_request would give a request
         self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=CONNECT_SECONDS, pool=CONNECT_SECONDS), follow_redirects=False,
+            timeout=timeout, follow_redirects=False,
+            # A jar that keeps nothing: one caller's cookies must never ride on another's request.
+            cookies=httpx.Cookies(CookieJar(DefaultCookiePolicy(allowed_domains=[]))),
             limits=httpx.Limits(max_connections=max_connections,
                                 max_keepalive_connections=min(64, max_connections)))
 
@@ -208,9 +240,11 @@ class Relay:
         self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=8)
         self._client_gone = asyncio.Event()
         url = f"{self.base_url}{req.uri}"
-        self._request = router.forwarder.client.build_request(
+        # Built as it is, not through the client's build_request: no base URL, default headers or
+        # cookies to merge (a fifth of a forwarding's CPU went to those merges).
+        self._request = httpx.Request(
             req.method or "GET", url, headers=request_headers(handler, router.manager_id),
-            content=self._body() if self.has_body else body)
+            content=self._body() if self.has_body else body, extensions=router.forwarder.extensions)
         self._response: asyncio.Task[httpx.Response] = asyncio.create_task(
             router.forwarder.client.send(self._request, stream=True))
         self._response.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved in answer

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kernelmode.api.forwarding import Router
-from kernelmode.errors import SessionOwnedElsewhere
+from kernelmode.errors import ServerBusy, SessionOwnedElsewhere
 
 OTHER = "http://10.0.0.2:8888"
 
@@ -77,3 +77,32 @@ def test_a_jupyter_kernel_id_names_its_session() -> None:
     r, _ = router(set(), {sid: OTHER})
     assert r.for_kernel("01234567-89ab-cdef-0123-456789abcdef", forwarded=False) == OTHER
     assert r.for_kernel("not-a-uuid", forwarded=False) is None
+
+
+def test_an_owner_read_from_the_store_is_remembered_briefly_and_forgotten_when_gone() -> None:
+    """A client behind a balancer sends a session's requests through the same non-owner again and
+    again: the store is asked once per OWNER_CACHE_SECONDS, not per request; an owner that does
+    not answer is forgotten at once; nobody's session is never remembered (served, so adopted, here)."""
+    r, own = router(set(), {"s3": OTHER})
+    assert [r.for_session("s3", forwarded=False) for _ in range(5)] == [OTHER] * 5
+    assert own.asked == ["s3"]
+    r.gone(OTHER, OSError("refused"))
+    assert r.for_session("s3", forwarded=False) == OTHER
+    assert own.asked == ["s3", "s3"]
+    assert r.for_session("nobodys", forwarded=False) is None
+    assert r.for_session("nobodys", forwarded=False) is None
+    assert own.asked == ["s3", "s3", "nobodys", "nobodys"]
+
+
+def test_forwarding_slots_refuse_at_once_past_the_bound_and_come_back() -> None:
+    r, _ = router(set(), {})
+    fw = r.forwarder
+    fw.max_connections = 2
+    fw.take()
+    with fw.slot():
+        with pytest.raises(ServerBusy, match="passing 2 requests on"):
+            fw.take()
+    fw.take()  # the slot's own came back
+    fw.give()
+    fw.give()
+    assert fw.in_use == 0

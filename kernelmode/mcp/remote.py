@@ -111,15 +111,20 @@ def snapshot(progress: RunProgress, events: list[dict[str, Any]]) -> RunResult:
 
 
 async def follow(ctx: Any, owner: Owner, run_id: str, wait: float, ask: Asker | None,
-                 first: RunProgress) -> RunResult:
+                 first: RunProgress, fresh: bool) -> RunResult:
     """``RunAnswers.follow`` for a run on ``owner``: wait up to ``wait`` s for its end (longer
-    while a person is asked), sending its output as progress; ``first``: its events from 0."""
+    while a person is asked), sending its output as progress. ``first``: its state now, events
+    from 0 (a look that did not wait: an approval already pending ends no later wait on the
+    owner). ``fresh``: the run started with this call (its output so far is news, and so is an
+    approval that nobody here can answer)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     progress, events = first, list(first.events)
     offset = first.next_offset
     shows = getattr(ctx, "sends_progress", True)  # else output does not wake the wait (fastcall.py)
-    asked = {p.call_id for p in first.pending_approvals} if ask is None else set()
+    if fresh and shows:
+        await _report(ctx, offset, first.events)
+    asked = {p.call_id for p in first.pending_approvals} if ask is None and not fresh else set()
     while not progress.done:
         pending = [p for p in progress.pending_approvals if p.call_id not in asked]
         if pending and ask is None:
@@ -139,10 +144,7 @@ async def follow(ctx: Any, owner: Owner, run_id: str, wait: float, ask: Asker | 
         if shows:
             events += progress.events
             offset = progress.next_offset
-            text = "".join(e["text"] for e in progress.events if e.get("type") == "stream")
-            if text:
-                with contextlib.suppress(Exception):  # a client that asked for no progress, or left
-                    await ctx.report_progress(float(offset), None, clip(text, 2000, "progress"))
+            await _report(ctx, offset, progress.events)
     if progress.failure is not None:  # a KernelmodeError on the owner: the same here
         f = progress.failure
         raise from_wire(f.message, code=f.code, details=f.details)
@@ -154,6 +156,14 @@ async def follow(ctx: Any, owner: Owner, run_id: str, wait: float, ask: Asker | 
         if rest.done and rest.result is not None:
             return rest.result
     return snapshot(progress, events)
+
+
+async def _report(ctx: Any, offset: int, new: list[dict[str, Any]]) -> None:
+    """New output as a progress notification, as ``RunAnswers.follow`` sends it."""
+    text = "".join(e["text"] for e in new if e.get("type") == "stream")
+    if text:
+        with contextlib.suppress(Exception):  # a client that asked for no progress, or left
+            await ctx.report_progress(float(offset), None, clip(text, 2000, "progress"))
 
 
 async def first_look(owner: Owner, run_id: str) -> RunProgress:
@@ -171,9 +181,8 @@ async def run_python(ctx: Any, owner: Owner, answers: RunAnswers, key: str | Non
         "code": code, "timeout_seconds": timeout_seconds, "wait_seconds": 0 if follows else wait}))
     result = started
     if follows and started.status in ("running", "awaiting_approval"):
-        first = RunProgress(run_id=started.run_id, session_id=session_id, status=started.status, done=False,
-                            offset=0, next_offset=0)
-        result = await follow(ctx, owner, started.run_id, wait, ask, first)
+        first = await first_look(owner, started.run_id)
+        result = await follow(ctx, owner, started.run_id, wait, ask, first, fresh=True)
     return await answers.result(key, result, note)
 
 
@@ -183,5 +192,5 @@ async def get_run(ctx: Any, owner: Owner, answers: RunAnswers, key: str | None, 
     first = await first_look(owner, run_id)
     if not first.done and answers.backlog(key, snapshot(first, first.events)):
         wait = 0  # more than a page waits for this reader: the next one at once
-    result = await follow(ctx, owner, run_id, wait, asker(ctx, first.session_id), first)
+    result = await follow(ctx, owner, run_id, wait, asker(ctx, first.session_id), first, fresh=False)
     return await answers.result(key, result, None)

@@ -21,7 +21,7 @@ import pytest
 from jupyter_client.session import Session as JupyterSession
 from mcp.client.client import Client as McpClient
 from mcp.client.streamable_http import streamable_http_client
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -38,12 +38,16 @@ ALPHA, BETA = "alpha-" + secrets.token_hex(8), "beta-" + secrets.token_hex(8)
 
 
 @pytest.fixture(scope="module")
-def three(pg_cluster: PgCluster) -> Iterator[Managers]:
+def three(pg_cluster: PgCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Managers]:
+    cfg = tmp_path_factory.mktemp("cfg") / "kernelmode.yaml"  # a host tool that needs approval
+    cfg.write_text('tools:\n  - {name: weather, function: "tests.integration.host_tools:weather", '
+                   'requires_approval: true}\n')
     with start_managers(3, pg_cluster.create_database("forwarding"),
                         {"KERNELMODE_STORE__LEASE_SECONDS": str(LEASE),
                          "KERNELMODE_SERVER__FORWARD_MAX_CONNECTIONS": str(FORWARD_CAP),
                          "KERNELMODE_SERVER__TENANTS": f"[{{name: alpha, token: '{ALPHA}'}}, "
-                                                       f"{{name: beta, token: '{BETA}'}}]"}) as ms:
+                                                       f"{{name: beta, token: '{BETA}'}}]"},
+                        args=["--config", str(cfg)]) as ms:
         yield ms
 
 
@@ -422,3 +426,45 @@ def test_forwarding_beyond_its_bound_is_503_server_busy_at_once(three: Managers)
             asyncio.run(go())
         finally:
             s.close()
+
+
+def test_mcp_approvals_of_a_run_another_manager_owns(three: Managers) -> None:
+    """A run on C that calls a tool needing approval, started through B's MCP: a client that
+    answers elicitations is asked (B relays its answer to C); one that does not gets the pending
+    answer, an operator decides on C, and get_run through B follows the run to its end."""
+    with client(three, 2) as c:
+        s = c.create_session()
+    code = 'r = tools.weather(city="Paris")\nr["city"]'
+    seen: list[str] = []
+
+    async def approve(_context: object, params: ElicitRequestParams) -> ElicitResult:
+        seen.append(params.message)
+        return ElicitResult(action="accept", content={"approve": True})
+
+    async def go() -> None:
+        auth = {"Authorization": f"Bearer {three.token}"}
+        async with httpx2.AsyncClient(headers=auth, timeout=httpx2.Timeout(30, read=300)) as http:
+            async with McpClient(streamable_http_client(three[1].url + "/mcp", http_client=http),
+                                 elicitation_callback=approve) as asks:
+                r = await asks.call_tool("run_python", {"code": code, "session_id": s.id})
+                assert not r.is_error and "[result]\n'Paris'" in _text(r), r
+                assert len(seen) == 1 and "weather" in seen[0], seen
+            async with McpClient(streamable_http_client(three[1].url + "/mcp", http_client=http)) as plain:
+                r = await plain.call_tool("run_python", {"code": code, "session_id": s.id})
+                assert isinstance(r.structured_content, dict), r
+                assert r.structured_content["status"] == "awaiting_approval", r
+                [pending] = r.structured_content["pending_approvals"]
+                assert "AWAITING APPROVAL" in _text(r)
+                run_id = r.structured_content["run_id"]
+                with three.client(2) as api:
+                    assert api.post(f"/v1/runs/{run_id}/approvals/{pending['call_id']}",
+                                    json={"approve": True}).status_code == 200
+                done = await plain.call_tool("get_run", {"run_id": run_id, "wait_seconds": 60})
+                assert not done.is_error and "[result]\n'Paris'" in _text(done), done
+
+    try:
+        asyncio.run(go())
+    finally:
+        with client(three, 2) as c:
+            c.session(s.id).close()
+

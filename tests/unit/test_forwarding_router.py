@@ -106,3 +106,22 @@ def test_forwarding_slots_refuse_at_once_past_the_bound_and_come_back() -> None:
     fw.give()
     fw.give()
     assert fw.in_use == 0
+
+
+def test_an_mcp_call_for_a_session_elsewhere_sends_only_the_callers_token_marked_forwarded() -> None:
+    """remote.py: the owner gets the caller's own Authorization and the forwarding mark (so it
+    never passes the call on), nothing else of the MCP request; stdio (no headers) or no token:
+    served here."""
+    from kernelmode.api.forwarding import FORWARDED_HEADER
+    from kernelmode.mcp.remote import owner_of
+
+    r, _ = router(set(), {"s2": OTHER})
+    headers = {"authorization": "Bearer caller", "x-kernelmode-tenant": "alpha", "cookie": "a=1",
+               "mcp-session-id": "m1"}
+    owner = owner_of(r, headers, "s2")
+    assert owner is not None and owner.base_url == OTHER
+    assert owner.headers == {"Authorization": "Bearer caller", FORWARDED_HEADER: "me"}
+    assert owner_of(r, None, "s2") is None
+    assert owner_of(r, {"x-kernelmode-tenant": "alpha"}, "s2") is None
+    assert owner_of(None, headers, "s2") is None
+    assert owner_of(r, headers, "nobodys") is None

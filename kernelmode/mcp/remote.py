@@ -140,7 +140,9 @@ async def follow(ctx: Any, owner: Owner, run_id: str, wait: float, ask: Asker | 
             break
         progress = RunProgress.model_validate(await owner.call("GET", f"/v1/runs/{run_id}", params={
             "offset": offset if shows else _NO_OUTPUT,
-            "wait_seconds": f"{min(max(remaining, 0), _MAX_POLL_SECONDS):.3f}"}))
+            "wait_seconds": f"{min(max(remaining, 0), _MAX_POLL_SECONDS):.3f}",
+            # An approval that came after the last look ends the wait too (not only one during it).
+            "approvals_version": progress.approvals_version}))
         if shows:
             events += progress.events
             offset = progress.next_offset

@@ -200,15 +200,17 @@ class McpTools:
         """Follow a run that was still RUNNING: returns the output that came since you last looked
         and, once the run has ended, its final result (status, value, error, files)."""
         svc, key = self._services(), self.connections.key(ctx)
+        # In flight on another manager (the store's record of it here is not the run)? Asked
+        # first: once it is not, the store's record is final when read next.
+        owner = await remote.run_owner(svc.router, ctx.headers, run_id, False)
         try:
-            run = svc.sessions.get_run(run_id, self.connections.principal(ctx))
-        except RunNotFound as e:
-            run, unknown = None, e
-        # In flight on another manager (the store's record of it here is not the run)?
-        if (owner := await remote.run_owner(svc.router, ctx.headers, run_id, run is None)) is not None:
+            run = None if owner is not None else svc.sessions.get_run(run_id, self.connections.principal(ctx))
+        except RunNotFound:  # queued on another manager, not yet written?
+            if (owner := await remote.run_owner(svc.router, ctx.headers, run_id, True)) is None:
+                raise
+        if owner is not None:
             return await remote.get_run(ctx, owner, self.answers, key, run_id, self._wait(wait_seconds))
-        if run is None:
-            raise unknown
+        assert run is not None
         # More than a page waits for this reader (paging): answer with the next one at once.
         wait = 0 if self.answers.backlog(key, run.snapshot()) else self._wait(wait_seconds)
         result = await self.answers.follow(ctx, run, wait, asker(ctx, run.session_id))

@@ -386,6 +386,8 @@ class RunProgress(BaseModel):
         default_factory=list, description="Status awaiting_approval: what waits for a yes/no.")
     result: RunResult | None = Field(None, description="The final RunResult, once done.")
     failure: ErrorDetail | None = Field(None, description="The run could not complete (not a code error).")
+    approvals_version: int = Field(0, description="Changes whenever what is pending changes: pass it back "
+                                   "as ?approvals_version= and a wait ends on any change after this answer.")
 
 
 class ErrorBody(BaseModel):

@@ -201,7 +201,8 @@ class KernelmodeApp:
         if not s.gateway.url:
             self.sandbox_report = await self.local.sandbox_checked()
         if self.ownership.active:  # several managers: a session's requests go to its owner
-            self.router = Router(self.sessions, self.store, self.ownership, s.store.lease_seconds)
+            self.router = Router(self.sessions, self.store, self.ownership, s.store.lease_seconds,
+                                 s.server.forward_max_connections)
         self.services = services = Services(
             settings=s, tenants=self.tenants, tools=self.tools, sessions=self.sessions,
             gateway=self.gateway, artifact_store=self.artifact_store, metrics=self.sessions.metrics,

@@ -19,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import TYPE_CHECKING, Protocol
 
 import httpx
@@ -28,7 +30,7 @@ from tornado import web
 from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
-from ..errors import ManagerGone, SessionOwnedElsewhere
+from ..errors import ManagerGone, ServerBusy, SessionOwnedElsewhere
 
 if TYPE_CHECKING:
     from ..sessions import SessionManager
@@ -43,6 +45,8 @@ FORWARDED_HEADER = "X-Kernelmode-Forwarded-By"
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailer", "transfer-encoding", "upgrade", "host", "date", "server"})
 CONNECT_SECONDS = 5.0  # an owner on another host that does not answer a SYN is as gone as a refusal
+OWNER_CACHE_SECONDS = 1.0  # how long a session's owner, read from the store, is taken as known
+_OWNERS_KEPT = 10_000
 
 
 class Ownership(Protocol):
@@ -59,12 +63,13 @@ class Router:
     store call; only ids this manager does not hold ask the store."""
 
     def __init__(self, sessions: SessionManager, store: SessionStore, ownership: Ownership,
-                 lease_seconds: float) -> None:
+                 lease_seconds: float, max_connections: int = 256) -> None:
         self.sessions = sessions
         self.store = store
         self.ownership = ownership
         self.lease_seconds = lease_seconds
-        self.forwarder = Forwarder(ownership.manager_id)
+        self.forwarder = Forwarder(ownership.manager_id, max_connections)
+        self._owners: dict[str, tuple[str, float]] = {}  # session id -> (owner's URL, until)
 
     @property
     def manager_id(self) -> str:
@@ -73,10 +78,30 @@ class Router:
     def for_session(self, session_id: str, forwarded: bool) -> str | None:
         if self.sessions.peek(session_id) is not None:
             return None
-        url = self.ownership.owner_url(session_id)
+        url = self._owner_url(session_id)
         if url is not None and forwarded:
             raise SessionOwnedElsewhere(f"session {session_id!r} is owned by the manager at {url} (it changed "
                                         "hands while this request was forwarded): send it again")
+        return url
+
+    def _owner_url(self, session_id: str) -> str | None:
+        """``owner_url``, remembered for ``OWNER_CACHE_SECONDS``: a client behind a balancer sends
+        a session's requests through the same non-owner again and again, and the store read (a
+        round trip to PostgreSQL on the event loop) was the largest part of a forwarding's cost.
+        Stale for that long at most: a lease that moved meanwhile gets 503
+        ``session_owned_elsewhere`` from the old owner (retried), a dead one ``manager_gone``
+        (which forgets it at once)."""
+        now = time.monotonic()
+        hit = self._owners.get(session_id)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        url = self.ownership.owner_url(session_id)
+        if url is None:
+            self._owners.pop(session_id, None)
+            return None
+        if len(self._owners) >= _OWNERS_KEPT:
+            self._owners.clear()
+        self._owners[session_id] = (url, now + OWNER_CACHE_SECONDS)
         return url
 
     def for_run(self, run_id: str, forwarded: bool) -> str | None:
@@ -97,9 +122,10 @@ class Router:
 
         async def has(url: str) -> str | None:
             try:
-                r = await self.forwarder.client.get(
-                    f"{url}/v1/runs/{run_id}", timeout=CONNECT_SECONDS,
-                    headers={"Authorization": authorization, FORWARDED_HEADER: self.manager_id})
+                with self.forwarder.slot():
+                    r = await self.forwarder.client.get(
+                        f"{url}/v1/runs/{run_id}", timeout=CONNECT_SECONDS,
+                        headers={"Authorization": authorization, FORWARDED_HEADER: self.manager_id})
             except httpx.HTTPError:
                 return None
             return url if r.status_code == 200 else None
@@ -130,6 +156,9 @@ class Router:
         self.store.forget_mcp_session(mcp_session_id)
 
     def gone(self, url: str, error: Exception) -> ManagerGone:
+        """The answer when the manager at ``url`` does not answer (it is forgotten as an owner)."""
+        for sid in [k for k, (u, _) in self._owners.items() if u.rstrip("/") == url.rstrip("/")]:
+            del self._owners[sid]
         lease = self.lease_seconds
         return ManagerGone(
             f"the session's manager ({url}) does not answer ({type(error).__name__}): it is gone, and "
@@ -138,13 +167,49 @@ class Router:
 
 
 class Forwarder:
-    """One HTTP client (its connections kept alive) to the other managers."""
+    """One HTTP client (its connections kept alive) to the other managers, with at most
+    ``max_connections`` requests through it at once: one more is refused at once (503
+    ``server_busy``) rather than queued for a connection without end."""
 
-    def __init__(self, manager_id: str) -> None:
+    def __init__(self, manager_id: str, max_connections: int = 256) -> None:
         self.manager_id = manager_id
+        self.max_connections = max_connections
+        self.in_use = 0
+        # One request holds one connection until its answer is closed, and a slot for as long:
+        # the pool never waits (its timeout is a backstop, answered like a full gate).
+        timeout = httpx.Timeout(None, connect=CONNECT_SECONDS, pool=CONNECT_SECONDS)
+        self.extensions = {"timeout": timeout.as_dict()}  # what build_request would give a request
         self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=CONNECT_SECONDS), follow_redirects=False,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            timeout=timeout, follow_redirects=False,
+            # A jar that keeps nothing: one caller's cookies must never ride on another's request.
+            cookies=httpx.Cookies(CookieJar(DefaultCookiePolicy(allowed_domains=[]))),
+            limits=httpx.Limits(max_connections=max_connections,
+                                max_keepalive_connections=min(64, max_connections)))
+
+    def take(self) -> None:
+        """A slot for one request to another manager, or ServerBusy when all are in use."""
+        if self.in_use >= self.max_connections:
+            raise self.busy()
+        self.in_use += 1
+
+    def give(self) -> None:
+        self.in_use -= 1
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        self.take()
+        try:
+            yield
+        finally:
+            self.give()
+
+    def busy(self, waited: bool = False) -> ServerBusy:
+        """``waited``: no pooled connection came free in time (the backstop; the slots should
+        have said so first)."""
+        why = (f"no connection to the session's manager came free within {CONNECT_SECONDS:g} s" if waited else
+               f"this manager is passing {self.in_use} requests on to the managers that own their sessions")
+        return ServerBusy(f"{why}, its limit (server.forward_max_connections): send the request again in a moment",
+                          details={"retry_after_seconds": 1})
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -170,12 +235,16 @@ class Relay:
         self.has_body = body is None and bool(
             req.headers.get("Content-Length", "0") not in ("", "0")
             or "chunked" in req.headers.get("Transfer-Encoding", "").lower())
+        router.forwarder.take()  # ServerBusy (503) at once when this manager forwards its most
+        self._slot, self._answering = True, False
         self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=8)
         self._client_gone = asyncio.Event()
         url = f"{self.base_url}{req.uri}"
-        self._request = router.forwarder.client.build_request(
+        # Built as it is, not through the client's build_request: no base URL, default headers or
+        # cookies to merge (a fifth of a forwarding's CPU went to those merges).
+        self._request = httpx.Request(
             req.method or "GET", url, headers=request_headers(handler, router.manager_id),
-            content=self._body() if self.has_body else body)
+            content=self._body() if self.has_body else body, extensions=router.forwarder.extensions)
         self._response: asyncio.Task[httpx.Response] = asyncio.create_task(
             router.forwarder.client.send(self._request, stream=True))
         self._response.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved in answer
@@ -193,13 +262,27 @@ class Relay:
         await asyncio.wait({put, self._response}, return_when=asyncio.FIRST_COMPLETED)
         put.cancel()
 
+    def _release(self) -> None:
+        if self._slot:
+            self._slot = False
+            self.router.forwarder.give()
+
     async def answer(self) -> None:
         """Wait for the owner's answer and stream it to the client (called once the body is in)."""
+        self._answering = True
+        try:
+            await self._answer()
+        finally:
+            self._release()
+
+    async def _answer(self) -> None:
         h = self.handler
         if self.has_body:
             await self.feed(None)
         try:
             response = await self._response
+        except httpx.PoolTimeout as e:  # the gate should have said so: answered alike
+            raise self.router.forwarder.busy(waited=True) from e
         except httpx.HTTPError as e:  # refused or timed out; or it broke off (then it may have acted)
             log.warning("forwarding %s %s to %s broke off: %s", h.request.method, h.request.path, self.base_url, e)
             raise self.router.gone(self.base_url, e) from e
@@ -245,6 +328,8 @@ class Relay:
         """The client went away: the request to the owner ends too."""
         self._response.cancel()
         self._client_gone.set()
+        if not self._answering:  # no answer() to give the slot back
+            self._release()
         with contextlib.suppress(asyncio.QueueFull):
             self._chunks.put_nowait(None)
 

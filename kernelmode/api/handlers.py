@@ -126,12 +126,14 @@ class RunHandler(BaseHandler):
         try:
             offset = int(self.get_query_argument("offset", "0"))
             wait = float(self.get_query_argument("wait_seconds", "0"))
+            version = self.get_query_argument("approvals_version", None)
+            seen = int(version) if version is not None else None
         except ValueError as e:
-            raise InvalidRequest("offset must be an integer and wait_seconds a number") from e
+            raise InvalidRequest("offset and approvals_version must be integers, wait_seconds a number") from e
         if offset < 0 or not 0 <= wait <= 60:
             raise InvalidRequest("offset must be >= 0 and wait_seconds between 0 and 60")
         if wait:
-            await run.wait_changed(offset, wait)
+            await run.wait_changed(offset, wait, seen)
         self.send(run.progress(offset))
 
 

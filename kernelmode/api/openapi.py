@@ -200,7 +200,10 @@ def openapi_document() -> dict[str, Any]:
                         {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}},
                         {"name": "wait_seconds", "in": "query",
                          "schema": {"type": "number", "minimum": 0, "maximum": 60},
-                         "description": "Hold the answer until there is new output or the run ends"}],
+                         "description": "Hold the answer until there is new output or the run ends"},
+                        {"name": "approvals_version", "in": "query", "schema": {"type": "integer"},
+                         "description": "The approvals_version of the previous answer: a wait also ends "
+                                        "on any change of the pending approvals since then"}],
                     "responses": {"200": _json("RunProgress", "Progress"), **_errors(401, 404, 422)}},
         },
         "/v1/runs/{run_id}/approvals/{call_id}": {

@@ -87,6 +87,11 @@ class ServerSettings(_Section):
     creates are refused with `503 server_busy` (Retry-After), so clients and the load balancer go
     to another manager; then its sessions are handed over (docs/scaling.md). `0`: stop at once (a
     run in flight ends `interrupted`). Kubernetes: `terminationGracePeriodSeconds` must exceed it."""
+    forward_max_connections: int = Field(256, ge=1, le=100_000)
+    """Requests this manager passes on to the other managers at once (a session's requests go to
+    the manager that owns it), each over a connection of its own. One more is answered at once
+    with `503 server_busy` and `Retry-After: 1` instead of waiting for a connection, so a flood
+    through one manager cannot open connections without bound on another."""
     data_dir: Path = Path("./.kernelmode")
     """Where the service keeps everything it writes: the session store, workspaces, the local
     artifact store and its link key, kernels' run directories and logs, the gateway's log."""

@@ -35,9 +35,10 @@ class RunAnswers:
         self.cfg = cfg
         self._seen: dict[tuple[str, str], tuple[int, int, int]] = {}  # (conn, run) -> chars/outputs shown
 
-    def backlog(self, key: str | None, run: LiveRun) -> bool:
-        """More than a page waits for this reader (the next get_run answers at once)."""
-        return take_page(run.snapshot(), self._seen.get((key or "", run.run_id), (0, 0, 0)),
+    def backlog(self, key: str | None, run: RunResult) -> bool:
+        """More than a page of ``run`` (its snapshot) waits for this reader (the next get_run
+        answers at once)."""
+        return take_page(run, self._seen.get((key or "", run.run_id), (0, 0, 0)),
                          self.cfg.max_structured_chars).more
 
     @staticmethod
@@ -79,10 +80,11 @@ class RunAnswers:
             by_alias=True, mode="json", exclude_none=True)
         return self.cfg.max_message_bytes - wire_bytes(dumped)
 
-    async def result(self, key: str | None, run: LiveRun, result: RunResult, note: str | None) -> CallToolResult:
+    async def result(self, key: str | None, result: RunResult, note: str | None) -> CallToolResult:
         """One answer about a run: the page of output since this reader's previous look (the rest
-        stays for the next get_run), as text within the text budget, a lean record, and images."""
-        follow = (key or "", run.run_id)
+        stays for the next get_run), as text within the text budget, a lean record, and images.
+        ``result``: the run's final result or its snapshot (here, or from its owner: remote.py)."""
+        follow = (key or "", result.run_id)
         page = take_page(result, self._seen.pop(follow, (0, 0, 0)), self.cfg.max_structured_chars)
         # Kept after the end too: a later look gets only what came since (nothing, once all was given).
         while len(self._seen) >= _MAX_FOLLOWED:  # the least recently looked at go first

@@ -25,7 +25,8 @@ from ..tools.registry import ToolRegistry
 from .budget import fit_message, fit_text
 from .connections import TENANT_HEADER
 from .fastcall import FAST_TOOLS
-from .tools import McpTools, instructions, protocol_error
+from .instructions import instructions
+from .tools import McpTools, protocol_error
 
 __all__ = ["TENANT_HEADER", "KernelmodeMCP"]
 

@@ -127,9 +127,11 @@ class FastCalls:
             return None
         return FastCall(rid, tool, arguments, str(version), sid)
 
-    async def answer(self, call: FastCall, tenant: str) -> bytes:
-        """Run the tool and give the JSON-RPC answer (result, or error), as the SDK would."""
-        ctx = HeadersContext({SESSION_HEADER: call.mcp_session, TENANT_HEADER: tenant})
+    async def answer(self, call: FastCall, tenant: str, authorization: str) -> bytes:
+        """Run the tool and give the JSON-RPC answer (result, or error), as the SDK would.
+        ``authorization``: the caller's, for a session another manager owns (remote.py)."""
+        ctx = HeadersContext({SESSION_HEADER: call.mcp_session, TENANT_HEADER: tenant,
+                              "authorization": authorization})
         envelope: dict[str, Any] = {"jsonrpc": "2.0", "id": call.request_id}
         try:
             await self.kmcp.await_start()  # what the SDK route's middleware does first

@@ -357,7 +357,7 @@ class McpHandler(BaseHandler):
 
     async def _fast_answer(self, fast: FastCalls, call: FastCall) -> None:
         """A fast call's answer: one JSON body, with the connection's id as the SDK sends it."""
-        answer = await fast.answer(call, self.principal.tenant)
+        answer = await fast.answer(call, self.principal.tenant, self.request.headers.get("Authorization", ""))
         self.services.metrics.mcp_fast_calls.inc()
         if self._closed.is_set():
             return

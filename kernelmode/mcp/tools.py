@@ -19,7 +19,7 @@ import inspect
 import io
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.tools.base import Tool
@@ -43,6 +43,7 @@ from ..errors import (
     InvalidRequest,
     KernelmodeError,
     PayloadTooLarge,
+    RunNotFound,
     SessionNotFound,
     StoreError,
 )
@@ -50,12 +51,18 @@ from ..models import SESSION_ID_PATTERN, SessionCreate
 from ..services import Services
 from ..tools.registry import ToolRegistry
 from ..tools.search import MAX_LIMIT, MAX_QUERY_CHARS
+from . import remote
 from .answers import RunAnswers
 from .budget import McpRunResult
 from .connections import Connections
 from .elicit import asker
 from .images import INLINE_TYPES, fit_image
+from .instructions import LIST_AT_MOST, call_form
+from .remote_sessions import OwnerSessions
 from .render import clip, size_text
+
+if TYPE_CHECKING:
+    from ..sessions import SessionManager
 
 log = logging.getLogger("kernelmode.mcp")
 
@@ -102,40 +109,6 @@ def tool_errors(tool: str, fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitab
     return call
 
 
-def instructions(tools: ToolRegistry) -> str:
-    """The server's instructions to the model (the host tools are listed, so: after they started)."""
-    infos = tools.infos()
-    listed = "\n".join(f"- {call_form(t.name, t.signature)}: {t.description.splitlines()[0] if t.description else ''}"
-                       for t in infos)
-    if len(infos) > LIST_AT_MOST:  # a long list costs the context that code mode saves: search instead
-        host = (f"Code can call {len(infos)} host tools (they run outside the sandbox, with the network), "
-                "from servers " + ", ".join(sorted(tools.namespaces) or ["(none)"]) + " and the host. Find "
-                "the ones you need with search_tools('what you want to do'), or tools.search(...) from code.")
-    else:
-        host = (f"Code can call these host tools (they run outside the sandbox, with the network):\n{listed}"
-                if infos else "No host tools are configured.")
-    return (
-        "kernelmode runs Python in a sandboxed, stateful Jupyter kernel. Variables, imports and "
-        "loaded data persist between run_python calls of the same session, so build an analysis "
-        "step by step instead of repeating work. The kernel has no network. Files live in "
-        "/mnt/data: upload_file puts data there, and files your code writes there are kept and "
-        "listed with download links; read_artifact shows you an image or text file. numpy, pandas "
-        "and matplotlib are installed (plots appear as images). A long run keeps going in the "
-        "background: run_python then returns status RUNNING with a run_id for get_run. A package "
-        "the kernel lacks: install_packages (or `%pip install NAME` in code) fetches it for you.\n" + host
-    )
-
-
-# More host tools than this, and the instructions point to search_tools instead of listing them.
-LIST_AT_MOST = 8
-
-
-def call_form(name: str, signature: str) -> str:
-    """How code calls a tool: ``tools.github.list_commits(owner: str, ...)``."""
-    prefix = name.rpartition(".")[0]
-    return f"tools.{prefix + '.' if prefix else ''}{signature or name.rpartition('.')[2] + '(...)'}"
-
-
 class McpTools:
     """The tools. ``tools`` (host tools) and ``settings`` are there from the start; the rest of
     ``services`` once the service runs (a tool call that needs it waits for that: server.py)."""
@@ -174,6 +147,12 @@ class McpTools:
                                    description=inspect.cleandoc(fn.__doc__ or ""))
                 for fn, hints in tools]
 
+    def _on(self, ctx: Context[Any], sid: str) -> SessionManager | OwnerSessions:
+        """The session's methods: here, or on the manager that owns it (remote.py)."""
+        svc = self._services()
+        owner = remote.owner_of(svc.router, ctx.headers, sid)
+        return svc.sessions if owner is None else OwnerSessions(owner)
+
     def _wait(self, wait_seconds: float | None) -> float:
         return self.cfg.wait_seconds if wait_seconds is None else wait_seconds
 
@@ -203,10 +182,13 @@ class McpTools:
         svc = self._services()
         key = self.connections.key(ctx)
         sid, note = await self.connections.session(ctx, session_id)
+        if (owner := remote.owner_of(svc.router, ctx.headers, sid)) is not None:  # it counts the run
+            return await remote.run_python(ctx, owner, self.answers, key, sid, code, timeout_seconds,
+                                           self._wait(wait_seconds), note)
         svc.tenants.count_run(self.connections.principal(ctx))
         run = svc.sessions.submit(sid, code, timeout_seconds)
         result = await self.answers.follow(ctx, run, self._wait(wait_seconds), asker(ctx, sid))
-        return await self.answers.result(key, run, result, note)
+        return await self.answers.result(key, result, note)
 
     async def get_run(
         self,
@@ -217,12 +199,22 @@ class McpTools:
     ) -> Annotated[CallToolResult, McpRunResult]:
         """Follow a run that was still RUNNING: returns the output that came since you last looked
         and, once the run has ended, its final result (status, value, error, files)."""
-        run = self._services().sessions.get_run(run_id, self.connections.principal(ctx))
-        key = self.connections.key(ctx)
+        svc, key = self._services(), self.connections.key(ctx)
+        # In flight on another manager (the store's record of it here is not the run)? Asked
+        # first: once it is not, the store's record is final when read next.
+        owner = await remote.run_owner(svc.router, ctx.headers, run_id, False)
+        try:
+            run = None if owner is not None else svc.sessions.get_run(run_id, self.connections.principal(ctx))
+        except RunNotFound:  # queued on another manager, not yet written?
+            if (owner := await remote.run_owner(svc.router, ctx.headers, run_id, True)) is None:
+                raise
+        if owner is not None:
+            return await remote.get_run(ctx, owner, self.answers, key, run_id, self._wait(wait_seconds))
+        assert run is not None
         # More than a page waits for this reader (paging): answer with the next one at once.
-        wait = 0 if self.answers.backlog(key, run) else self._wait(wait_seconds)
+        wait = 0 if self.answers.backlog(key, run.snapshot()) else self._wait(wait_seconds)
         result = await self.answers.follow(ctx, run, wait, asker(ctx, run.session_id))
-        return await self.answers.result(key, run, result, None)
+        return await self.answers.result(key, result, None)
 
     async def upload_file(
         self,
@@ -243,7 +235,7 @@ class McpTools:
             raise PayloadTooLarge(f"the file is {size_text(len(data))}, over this server's upload "
                                   f"limit of {size_text(cap)}")
         sid, note = await self.connections.session(ctx, session_id)
-        up = await self._services().sessions.upload(sid, filename, io.BytesIO(data), len(data), overwrite)
+        up = await self._on(ctx, sid).upload(sid, filename, io.BytesIO(data), len(data), overwrite)
         return "\n\n".join(x for x in [note, (
             f"Saved {up.path} ({size_text(up.size_bytes)}) in session {sid}. Read it from code, "
             f"e.g. open({up.path!r}) or pandas.read_csv({up.path!r}).")] if x)
@@ -251,7 +243,7 @@ class McpTools:
     async def list_files(self, ctx: Context[Any], session_id: SessionArg = None) -> str:
         """List the files in the session's workspace (/mnt/data): name, size, type."""
         sid, note = await self.connections.session(ctx, session_id)
-        listing = await self._services().sessions.list_files(sid)
+        listing = await self._on(ctx, sid).list_files(sid)
         lines = [f"- {f.path} ({f.mime_type}, {size_text(f.size_bytes)})" for f in listing.files]
         body = "\n".join(lines) if lines else "(no files)"
         more = f"(not complete: the walk {listing.note})" if listing.note else None
@@ -269,7 +261,7 @@ class McpTools:
         """Look at a file: images come back as images you can see, text files as text (cut to a
         budget), other files as a download link with their size and type."""
         sid, note = await self.connections.session(ctx, session_id)
-        data, mime, name, size, link = await self._fetch(sid, path_or_artifact)
+        data, mime, name, size, link = await self._fetch(sid, path_or_artifact, self._on(ctx, sid))
         head = f"{name} ({mime}, {size_text(size)})" + (f"\ndownload: {link}" if link else "")
         blocks: list[ContentBlock] = []
         if mime in INLINE_TYPES:
@@ -293,8 +285,10 @@ class McpTools:
             blocks.insert(0, TextContent(text=note))
         return CallToolResult(content=blocks)
 
-    async def _fetch(self, sid: str, ref: str) -> tuple[bytes, str, str, int, str | None]:
-        """(bytes, mime, name, size, download link) of a workspace file or a stored artifact."""
+    async def _fetch(self, sid: str, ref: str, on: SessionManager | OwnerSessions
+                     ) -> tuple[bytes, str, str, int, str | None]:
+        """(bytes, mime, name, size, download link) of a workspace file (read where the session
+        lives: ``on``) or a stored artifact."""
         sessions = self._services().sessions
         rel = ref.removeprefix("/mnt/data/").lstrip("/")
         found = None
@@ -302,7 +296,7 @@ class McpTools:
             found = await sessions.find_artifact(sid, ref)
         link = found[1].download_url if found else None
         try:
-            download, mime = await sessions.open_file(sid, str(clean_path(rel)))
+            download, mime = await on.open_file(sid, str(clean_path(rel)))
         except KernelmodeError:
             download = None
         if download is not None:  # a file in the live workspace (read through the kernel's channels)
@@ -365,7 +359,7 @@ class McpTools:
     async def interrupt(self, ctx: Context[Any], session_id: SessionArg = None) -> str:
         """Interrupt the code running in the session (like Ctrl-C). Variables are kept."""
         sid, _ = await self.connections.session(ctx, session_id)
-        await self._services().sessions.interrupt(sid)
+        await self._on(ctx, sid).interrupt(sid)
         return f"Interrupt sent to session {sid}; the running code stops with KeyboardInterrupt."
 
     async def close_session(self, ctx: Context[Any], session_id: SessionArg = None) -> str:
@@ -377,7 +371,7 @@ class McpTools:
             return "This connection has no session open."
         try:
             sessions.authorize(self.connections.principal(ctx), sid)
-            await sessions.delete(sid)
+            await self._on(ctx, sid).delete(sid)
         except SessionNotFound as e:
             raise SessionNotFound(f"unknown session {sid!r}") from e
         self.connections.closed(ctx, sid)
@@ -432,7 +426,7 @@ class McpTools:
         its allow/deny policy, and they stay installed for the session's life. Packages the kernel
         already has are reported as already installed; another version of one of them is refused."""
         sid, note = await self.connections.session(ctx, session_id)
-        result = await self._services().sessions.install_packages(sid, packages, "mcp")
+        result = await self._on(ctx, sid).install_packages(sid, packages, "mcp")
         names = lambda refs: ", ".join(f"{p.name} {p.version}" for p in refs) or "none"  # noqa: E731
         text = (f"Session {sid}: installed {names(result.installed)}; already there: {names(result.already)} "
                 f"({result.duration_ms:.0f} ms). Import them in run_python.")
@@ -442,7 +436,7 @@ class McpTools:
         """Save the session's variables and files now. If the kernel later dies (out of memory, a
         crash), the next run_python starts from this checkpoint; fork_session can copy it."""
         sid, note = await self.connections.session(ctx, session_id)
-        info = await self._services().sessions.checkpoint(sid)
+        info = await self._on(ctx, sid).checkpoint(sid)
         skipped = "; ".join(f"{x.name} ({x.reason})" for x in info.skipped[:20])
         more = f" and {len(info.skipped) - 20} more" if len(info.skipped) > 20 else ""
         lines = [f"Checkpoint {info.checkpoint_id} of session {sid}: {len(info.saved)} variables saved "
@@ -469,10 +463,10 @@ class McpTools:
         principal = self.connections.principal(ctx)
         if checkpoint_id is None:
             source, _ = await self.connections.session(ctx, session_id)
-            req = SessionCreate(fork_of=source)
+            req, on = SessionCreate(fork_of=source), self._on(ctx, source)  # its live kernel is copied
         else:
-            req = SessionCreate(from_checkpoint=checkpoint_id)
-        info = await self._services().sessions.create(req, principal)
+            req, on = SessionCreate(from_checkpoint=checkpoint_id), self._services().sessions
+        info = await on.create(req, principal)
         origin = f"checkpoint {checkpoint_id}" if checkpoint_id else f"session {req.fork_of}"
         return (f"New session {info.session_id}, a copy of {origin}. Pass session_id={info.session_id!r} "
                 "to run_python to work in it; the original is unchanged.")

@@ -93,13 +93,17 @@ class LiveRun:
             offset=offset, next_offset=len(events), events=events[offset:],
             result=self.result, pending_approvals=pending,
             failure=ErrorDetail(**self.failure.to_dict()) if self.failure is not None else None,
+            approvals_version=self.gate.version if self.gate is not None else 0,
         )
 
-    async def wait_changed(self, offset: int | None, timeout: float) -> None:
+    async def wait_changed(self, offset: int | None, timeout: float, seen: int | None = None) -> None:
         """Return when there are events past ``offset``, the run has ended, its approvals changed
         (one came or was decided; one that already waited does not end it: no busy polling), or
-        ``timeout`` passed. ``offset`` None: output does not end the wait (nobody is shown it)."""
-        seen = self.gate.version if self.gate is not None else 0
+        ``timeout`` passed. ``offset`` None: output does not end the wait (nobody is shown it).
+        ``seen``: the approvals' version the caller last saw (a change since then ends the wait
+        at once); None: the version now."""
+        if seen is None:
+            seen = self.gate.version if self.gate is not None else 0
 
         def waiting() -> bool:
             return not self.done and (offset is None or len(self.collector.events) <= offset) and (

@@ -102,6 +102,23 @@ def audit_lines(server: Server, run_id: str) -> list[dict[str, Any]]:
 
 # -- REST ------------------------------------------------------------------------------------------
 
+def test_a_poll_given_the_approvals_version_it_saw_ends_on_an_approval_that_came_since(
+        api: httpx.Client, sid: str) -> None:
+    """A poller that looked before an approval came and polls again after it (a race a follower
+    on another manager meets, mcp/remote.py) passes the approvals_version it saw: its wait ends at
+    once instead of at wait_seconds; with the version now, the wait holds as before."""
+    body = awaiting(api, sid, WEATHER)
+    run_id, [pending] = body["run_id"], body["pending_approvals"]
+    now = api.get(f"/v1/runs/{run_id}").json()
+    assert now["approvals_version"] > 0 and now["pending_approvals"] == [pending], now
+    # Seen before the approval came: answered at once (the client's timeout is far below the wait).
+    stale = api.get(f"/v1/runs/{run_id}", params={"wait_seconds": 60, "approvals_version": 0}, timeout=30)
+    assert stale.status_code == 200 and stale.json()["status"] == "awaiting_approval", stale.text
+    assert api.get(f"/v1/runs/{run_id}", params={"approvals_version": "x"}).status_code == 422
+    assert api.post(f"/v1/runs/{run_id}/approvals/{pending['call_id']}", json={"approve": False}).status_code == 200
+    finish(api, run_id)
+
+
 def test_approved_call_runs_and_the_decision_is_audited(api: httpx.Client, sid: str,
                                                         gate_server: Server) -> None:
     body = awaiting(api, sid, WEATHER)

@@ -7,8 +7,10 @@ kernel websocket."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
+import re
 import secrets
 import uuid
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ import pytest
 from jupyter_client.session import Session as JupyterSession
 from mcp.client.client import Client as McpClient
 from mcp.client.streamable_http import streamable_http_client
-from mcp.types import TextContent
+from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -31,17 +33,23 @@ from tests.support.round_robin import RoundRobin
 from tests.support.server import attached_frontend
 
 LEASE = 10  # seconds; the kill test asks before the dead owner's lease is up
+FORWARD_CAP = 4  # server.forward_max_connections: small, and every test here fits in it
 ALPHA, BETA = "alpha-" + secrets.token_hex(8), "beta-" + secrets.token_hex(8)
 
 
 @pytest.fixture(scope="module")
-def three(pg_cluster: PgCluster) -> Iterator[Managers]:
+def three(pg_cluster: PgCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Managers]:
+    cfg = tmp_path_factory.mktemp("cfg") / "kernelmode.yaml"  # a host tool that needs approval
+    cfg.write_text('tools:\n  - {name: weather, function: "tests.integration.host_tools:weather", '
+                   'requires_approval: true}\n')
     with start_managers(3, pg_cluster.create_database("forwarding"),
                         {"KERNELMODE_STORE__LEASE_SECONDS": str(LEASE),
                          # Sessions stay where they were made (rebalancing: test_rebalance.py).
                          "KERNELMODE_STORE__REBALANCE": "false",
+                         "KERNELMODE_SERVER__FORWARD_MAX_CONNECTIONS": str(FORWARD_CAP),
                          "KERNELMODE_SERVER__TENANTS": f"[{{name: alpha, token: '{ALPHA}'}}, "
-                                                       f"{{name: beta, token: '{BETA}'}}]"}) as ms:
+                                                       f"{{name: beta, token: '{BETA}'}}]"},
+                        args=["--config", str(cfg)]) as ms:
         yield ms
 
 
@@ -276,3 +284,189 @@ def test_unreachable_owner_is_a_503_with_retry_after(three: Managers) -> None:
             assert lost.status_code == 404, lost.text
     finally:
         three.restart(2)
+
+
+def _text(r: CallToolResult) -> str:
+    """A tool answer's text, with what differs per run made neutral: ids, the cell's number."""
+    text = "\n".join(b.text for b in r.content if isinstance(b, TextContent))
+    return re.sub(r"In\[\d+\]", "In[N]", re.sub(r"[0-9a-f]{32}", "ID", text))
+
+
+def test_mcp_tool_calls_for_a_session_another_manager_owns(three: Managers) -> None:
+    """A failover: the session lives on C (made there over REST), the MCP client (re)connects to
+    B. Its tool calls naming the session are served by C with the caller's token, and read exactly
+    as C's own answers: a value, an error, an unknown session, output as progress, a long run
+    followed with get_run."""
+    with client(three, 2) as c:
+        s = c.create_session()
+        s.run("kept = 41")
+
+    async def go() -> None:
+        auth = {"Authorization": f"Bearer {three.token}"}
+        async with httpx2.AsyncClient(headers=auth, timeout=httpx2.Timeout(30, read=300)) as http, \
+                McpClient(streamable_http_client(three[1].url + "/mcp", http_client=http)) as b, \
+                McpClient(streamable_http_client(three[2].url + "/mcp", http_client=http)) as own:
+            first = await b.call_tool("run_python", {"code": "kept += 1", "session_id": s.id})
+            assert not first.is_error, first
+            for code in ("kept + 1", "print(kept)", "1/0", "kept"):
+                via_b = await b.call_tool("run_python", {"code": code, "session_id": s.id})
+                local = await own.call_tool("run_python", {"code": code, "session_id": s.id})
+                assert via_b.is_error == local.is_error == (code == "1/0"), (via_b, local)
+                assert _text(via_b) == _text(local), (code, via_b, local)
+            assert _text(via_b).endswith("42"), via_b
+            gone = {"code": "1", "session_id": "0" * 32}
+            unknown_b, unknown_c = await b.call_tool("run_python", gone), await own.call_tool("run_python", gone)
+            assert unknown_b.is_error and _text(unknown_b) == _text(unknown_c), (unknown_b, unknown_c)
+            # Output as progress (the SDK path: a progress token), then a run followed with get_run.
+            seen: list[str] = []
+
+            async def progress(_p: float, _t: float | None, message: str | None) -> None:
+                seen.append(message or "")
+
+            r = await b.call_tool("run_python", {"code": "import time\nfor i in range(3):\n    print('tick', i, "
+                                  "flush=True); time.sleep(0.3)", "session_id": s.id}, progress_callback=progress)
+            assert not r.is_error and "tick 2" in _text(r), r
+            assert "tick 0" in "".join(seen), seen
+            r = await b.call_tool("run_python", {"code": "import time; time.sleep(2); print('late')",
+                                                 "session_id": s.id, "wait_seconds": 0})
+            assert "status: RUNNING" in _text(r), r
+            assert isinstance(r.structured_content, dict)
+            done = await b.call_tool("get_run", {"run_id": r.structured_content["run_id"], "wait_seconds": 60})
+            assert not done.is_error and "late" in _text(done) and "status: ok" in _text(done), done
+            # The session's other tools, through B, read as C's own answers.
+            sent = await b.call_tool("upload_file", {"filename": "notes/a.txt", "session_id": s.id,
+                                                     "content_base64": base64.b64encode(b"hello").decode()})
+            assert not sent.is_error and "Saved /mnt/data/notes/a.txt (5 bytes) in session ID" in _text(sent), sent
+            for tool, args in (("list_files", {}), ("read_artifact", {"path_or_artifact": "notes/a.txt"}),
+                               ("read_artifact", {"path_or_artifact": "nothing.txt"}), ("interrupt", {})):
+                via_b = await b.call_tool(tool, {**args, "session_id": s.id})
+                local = await own.call_tool(tool, {**args, "session_id": s.id})
+                assert _text(via_b) == _text(local) and via_b.is_error == local.is_error, (tool, via_b, local)
+            assert "hello" in _text(via_b := await b.call_tool("read_artifact", {
+                "path_or_artifact": "/mnt/data/notes/a.txt", "session_id": s.id})), via_b
+            cp = await b.call_tool("checkpoint", {"session_id": s.id})
+            assert not cp.is_error and "kept" in _text(cp), cp
+            fork = await b.call_tool("fork_session", {"session_id": s.id})
+            assert not fork.is_error, fork
+            fork_id = re.search(r"New session ([0-9a-f]{32})", "".join(
+                x.text for x in fork.content if isinstance(x, TextContent)))
+            assert fork_id is not None, fork
+            in_fork = await b.call_tool("run_python", {"code": "kept", "session_id": fork_id[1]})
+            assert _text(in_fork).endswith("42"), in_fork
+            closed = await b.call_tool("close_session", {"session_id": fork_id[1]})
+            assert _text(closed) == "Session ID is closed.", closed
+
+    try:
+        asyncio.run(go())
+    finally:
+        with client(three, 2) as c:
+            c.session(s.id).close()
+
+
+def test_mcp_tool_call_for_another_tenants_session_elsewhere_finds_nothing(three: Managers) -> None:
+    """Attack: a beta token naming alpha's session (owned by C) through B's MCP: the same answer as
+    an unknown session; nothing reaches the session."""
+    with Client(three[2].url, ALPHA, timeout=120) as alpha:
+        s = alpha.create_session()
+
+    async def go() -> tuple[CallToolResult, CallToolResult]:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {BETA}", "X-Kernelmode-Tenant": "alpha"},
+                                      timeout=httpx2.Timeout(30, read=300)) as http, \
+                McpClient(streamable_http_client(three[1].url + "/mcp", http_client=http)) as b:
+            theirs = await b.call_tool("run_python", {"code": "leak = 1", "session_id": s.id})
+            nobodys = await b.call_tool("run_python", {"code": "leak = 1", "session_id": "0" * 32})
+            return theirs, nobodys
+
+    try:
+        theirs, nobodys = asyncio.run(go())
+        assert theirs.is_error and _text(theirs).replace(s.id, "ID") == _text(nobodys).replace("0" * 32, "ID")
+        with Client(three[2].url, ALPHA, timeout=120) as alpha:
+            assert "leak" not in alpha.session(s.id).run("print(dir())").stdout
+    finally:
+        with Client(three[2].url, ALPHA, timeout=120) as alpha:
+            alpha.session(s.id).close()
+
+
+def test_forwarding_beyond_its_bound_is_503_server_busy_at_once(three: Managers) -> None:
+    """More long requests through a non-owner than its forwarding bound: the extra ones are
+    answered 503 server_busy (with Retry-After) while the others still wait on the owner, the
+    others complete, and once they have, new ones go through again."""
+    auth = {"Authorization": f"Bearer {three.token}"}
+    with client(three, 0) as a:
+        s = a.create_session()
+        run = a.execute(s.id, "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)",
+                        wait_seconds=0)  # silent until released: each poll of it waits its full term
+
+        async def go() -> None:
+            async with httpx.AsyncClient(base_url=three[1].url, headers=auth, timeout=120,
+                                         limits=httpx.Limits(max_connections=50)) as b:
+                polls = [asyncio.create_task(b.get(f"/v1/runs/{run.run_id}", params={"wait_seconds": 60}))
+                         for _ in range(FORWARD_CAP + 2)]
+                busy: set[asyncio.Task[httpx.Response]] = set()
+                while len(busy) < 2:  # answered before the run is released: not queued behind the others
+                    done, _ = await asyncio.wait([p for p in polls if p not in busy], timeout=55,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    assert done, "the requests over the bound were not answered while the others waited"
+                    for p in done:
+                        r = p.result()
+                        assert r.status_code == 503, r.text
+                        assert r.json()["error"]["code"] == "server_busy", r.text
+                        # the bound's own answer, not a wait for a pooled connection that timed out
+                        assert "passing 4 requests on" in r.json()["error"]["message"], r.text
+                        assert r.headers["Retry-After"] == "1"
+                        busy.add(p)
+                assert len(busy) == 2
+                await asyncio.to_thread(a.upload, s.id, "go", b"")  # release the run (through its owner)
+                for p in polls:
+                    if p not in busy:
+                        r = await p
+                        assert r.status_code == 200 and r.json()["done"], r.text
+                again = await asyncio.gather(*(b.get(f"/v1/sessions/{s.id}") for _ in range(FORWARD_CAP)))
+                assert [r.status_code for r in again] == [200] * FORWARD_CAP, [r.text for r in again]
+
+        try:
+            asyncio.run(go())
+        finally:
+            s.close()
+
+
+def test_mcp_approvals_of_a_run_another_manager_owns(three: Managers) -> None:
+    """A run on C that calls a tool needing approval, started through B's MCP: a client that
+    answers elicitations is asked (B relays its answer to C); one that does not gets the pending
+    answer, an operator decides on C, and get_run through B follows the run to its end."""
+    with client(three, 2) as c:
+        s = c.create_session()
+    code = 'r = tools.weather(city="Paris")\nr["city"]'
+    seen: list[str] = []
+
+    async def approve(_context: object, params: ElicitRequestParams) -> ElicitResult:
+        seen.append(params.message)
+        return ElicitResult(action="accept", content={"approve": True})
+
+    async def go() -> None:
+        auth = {"Authorization": f"Bearer {three.token}"}
+        async with httpx2.AsyncClient(headers=auth, timeout=httpx2.Timeout(30, read=300)) as http:
+            async with McpClient(streamable_http_client(three[1].url + "/mcp", http_client=http),
+                                 elicitation_callback=approve) as asks:
+                r = await asks.call_tool("run_python", {"code": code, "session_id": s.id})
+                assert not r.is_error and "[result]\n'Paris'" in _text(r), r
+                assert len(seen) == 1 and "weather" in seen[0], seen
+            async with McpClient(streamable_http_client(three[1].url + "/mcp", http_client=http)) as plain:
+                r = await plain.call_tool("run_python", {"code": code, "session_id": s.id})
+                assert isinstance(r.structured_content, dict), r
+                assert r.structured_content["status"] == "awaiting_approval", r
+                [pending] = r.structured_content["pending_approvals"]
+                assert "AWAITING APPROVAL" in _text(r)
+                run_id = r.structured_content["run_id"]
+                with three.client(2) as api:
+                    assert api.post(f"/v1/runs/{run_id}/approvals/{pending['call_id']}",
+                                    json={"approve": True}).status_code == 200
+                done = await plain.call_tool("get_run", {"run_id": run_id, "wait_seconds": 60})
+                assert not done.is_error and "[result]\n'Paris'" in _text(done), done
+
+    try:
+        asyncio.run(go())
+    finally:
+        with client(three, 2) as c:
+            c.session(s.id).close()
+

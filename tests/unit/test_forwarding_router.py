@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kernelmode.api.forwarding import Router
-from kernelmode.errors import SessionOwnedElsewhere
+from kernelmode.errors import ServerBusy, SessionOwnedElsewhere
 
 OTHER = "http://10.0.0.2:8888"
 
@@ -77,3 +77,51 @@ def test_a_jupyter_kernel_id_names_its_session() -> None:
     r, _ = router(set(), {sid: OTHER})
     assert r.for_kernel("01234567-89ab-cdef-0123-456789abcdef", forwarded=False) == OTHER
     assert r.for_kernel("not-a-uuid", forwarded=False) is None
+
+
+def test_an_owner_read_from_the_store_is_remembered_briefly_and_forgotten_when_gone() -> None:
+    """A client behind a balancer sends a session's requests through the same non-owner again and
+    again: the store is asked once per OWNER_CACHE_SECONDS, not per request; an owner that does
+    not answer is forgotten at once; nobody's session is never remembered (served, so adopted, here)."""
+    r, own = router(set(), {"s3": OTHER})
+    assert [r.for_session("s3", forwarded=False) for _ in range(5)] == [OTHER] * 5
+    assert own.asked == ["s3"]
+    r.gone(OTHER, OSError("refused"))
+    assert r.for_session("s3", forwarded=False) == OTHER
+    assert own.asked == ["s3", "s3"]
+    assert r.for_session("nobodys", forwarded=False) is None
+    assert r.for_session("nobodys", forwarded=False) is None
+    assert own.asked == ["s3", "s3", "nobodys", "nobodys"]
+
+
+def test_forwarding_slots_refuse_at_once_past_the_bound_and_come_back() -> None:
+    r, _ = router(set(), {})
+    fw = r.forwarder
+    fw.max_connections = 2
+    fw.take()
+    with fw.slot():
+        with pytest.raises(ServerBusy, match="passing 2 requests on"):
+            fw.take()
+    fw.take()  # the slot's own came back
+    fw.give()
+    fw.give()
+    assert fw.in_use == 0
+
+
+def test_an_mcp_call_for_a_session_elsewhere_sends_only_the_callers_token_marked_forwarded() -> None:
+    """remote.py: the owner gets the caller's own Authorization and the forwarding mark (so it
+    never passes the call on), nothing else of the MCP request; stdio (no headers) or no token:
+    served here."""
+    from kernelmode.api.forwarding import FORWARDED_HEADER
+    from kernelmode.mcp.remote import owner_of
+
+    r, _ = router(set(), {"s2": OTHER})
+    headers = {"authorization": "Bearer caller", "x-kernelmode-tenant": "alpha", "cookie": "a=1",
+               "mcp-session-id": "m1"}
+    owner = owner_of(r, headers, "s2")
+    assert owner is not None and owner.base_url == OTHER
+    assert owner.headers == {"Authorization": "Bearer caller", FORWARDED_HEADER: "me"}
+    assert owner_of(r, None, "s2") is None
+    assert owner_of(r, {"x-kernelmode-tenant": "alpha"}, "s2") is None
+    assert owner_of(None, headers, "s2") is None
+    assert owner_of(r, headers, "nobodys") is None

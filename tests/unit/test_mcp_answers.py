@@ -22,8 +22,7 @@ SESSION = "b" * 32
 
 
 async def _answer(result: RunResult) -> dict[str, Any]:
-    run = LiveRun(run_id=RUN, session_id=SESSION, collector=OutputCollector(1000))
-    answer = await RunAnswers(McpFrontSettings()).result("conn", run, result, None)
+    answer = await RunAnswers(McpFrontSettings()).result("conn", result, None)
     assert answer.structured_content is not None
     return answer.structured_content
 
@@ -68,15 +67,14 @@ async def test_a_runs_wait_ends_at_its_timeout_or_its_change() -> None:
 
 
 async def test_refused_egress_hosts_are_named_in_one_line() -> None:
-    run = LiveRun(run_id=RUN, session_id=SESSION, collector=OutputCollector(1000))
     used = [EgressUse(host="api.github.com", port=443, allowed=True, requests=2, bytes=900),
             EgressUse(host="evil.test", port=443, allowed=False, requests=1, bytes=0),
             EgressUse(host="files.test", port=8443, allowed=False, requests=3, bytes=0)]
     result = RunResult(run_id=RUN, session_id=SESSION, status="ok", stdout="done\n", egress=used)
-    answer = await RunAnswers(McpFrontSettings()).result("conn", run, result, None)
+    answer = await RunAnswers(McpFrontSettings()).result("conn", result, None)
     text = answer.content[0].text  # type: ignore[union-attr]
     lines = [line for line in text.splitlines() if "egress refused" in line]
     assert len(lines) == 1 and "evil.test, files.test:8443" in lines[0] and "api.github.com" not in lines[0], text
     assert answer.structured_content is not None and len(answer.structured_content["egress"]) == 3
     quiet = RunResult(run_id=RUN, session_id=SESSION, status="ok", egress=used[:1])
-    assert "egress refused" not in (await RunAnswers(McpFrontSettings()).result("c", run, quiet, None)).content[0].text  # type: ignore[union-attr]
+    assert "egress refused" not in (await RunAnswers(McpFrontSettings()).result("c", quiet, None)).content[0].text  # type: ignore[union-attr]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernelmode.mcp.tools import LIST_AT_MOST, call_form, instructions
+from kernelmode.mcp.instructions import LIST_AT_MOST, call_form, instructions
 from kernelmode.tools.registry import ToolRegistry
 
 

@@ -155,15 +155,23 @@ class Router:
     def forget_mcp(self, mcp_session_id: str) -> None:
         self.store.forget_mcp_session(mcp_session_id)
 
-    def gone(self, url: str, error: Exception) -> ManagerGone:
-        """The answer when the manager at ``url`` does not answer (it is forgotten as an owner)."""
+    def gone(self, url: str, error: Exception, method: str = "GET") -> ManagerGone:
+        """The answer when the manager at ``url`` does not answer (it is forgotten as an owner).
+        A request that changes something and broke off after it was sent (not a refused or
+        timed-out connect) may have been carried out there: the text says to look first, since
+        sending a run again would run its code twice."""
         for sid in [k for k, (u, _) in self._owners.items() if u.rstrip("/") == url.rstrip("/")]:
             del self._owners[sid]
         lease = self.lease_seconds
+        head = (f"the session's manager ({url}) does not answer ({type(error).__name__}): it is gone, and "
+                f"another manager takes the session over within {lease:g} s (its lease)")
+        if method.upper() in ("GET", "HEAD", "OPTIONS") or isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return ManagerGone(f"{head}: send the request again then", details={"retry_after_seconds": lease})
         return ManagerGone(
-            f"the session's manager ({url}) does not answer ({type(error).__name__}): it is gone, and "
-            f"another manager takes the session over within {lease:g} s (its lease): send the request "
-            "again then", details={"retry_after_seconds": lease})
+            f"{head}. The request reached it and may have been carried out before it went (a run then "
+            "ends 'interrupted'): after that time, look before sending it again (the session's history: "
+            "GET /v1/sessions/{id}/notebook; or its variables and files) so that nothing runs twice",
+            details={"retry_after_seconds": lease, "maybe_done": True})
 
 
 class Forwarder:
@@ -285,7 +293,7 @@ class Relay:
             raise self.router.forwarder.busy(waited=True) from e
         except httpx.HTTPError as e:  # refused or timed out; or it broke off (then it may have acted)
             log.warning("forwarding %s %s to %s broke off: %s", h.request.method, h.request.path, self.base_url, e)
-            raise self.router.gone(self.base_url, e) from e
+            raise self.router.gone(self.base_url, e, h.request.method) from e
         # Streamed in a task of its own, so that a client that hangs up ends it at once (an event
         # stream of the owner's may stay silent for long).
         pump = asyncio.create_task(self._stream(response))

@@ -55,7 +55,7 @@ class Owner:
             except httpx.PoolTimeout as e:  # the slot should have said so: answered alike
                 raise forwarder.busy(waited=True) from e
             except httpx.HTTPError as e:
-                raise self.router.gone(self.base_url, e) from e
+                raise self.router.gone(self.base_url, e, method) from e
         if r.status_code >= 400:
             raise wire_error(r)
         return r.json() if r.content else None

@@ -278,6 +278,7 @@ def test_unreachable_owner_is_a_503_with_retry_after(three: Managers) -> None:
             err = r.json()["error"]
             assert err["code"] == "manager_gone"
             assert "gone" in err["message"] and f"within {LEASE} s" in err["message"]
+            assert "send the request again then" in err["message"] and not err["details"].get("maybe_done")  # never reached
             lost = raw.post("/mcp", headers={"Accept": "application/json, text/event-stream",
                                              "Mcp-Session-Id": mcp_sid},
                             json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"})

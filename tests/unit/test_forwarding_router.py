@@ -8,6 +8,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 
 from kernelmode.api.forwarding import Router
@@ -125,3 +126,21 @@ def test_an_mcp_call_for_a_session_elsewhere_sends_only_the_callers_token_marked
     assert owner_of(r, {"x-kernelmode-tenant": "alpha"}, "s2") is None
     assert owner_of(None, headers, "s2") is None
     assert owner_of(r, headers, "nobodys") is None
+
+
+def test_a_change_that_broke_off_after_it_was_sent_says_to_look_before_sending_it_again() -> None:
+    """A run that reached a manager which then died may have run: "send it again" would run its
+    code twice. Only a read, or a connection that never opened, is simply sent again."""
+    r, _ = router(set(), {})
+    url = "http://10.0.0.2:8888"
+    broke = httpx.RemoteProtocolError("Server disconnected without sending a response.")
+    refused = httpx.ConnectError("All connection attempts failed")
+    for error, method in ((refused, "POST"), (broke, "GET"), (httpx.ConnectTimeout("t"), "PUT")):
+        gone = r.gone(url, error, method)
+        assert gone.code == "manager_gone" and "send the request again then" in gone.message, (method, error)
+        assert not gone.details.get("maybe_done")
+    for method in ("POST", "PUT", "DELETE"):
+        gone = r.gone(url, broke, method)
+        assert gone.details["maybe_done"] is True and gone.details["retry_after_seconds"] == 10
+        assert "may have been carried out" in gone.message and "/notebook" in gone.message
+        assert "send the request again then" not in gone.message

@@ -136,14 +136,15 @@ def settings_page() -> str:
            "Every key of `kernelmode.yaml`, generated from the settings models, so it cannot drift "
            "from the code. What each section is for, how settings combine and the pitfalls: "
            "[Configuration](../configuration.md). An environment variable's value is read as YAML "
-           "(`10` is an int, `[a, b]` a list); a list of mappings (tenants, tools, MCP servers) is set "
-           "as a whole through its own variable.", ""]
+           "(`10` is an int, `[a, b]` a list); a list of mappings inside a section is set as a whole "
+           "through its own variable (`KERNELMODE_SERVER__TENANTS`); the top-level lists (`tools`, "
+           "`mcp_servers`) only in the file.", ""]
     for name, field in Settings.model_fields.items():
         for model in _models_in(field.annotation):
             is_list = typing.get_origin(field.annotation) is list
             env = f"{ENV_PREFIX}{name.upper()}"
             if is_list:
-                out += [f"Set the whole list with `{env}` (YAML flow syntax).", ""]
+                out += [f"Only in the file: `{env}` has no `__`, so it is no override (ignored).", ""]
             _section(model, name + ("[]" if is_list else ""), None if is_list else env, out)
     return "\n".join(out).rstrip() + "\n"
 

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from mcp_types import CallToolResult
 
-from ..api.forwarding import FORWARDED_HEADER
 from ..errors import ApprovalDecided, ApprovalNotFound, KernelmodeError, from_wire
 from ..models import RunError, RunProgress, RunResult
 from ..tools.approvals import Asker
@@ -40,6 +39,9 @@ class Owner:
     """REST calls on the manager that owns a session, as the MCP caller."""
 
     def __init__(self, router: Router, base_url: str, authorization: str) -> None:
+        # Imported here: the embedded server's start imports no REST layer (test_start_imports).
+        from ..api.forwarding import FORWARDED_HEADER
+
         self.router = router
         self.base_url = base_url.rstrip("/")
         self.headers = {"Authorization": authorization, FORWARDED_HEADER: router.manager_id}

@@ -25,14 +25,17 @@ from collections.abc import AsyncIterator, Iterator
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import TYPE_CHECKING, Protocol
 
-import httpx
 from tornado import web
 from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
 from ..errors import ManagerGone, ServerBusy, SessionOwnedElsewhere
 
+# httpx (~40 ms of imports) is imported where used: only several managers forward, and every
+# start (the embedded `kernelmode mcp` at each launch of its host) would pay for it.
 if TYPE_CHECKING:
+    import httpx
+
     from ..sessions import SessionManager
     from ..sessions.store import SessionStore
 
@@ -121,6 +124,7 @@ class Router:
         others = [url for mid, url in self.store.managers.live().items() if mid != self.manager_id]
 
         async def has(url: str) -> str | None:
+            import httpx
             try:
                 with self.forwarder.slot():
                     r = await self.forwarder.client.get(
@@ -160,6 +164,7 @@ class Router:
         A request that changes something and broke off after it was sent (not a refused or
         timed-out connect) may have been carried out there: the text says to look first, since
         sending a run again would run its code twice."""
+        import httpx
         for sid in [k for k, (u, _) in self._owners.items() if u.rstrip("/") == url.rstrip("/")]:
             del self._owners[sid]
         lease = self.lease_seconds
@@ -180,6 +185,7 @@ class Forwarder:
     ``server_busy``) rather than queued for a connection without end."""
 
     def __init__(self, manager_id: str, max_connections: int = 256) -> None:
+        import httpx
         self.manager_id = manager_id
         self.max_connections = max_connections
         self.in_use = 0
@@ -236,6 +242,7 @@ class Relay:
     def __init__(self, handler: web.RequestHandler, router: Router, base_url: str,
                  body: bytes | None = None) -> None:
         """``body``: a body already read whole (a create's, small); else it streams in (``feed``)."""
+        import httpx
         self.handler = handler
         self.router = router
         self.base_url = base_url.rstrip("/")
@@ -284,6 +291,7 @@ class Relay:
             self._release()
 
     async def _answer(self) -> None:
+        import httpx
         h = self.handler
         if self.has_body:
             await self.feed(None)
@@ -314,6 +322,7 @@ class Relay:
 
     async def _stream(self, response: httpx.Response) -> bool:
         """The owner's status, headers and body to the client: False if either side hung up midway."""
+        import httpx
         h = self.handler
         if isinstance(h.request.connection, HTTP1Connection):  # several writes: Nagle would hold
             h.request.connection.stream.set_nodelay(True)  # the last for the client's ACK

@@ -18,7 +18,6 @@ import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from mcp_types import CallToolResult
 
 from ..errors import ApprovalDecided, ApprovalNotFound, KernelmodeError, from_wire
@@ -28,7 +27,11 @@ from .answers import RunAnswers
 from .elicit import asker
 from .render import clip
 
+# httpx (~40 ms of imports) is imported where used: only several managers forward, and every
+# start (the embedded `kernelmode mcp` at each launch of its host) would pay for it.
 if TYPE_CHECKING:
+    import httpx
+
     from ..api.forwarding import Router
 
 _MAX_POLL_SECONDS = 60  # GET /v1/runs/{id} waits at most this long per request
@@ -50,6 +53,7 @@ class Owner:
         """The owner's JSON answer; its error as the KernelmodeError of its code (the same
         message a local call raises), ManagerGone if it does not answer, ServerBusy if this
         manager's forwarding connections are all in use."""
+        import httpx
         forwarder = self.router.forwarder
         with forwarder.slot():
             try:

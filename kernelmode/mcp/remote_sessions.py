@@ -7,10 +7,8 @@ session. Errors come back as the owner raised them (``Owner.call``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 from urllib.parse import quote
-
-import httpx
 
 from ..models import (
     CheckpointInfo,
@@ -22,6 +20,9 @@ from ..models import (
 )
 from ..tenants import Principal
 from .remote import Owner, wire_error
+
+if TYPE_CHECKING:  # imported where used (remote.py says why)
+    import httpx
 
 
 class RemoteChunks:
@@ -101,6 +102,8 @@ class OwnerSessions:
 
     async def open_file(self, session_id: str, path: str) -> tuple[RemoteDownload, str]:
         """(download, mime type) of a workspace file on the owner, streamed as it is read."""
+        import httpx
+
         owner = self.owner
         forwarder = owner.router.forwarder
         forwarder.take()

@@ -52,3 +52,10 @@ def test_what_initialize_needs_does_not_import_the_session_layer() -> None:
     heavy = {m for m in loaded if m.startswith(("kernelmode.sessions", "kernelmode.server", "kernelmode.api",
                                                  "kernelmode.gateway.client", "jupyter_client"))}
     assert not heavy, sorted(heavy)
+
+
+def test_the_embedded_start_does_not_import_httpx() -> None:
+    """httpx (~40 ms) forwards to other managers (api/forwarding.py, mcp/remote*.py): a single
+    manager, as the embedded `kernelmode mcp` is, never needs it, so no start imports it."""
+    loaded = _loaded("import kernelmode.cli, kernelmode.embedded, kernelmode.mcp.app, kernelmode.server")
+    assert "httpx" not in loaded

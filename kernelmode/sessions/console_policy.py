@@ -52,10 +52,10 @@ async def cell_refusal(policy: CodePolicy, session_id: str, tenant: str | None,
 
 
 def refusal_messages(session: JupyterSession, msg: dict[str, Any], reason: str,
-                     execution_count: int) -> list[tuple[str, dict[str, Any]]]:
+                     execution_count: int, ename: str = POLICY_ERROR) -> list[tuple[str, dict[str, Any]]]:
     """(channel, message) the client gets for a refused execute_request, as from the kernel."""
     parent = msg["header"]
-    error = {"ename": POLICY_ERROR, "evalue": reason, "traceback": [f"{POLICY_ERROR}: {reason}"]}
+    error = {"ename": ename, "evalue": reason, "traceback": [f"{ename}: {reason}"]}
     return [
         ("iopub", session.msg("status", {"execution_state": "busy"}, parent=parent)),
         ("iopub", session.msg("error", error, parent=parent)),

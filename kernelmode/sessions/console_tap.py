@@ -4,8 +4,9 @@ The console talks to the session's kernel through kernelmode, frame by frame. Th
 each message on the way: it records the console's runs in the session's history (so they are
 in the notebook export), answers the kernel's tool calls itself (the console never sees the
 preamble's requests, and ``tools.*`` works as in any run; a request too large to be read is
-refused at once, as in a run), and refuses a shutdown request (a
-person leaving the console must not stop the agent's kernel). A console's cell is sent with
+refused at once, as in a run), refuses a shutdown request (a
+person leaving the console must not stop the agent's kernel), and refuses cells while the
+manager drains (sessions/drain.py: a cell started then would be cut off by the stop). A console's cell is sent with
 ``stop_on_error`` off: the kernel queues every client's cells in one shell queue, so an error
 in a person's cell must not abort an agent's run queued behind it (nor the other way round).
 The same tap serves JupyterLab and VS Code (``/api/kernels/{id}/channels``).
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 MAX_PENDING = 32  # requests of one console awaiting their reply
 PENDING_CODE_CELLS = 4  # their kept code together: this many cells of max_code_bytes
+DRAIN_ERROR = "ServerBusy"  # a cell refused while the manager drains (as REST's 503 server_busy)
 
 
 def kept_code(code: str, cap: int) -> str:
@@ -74,8 +76,11 @@ class ConsoleTap:
 
     async def refusal(self, msg: dict[str, Any]) -> list[tuple[str, dict[str, Any]]] | None:
         """What the client gets instead of the kernel's answer when the code policy refuses this
-        message (console_policy.py); None: pass it on."""
+        message (console_policy.py), or when the manager is draining (a cell started now would
+        be cut off by the stop); None: pass it on."""
         policy, kind = self.manager.runner.policy, msg.get("msg_type")
+        if kind == "execute_request" and (stopping := self.manager.drain.cell_refusal()) is not None:
+            return refusal_messages(self._session, msg, stopping, self.s.info.execution_count or 0, DRAIN_ERROR)
         if policy is None or kind not in ("execute_request", "debug_request"):
             return None
         if kind == "debug_request":

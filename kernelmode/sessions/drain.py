@@ -38,6 +38,14 @@ class Drain:
                              "send the request again, another manager takes it",
                              details={"retry_after_seconds": RETRY_AFTER_SECONDS})
 
+    def cell_refusal(self) -> str | None:
+        """Why a console's or a Jupyter client's cell is not run while draining (None: it may
+        be). Such a cell is no run the drain waits for: it would be cut off by the stop."""
+        if not self.draining:
+            return None
+        return ("this manager is stopping (a rolling update): the cell was not run; reconnect (another "
+                "manager serves this session within seconds, with its variables) and send it again")
+
     async def wait(self, seconds: float, cut: asyncio.Event | None = None) -> int:
         """Until no run is in flight (each one's end recorded), ``seconds`` at most, or until
         ``cut`` is set (a second signal); the runs still in flight then (they end ``interrupted``

@@ -5,6 +5,7 @@ start-up beside live managers, failover after a `kill -9`, one reaper across man
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,8 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import psycopg
 import pytest
+from jupyter_client.session import Session as JupyterSession
+from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Subprotocol
 
 from kernelmode.api.forwarding import FORWARDED_HEADER
+from kernelmode.protocol.frames import Bounds, decode_frame, encode_frame
 from tests.support.managers import Managers, start_managers
 from tests.support.postgres import PgCluster
 from tests.support.server import wait_for
@@ -72,6 +77,31 @@ def _answers(c: httpx.Client, sid: str, code: str) -> dict | None:
         return None
     assert r.status_code == 200, r.text
     return r.json()
+
+
+class _Console:
+    """A console's kernel websocket to one manager (``/v1/sessions/{id}/channels``, v1 frames)."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.session = JupyterSession(key=b"", username="person")
+
+    def execute(self, code: str) -> dict:
+        """The execute_reply's content."""
+        msg = self.session.msg("execute_request", {"code": code, "silent": False})
+        self.ws.send(encode_frame(msg, "shell"))
+        while True:
+            reply = decode_frame(self.ws.recv(timeout=60), Bounds(max_part_bytes=1 << 24))
+            if reply["msg_type"] == "execute_reply" and reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return reply["content"]
+
+
+@contextlib.contextmanager
+def _console(url: str, sid: str, token: str) -> Iterator[_Console]:
+    ws_url = url.replace("http", "ws", 1) + f"/v1/sessions/{sid}/channels"
+    with connect(ws_url, additional_headers={"Authorization": f"Bearer {token}"},
+                 subprotocols=[Subprotocol("v1.kernel.websocket.jupyter.org")]) as ws:
+        yield _Console(ws)
 
 
 def _pool_of(ms: Managers, i: int) -> set[str]:
@@ -269,11 +299,13 @@ def test_a_manager_frozen_past_its_lease_hands_no_dead_pool_kernel_to_its_next_c
 
 def test_sigterm_drains_the_run_in_flight_then_another_manager_serves_the_session(ms: Managers) -> None:
     """A rolling update's SIGTERM: the manager stops taking work (``/readyz`` 503, runs and
-    creates 503 ``server_busy`` with Retry-After), lets the run in flight finish with its real
-    result, then gives its leases up; the other manager serves the session with its variables."""
+    creates 503 ``server_busy`` with Retry-After, a console's cell a failed cell), lets the run in
+    flight finish with its real result, then gives its leases up; the other manager serves the
+    session with its variables (the refused cell never ran)."""
     with ms.client(1) as c:
         _create(c, "drain1")
         assert _run(c, "drain1", "w = 11")["status"] == "ok"
+    with ms.client(1) as c, _console(ms[1].url, "drain1", ms.token) as console:
         r = c.post("/v1/sessions/drain1/execute", json={
             "code": "print('started', flush=True)\nimport time\ntime.sleep(8)\nw += 1\n'finished'",
             "wait_seconds": 0})
@@ -283,7 +315,10 @@ def test_sigterm_drains_the_run_in_flight_then_another_manager_serves_the_sessio
         wait_for(lambda: c.get("/readyz").status_code == 503, "manager 1 to turn not ready")
         assert c.get("/readyz").json()["checks"]["drain"] == {"ok": False, "draining": True}
         refused = [c.post("/v1/sessions/drain1/execute", json={"code": "w"}), c.post("/v1/sessions", json={})]
+        cell = console.execute("w += 100")  # on a websocket opened before the drain
         assert c.get(f"/v1/runs/{run_id}").json()["done"] is False  # all of this while the run ran
+    assert cell["status"] == "error" and cell["ename"] == "ServerBusy", cell
+    assert "stopping" in cell["evalue"] and "reconnect" in cell["evalue"], cell
     for r in refused:
         assert r.status_code == 503 and r.json()["error"]["code"] == "server_busy", r.text
         assert r.headers["Retry-After"] == "1" and "stopping" in r.json()["error"]["message"]

@@ -68,3 +68,12 @@ def test_the_drain_ends_at_its_deadline_or_at_a_second_signal() -> None:
         return at_deadline, cut_short
 
     assert asyncio.run(scenario()) == (1, 1)
+
+
+def test_a_cell_on_an_open_kernel_websocket_is_refused_while_draining() -> None:
+    """A console's or a Jupyter client's cell is no run the drain waits for: refused, with what to do."""
+    drain = Drain(RunRegistry(60))
+    assert drain.cell_refusal() is None
+    drain.begin()
+    reason = drain.cell_refusal()
+    assert reason is not None and "stopping" in reason and "reconnect" in reason

@@ -388,6 +388,10 @@ class RunProgress(BaseModel):
     failure: ErrorDetail | None = Field(None, description="The run could not complete (not a code error).")
     approvals_version: int = Field(0, description="Changes whenever what is pending changes: pass it back "
                                    "as ?approvals_version= and a wait ends on any change after this answer.")
+    truncated: bool = Field(False, description="Some output was cut at the server's caps so far (as the "
+                            "result's ``truncated`` says once done).")
+    outputs_dropped: int = Field(0, description="Displayed outputs left out so far, over the display cap "
+                                 "(as the result's ``outputs_dropped`` once done).")
 
 
 class ErrorBody(BaseModel):

@@ -98,7 +98,7 @@ async def run_owner(router: Router | None, headers: Mapping[str, str] | None, ru
 
 def snapshot(progress: RunProgress, events: list[dict[str, Any]]) -> RunResult:
     """A run still going, as the owner's snapshot gives it (``LiveRun.snapshot``): its output so
-    far, from its events."""
+    far, from its events, and what the owner cut of it (the flags the answer's notes read)."""
     stdout = "".join(e["text"] for e in events if e.get("type") == "stream" and e.get("name") == "stdout")
     stderr = "".join(e["text"] for e in events if e.get("type") == "stream" and e.get("name") == "stderr")
     outputs, result, error = [], None, None
@@ -113,7 +113,8 @@ def snapshot(progress: RunProgress, events: list[dict[str, Any]]) -> RunResult:
             error = RunError(ename=e.get("ename", ""), evalue=e.get("evalue", ""), traceback=e.get("traceback", ""))
     return RunResult(run_id=progress.run_id, session_id=progress.session_id, status=progress.status,
                      stdout=stdout, stderr=stderr, outputs=outputs, result=result, error=error,
-                     pending_approvals=progress.pending_approvals)
+                     pending_approvals=progress.pending_approvals, truncated=progress.truncated,
+                     outputs_dropped=progress.outputs_dropped)
 
 
 async def follow(ctx: Any, owner: Owner, run_id: str, wait: float, ask: Asker | None,

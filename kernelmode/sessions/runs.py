@@ -94,6 +94,7 @@ class LiveRun:
             result=self.result, pending_approvals=pending,
             failure=ErrorDetail(**self.failure.to_dict()) if self.failure is not None else None,
             approvals_version=self.gate.version if self.gate is not None else 0,
+            truncated=self.collector.truncated, outputs_dropped=self.collector.dropped_outputs,
         )
 
     async def wait_changed(self, offset: int | None, timeout: float, seen: int | None = None) -> None:

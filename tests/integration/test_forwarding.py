@@ -328,6 +328,12 @@ def test_mcp_tool_calls_for_a_session_another_manager_owns(three: Managers) -> N
                                   "flush=True); time.sleep(0.3)", "session_id": s.id}, progress_callback=progress)
             assert not r.is_error and "tick 2" in _text(r), r
             assert "tick 0" in "".join(seen), seen
+            # Followed there and still running: the answer says what the owner cut so far.
+            flood = "print('x' * (1 << 20) + 'y' * 4096, flush=True)\nimport time; time.sleep(3)"
+            r = await b.call_tool("run_python", {"code": flood, "session_id": s.id, "wait_seconds": 1},
+                                  progress_callback=progress)
+            assert "status: RUNNING" in _text(r) and "NOTE: the server cut some output" in _text(r), r
+            await b.call_tool("get_run", {"run_id": r.structured_content["run_id"], "wait_seconds": 60})
             r = await b.call_tool("run_python", {"code": "import time; time.sleep(2); print('late')",
                                                  "session_id": s.id, "wait_seconds": 0})
             assert "status: RUNNING" in _text(r), r

@@ -30,6 +30,7 @@ from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
 from ..errors import ManagerGone, ServerBusy, SessionOwnedElsewhere
+from ..sessions.runs import TAG_CHARS, run_tag
 
 # httpx (~40 ms of imports) is imported where used: only several managers forward, and every
 # start (the embedded `kernelmode mcp` at each launch of its host) would pay for it.
@@ -117,25 +118,18 @@ class Router:
             return None
         return self.for_session(stored.session_id, forwarded)
 
-    async def find_run(self, run_id: str, authorization: str) -> str | None:
+    def find_run(self, run_id: str) -> str | None:
         """A run that neither this manager nor the store knows may be queued (or waiting for the
-        code policy's approval) on another manager, not yet written: ask the others which holds
-        it (a GET of it, with the caller's token). Only unknown run ids pay this."""
-        others = [url for mid, url in self.store.managers.live().items() if mid != self.manager_id]
-
-        async def has(url: str) -> str | None:
-            import httpx
-            try:
-                with self.forwarder.slot():
-                    r = await self.forwarder.client.get(
-                        f"{url}/v1/runs/{run_id}", timeout=CONNECT_SECONDS,
-                        headers={"Authorization": authorization, FORWARDED_HEADER: self.manager_id})
-            except httpx.HTTPError:
-                return None
-            return url if r.status_code == 200 else None
-
-        found = [url for url in await asyncio.gather(*(has(u) for u in others)) if url is not None]
-        return found[0] if found else None
+        code policy's approval, or failed before it started) on the manager that took it, not
+        yet written: its id names that manager (sessions/runs.py ``run_tag``), the one it is
+        forwarded to if it is another live one. Any other id is nobody's: no other manager is
+        asked (a made-up id costs one store read here, never a request per manager)."""
+        tag = run_id[:TAG_CHARS]
+        if len(tag) < TAG_CHARS or tag == run_tag(self.manager_id):
+            return None
+        named = [url for mid, url in self.store.managers.live().items()
+                 if mid != self.manager_id and run_tag(mid) == tag]
+        return named[0] if named else None
 
     def for_kernel(self, kernel_id: str, forwarded: bool) -> str | None:
         """A Jupyter kernel id is its session's id as a UUID (api/jupyter_api.py ``kernel_id_of``);

@@ -114,8 +114,12 @@ class Rebalance:
             log.exception("session %s: its lease could not be handed to %s; it is adopted once it expires",
                           sid, receiver)
             return False
-        if not given:  # lost meanwhile (a freeze): the new owner has it
-            log.warning("session %s: its lease was gone before it could be handed over", sid)
+        if not given:  # lost meanwhile (a freeze: the new owner has it), or the receiver began
+            # its drain (or died) since the counts: the lease, if still ours, is adoptable at once.
+            mine = await own.off_loop(own.side.leases.expire, sid, own.manager_id)
+            log.warning("session %s: %s", sid, f"manager {receiver} no longer takes sessions (draining or gone): "
+                        "it is adopted anew by the next takeover scan" if mine else
+                        "its lease was gone before it could be handed over")
             return False
         audit("session_handed_over", session_id=sid, tenant=s.info.tenant, manager_id=own.manager_id,
               to=receiver)

@@ -82,3 +82,27 @@ def test_a_handed_lease_is_the_receivers_alone_until_it_adopts(pg_store: Session
     assert not leases.hand_over("s2", "a", "b", 60)  # an expired lease is anybody's: not handed
     managers.beat("c", "http://c:1", "c", 0)  # c died: not counted
     assert set(leases.counts()) == {"a", "b"}
+
+
+def test_a_draining_manager_is_never_chosen_to_receive(pg_store: SessionStore) -> None:
+    """A manager that began its drain (a stop's first step) would adopt nothing: it is left out
+    of the counts the choice is made from, and a handover decided before its mark is refused in
+    the statement itself (the lease stays the giver's, and expires at once for a scan to adopt)."""
+    leases, managers = pg_store.leases, pg_store.managers
+    for m in ("a", "b", "c"):
+        managers.beat(m, f"http://{m}:1", m, 60)
+    for sid in ("s1", "s2", "s3", "s4", "s5", "s6"):
+        assert leases.acquire(sid, "a", 60)
+    assert leases.acquire("s7", "c", 60)
+    assert plan(leases.counts(), "a", 2) == ("b", 2)  # b, with none, is the receiver
+    managers.drain("b")
+    assert leases.counts() == {"a": 6, "c": 1}
+    assert plan(leases.counts(), "a", 2) == ("c", 2)  # b is passed by
+    managers.beat("b", "http://b:1", "b", 60)  # a beat while draining keeps the mark
+    assert "b" not in leases.counts()
+    assert not leases.hand_over("s1", "a", "b", 60)  # decided from counts read before the mark
+    assert leases.owner("s1") == "a" and leases.handed("b") == []
+    assert leases.expire("s1", "a") and leases.owner("s1") is None and "s1" in leases.expired()
+    assert not leases.expire("s2", "c")  # only the holder's own
+    managers.drain("c")
+    assert plan(leases.counts(), "a", 2) is None  # nobody left to receive

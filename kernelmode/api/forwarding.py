@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from http.cookiejar import CookieJar, DefaultCookiePolicy
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tornado import web
 from tornado.http1connection import HTTP1Connection
@@ -32,13 +33,30 @@ from tornado.iostream import StreamClosedError
 from ..errors import ManagerGone, ServerBusy, SessionOwnedElsewhere
 from ..sessions.runs import TAG_CHARS, run_tag
 
-# httpx (~40 ms of imports) is imported where used: only several managers forward, and every
-# start (the embedded `kernelmode mcp` at each launch of its host) would pay for it.
 if TYPE_CHECKING:
     import httpx
 
     from ..sessions import SessionManager
     from ..sessions.store import SessionStore
+
+
+class _Lazy:
+    """A module imported at the first use of one of its names, after which the module's global
+    is the module itself."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        module = importlib.import_module(self.name)
+        globals()[self.name] = module
+        return getattr(module, attr)
+
+
+if not TYPE_CHECKING:
+    # httpx (~40 ms of imports) comes at the first forwarding: only several managers forward, and
+    # every start (the embedded `kernelmode mcp` at each launch of its host) would pay for it.
+    httpx = _Lazy("httpx")
 
 log = logging.getLogger("kernelmode.api")
 
@@ -158,7 +176,6 @@ class Router:
         A request that changes something and broke off after it was sent (not a refused or
         timed-out connect) may have been carried out there: the text says to look first, since
         sending a run again would run its code twice."""
-        import httpx
         for sid in [k for k, (u, _) in self._owners.items() if u.rstrip("/") == url.rstrip("/")]:
             del self._owners[sid]
         lease = self.lease_seconds
@@ -179,7 +196,6 @@ class Forwarder:
     ``server_busy``) rather than queued for a connection without end."""
 
     def __init__(self, manager_id: str, max_connections: int = 256) -> None:
-        import httpx
         self.manager_id = manager_id
         self.max_connections = max_connections
         self.in_use = 0
@@ -236,7 +252,6 @@ class Relay:
     def __init__(self, handler: web.RequestHandler, router: Router, base_url: str,
                  body: bytes | None = None) -> None:
         """``body``: a body already read whole (a create's, small); else it streams in (``feed``)."""
-        import httpx
         self.handler = handler
         self.router = router
         self.base_url = base_url.rstrip("/")
@@ -285,7 +300,6 @@ class Relay:
             self._release()
 
     async def _answer(self) -> None:
-        import httpx
         h = self.handler
         if self.has_body:
             await self.feed(None)
@@ -316,7 +330,6 @@ class Relay:
 
     async def _stream(self, response: httpx.Response) -> bool:
         """The owner's status, headers and body to the client: False if either side hung up midway."""
-        import httpx
         h = self.handler
         if isinstance(h.request.connection, HTTP1Connection):  # several writes: Nagle would hold
             h.request.connection.stream.set_nodelay(True)  # the last for the client's ACK

@@ -106,3 +106,43 @@ def test_a_draining_manager_is_never_chosen_to_receive(pg_store: SessionStore) -
     assert not leases.expire("s2", "c")  # only the holder's own
     managers.drain("c")
     assert plan(leases.counts(), "a", 2) is None  # nobody left to receive
+
+
+def test_an_even_load_is_read_every_few_rounds_not_every_beat(pg_store: SessionStore) -> None:
+    """The counts statement runs on every manager: a round that hands nothing (even load, or no
+    idle session to hand) lets the next QUIET_ROUNDS - 1 pass without asking the store."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from kernelmode.sessions.rebalance import QUIET_ROUNDS, Rebalance
+
+    leases, managers = pg_store.leases, pg_store.managers
+    for m in ("a", "b"):
+        managers.beat(m, f"http://{m}:1", m, 60)
+    assert leases.acquire("s1", "a", 60) and leases.acquire("s2", "b", 60)
+    asked: list[dict[str, int]] = []
+
+    async def off_loop(work, *args):  # type: ignore[no-untyped-def]
+        return work(*args)
+
+    def counts() -> dict[str, int]:
+        asked.append(leases.counts())
+        return asked[-1]
+
+    own = SimpleNamespace(active=True, manager_id="a", off_loop=off_loop, side=SimpleNamespace(
+        leases=SimpleNamespace(counts=counts)))
+    settings = SimpleNamespace(store=SimpleNamespace(rebalance=True, rebalance_per_round=2),
+                               gateway=SimpleNamespace(url="http://gw"))
+    m = SimpleNamespace(ownership=own, settings=settings, drain=SimpleNamespace(draining=False))
+    r = Rebalance(m, [])  # type: ignore[arg-type]
+
+    async def rounds(n: int) -> None:
+        for _ in range(n):
+            assert await r.round() == []
+
+    asyncio.run(rounds(2 * QUIET_ROUNDS))
+    assert len(asked) == r.asked == 2  # even: once each QUIET_ROUNDS rounds
+    for sid in ("s3", "s4", "s5", "s6"):  # above the share, but nothing of a's is idle here
+        assert leases.acquire(sid, "a", 60)
+    asyncio.run(rounds(QUIET_ROUNDS))
+    assert len(asked) == 3 and asked[-1] == {"a": 5, "b": 1}

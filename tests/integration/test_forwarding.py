@@ -365,9 +365,17 @@ def test_mcp_tool_calls_for_a_session_another_manager_owns(three: Managers) -> N
             r = await b.call_tool("run_python", {"code": "import time; time.sleep(2); print('late')",
                                                  "session_id": s.id, "wait_seconds": 0})
             assert "status: RUNNING" in _text(r), r
-            assert isinstance(r.structured_content, dict)
+            # Queued behind it on C, not in the store yet: its id names C.
+            q = await b.call_tool("run_python", {"code": "print('queued')", "session_id": s.id, "wait_seconds": 0})
+            assert "status: RUNNING" in _text(q), q
+            assert isinstance(r.structured_content, dict) and isinstance(q.structured_content, dict)
+            queued = await b.call_tool("get_run", {"run_id": q.structured_content["run_id"], "wait_seconds": 60})
+            assert not queued.is_error and "queued" in _text(queued) and "status: ok" in _text(queued), queued
             done = await b.call_tool("get_run", {"run_id": r.structured_content["run_id"], "wait_seconds": 60})
             assert not done.is_error and "late" in _text(done) and "status: ok" in _text(done), done
+            made_up = {"run_id": secrets.token_hex(16)}
+            nowhere_b, nowhere_c = await b.call_tool("get_run", made_up), await own.call_tool("get_run", made_up)
+            assert nowhere_b.is_error and _text(nowhere_b) == _text(nowhere_c), (nowhere_b, nowhere_c)
             # The session's other tools, through B, read as C's own answers.
             sent = await b.call_tool("upload_file", {"filename": "notes/a.txt", "session_id": s.id,
                                                      "content_base64": base64.b64encode(b"hello").decode()})

@@ -271,7 +271,10 @@ class KernelmodeApp:
         """A stop's first step (`serve` on SIGTERM): ``/readyz`` fails, no new run, create or
         wake starts here (503 server_busy), and the runs in flight finish and are recorded, for
         ``server.drain_seconds`` at most (``cut``: a second signal ends it at once)."""
-        if getattr(self, "sessions", None) is None or self.settings.server.drain_seconds <= 0:
+        if getattr(self, "sessions", None) is None:
+            return
+        await self.sessions.ownership.drain()  # no other manager hands it sessions any more
+        if self.settings.server.drain_seconds <= 0:
             return
         self.sessions.drain.begin()
         await self.sessions.drain.wait(self.settings.server.drain_seconds, cut)

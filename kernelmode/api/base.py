@@ -127,12 +127,13 @@ class BaseHandler(web.RequestHandler):
         await self.relay.answer()
 
     async def forward_unknown_run(self, run_id: str) -> bool:
-        """A run unknown here and to the store: forwarded to the manager that holds it, if one
-        does (queued there, not yet written); False if none does."""
+        """A run unknown here and to the store: forwarded to the manager its id names, if that is
+        another live one (queued there, not yet written; it answers 404 if it has no such run);
+        False if none is named."""
         router = self.services.router
         if router is None or FORWARDED_HEADER in self.request.headers:
             return False
-        target = await router.find_run(run_id, self.request.headers.get("Authorization", ""))
+        target = router.find_run(run_id)
         if target is None:
             return False
         await self.forward_whole(target)

@@ -18,26 +18,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from http.cookiejar import CookieJar, DefaultCookiePolicy
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tornado import web
 from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
 from ..errors import ManagerGone, ServerBusy, SessionOwnedElsewhere
+from ..sessions.runs import TAG_CHARS, run_tag
 
-# httpx (~40 ms of imports) is imported where used: only several managers forward, and every
-# start (the embedded `kernelmode mcp` at each launch of its host) would pay for it.
 if TYPE_CHECKING:
     import httpx
 
     from ..sessions import SessionManager
     from ..sessions.store import SessionStore
+
+
+class _Lazy:
+    """A module imported at the first use of one of its names, after which the module's global
+    is the module itself."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        module = importlib.import_module(self.name)
+        globals()[self.name] = module
+        return getattr(module, attr)
+
+
+if not TYPE_CHECKING:
+    # httpx (~40 ms of imports) comes at the first forwarding: only several managers forward, and
+    # every start (the embedded `kernelmode mcp` at each launch of its host) would pay for it.
+    httpx = _Lazy("httpx")
 
 log = logging.getLogger("kernelmode.api")
 
@@ -117,25 +136,18 @@ class Router:
             return None
         return self.for_session(stored.session_id, forwarded)
 
-    async def find_run(self, run_id: str, authorization: str) -> str | None:
+    def find_run(self, run_id: str) -> str | None:
         """A run that neither this manager nor the store knows may be queued (or waiting for the
-        code policy's approval) on another manager, not yet written: ask the others which holds
-        it (a GET of it, with the caller's token). Only unknown run ids pay this."""
-        others = [url for mid, url in self.store.managers.live().items() if mid != self.manager_id]
-
-        async def has(url: str) -> str | None:
-            import httpx
-            try:
-                with self.forwarder.slot():
-                    r = await self.forwarder.client.get(
-                        f"{url}/v1/runs/{run_id}", timeout=CONNECT_SECONDS,
-                        headers={"Authorization": authorization, FORWARDED_HEADER: self.manager_id})
-            except httpx.HTTPError:
-                return None
-            return url if r.status_code == 200 else None
-
-        found = [url for url in await asyncio.gather(*(has(u) for u in others)) if url is not None]
-        return found[0] if found else None
+        code policy's approval, or failed before it started) on the manager that took it, not
+        yet written: its id names that manager (sessions/runs.py ``run_tag``), the one it is
+        forwarded to if it is another live one. Any other id is nobody's: no other manager is
+        asked (a made-up id costs one store read here, never a request per manager)."""
+        tag = run_id[:TAG_CHARS]
+        if len(tag) < TAG_CHARS or tag == run_tag(self.manager_id):
+            return None
+        named = [url for mid, url in self.store.managers.live().items()
+                 if mid != self.manager_id and run_tag(mid) == tag]
+        return named[0] if named else None
 
     def for_kernel(self, kernel_id: str, forwarded: bool) -> str | None:
         """A Jupyter kernel id is its session's id as a UUID (api/jupyter_api.py ``kernel_id_of``);
@@ -164,7 +176,6 @@ class Router:
         A request that changes something and broke off after it was sent (not a refused or
         timed-out connect) may have been carried out there: the text says to look first, since
         sending a run again would run its code twice."""
-        import httpx
         for sid in [k for k, (u, _) in self._owners.items() if u.rstrip("/") == url.rstrip("/")]:
             del self._owners[sid]
         lease = self.lease_seconds
@@ -185,7 +196,6 @@ class Forwarder:
     ``server_busy``) rather than queued for a connection without end."""
 
     def __init__(self, manager_id: str, max_connections: int = 256) -> None:
-        import httpx
         self.manager_id = manager_id
         self.max_connections = max_connections
         self.in_use = 0
@@ -242,7 +252,6 @@ class Relay:
     def __init__(self, handler: web.RequestHandler, router: Router, base_url: str,
                  body: bytes | None = None) -> None:
         """``body``: a body already read whole (a create's, small); else it streams in (``feed``)."""
-        import httpx
         self.handler = handler
         self.router = router
         self.base_url = base_url.rstrip("/")
@@ -291,7 +300,6 @@ class Relay:
             self._release()
 
     async def _answer(self) -> None:
-        import httpx
         h = self.handler
         if self.has_body:
             await self.feed(None)
@@ -322,7 +330,6 @@ class Relay:
 
     async def _stream(self, response: httpx.Response) -> bool:
         """The owner's status, headers and body to the client: False if either side hung up midway."""
-        import httpx
         h = self.handler
         if isinstance(h.request.connection, HTTP1Connection):  # several writes: Nagle would hold
             h.request.connection.stream.set_nodelay(True)  # the last for the client's ACK

@@ -77,23 +77,31 @@ def wire_error(r: httpx.Response) -> KernelmodeError:
     return from_wire(r.text or r.reason_phrase, status=r.status_code)
 
 
+def _caller(router: Router | None, headers: Mapping[str, str] | None) -> tuple[Router, str] | None:
+    """The router and the caller's ``Authorization`` header, if a call can go to another manager.
+    Over stdio (no headers) there is no caller token to send: served here (refused when owned
+    elsewhere)."""
+    if router is None or headers is None or not (auth := headers.get("authorization")):
+        return None
+    return router, auth
+
+
 def owner_of(router: Router | None, headers: Mapping[str, str] | None, session_id: str) -> Owner | None:
-    """The owner of ``session_id`` when it is another live manager (None: served here). Over
-    stdio (no headers) there is no caller token to send: served here (refused when owned elsewhere)."""
-    if router is None or headers is None or not (auth := headers.get("authorization")):
+    """The owner of ``session_id`` when it is another live manager (None: served here)."""
+    if (caller := _caller(router, headers)) is None:
         return None
-    url = router.for_session(session_id, False)  # the hop to the owner is marked: it goes no further
-    return Owner(router, url, auth) if url is not None else None
+    url = caller[0].for_session(session_id, False)  # the hop to the owner is marked: it goes no further
+    return Owner(caller[0], url, caller[1]) if url is not None else None
 
 
-async def run_owner(router: Router | None, headers: Mapping[str, str] | None, run_id: str,
-                    unknown: bool) -> Owner | None:
+def run_owner(router: Router | None, headers: Mapping[str, str] | None, run_id: str, unknown: bool) -> Owner | None:
     """The manager that runs ``run_id`` when it is another one (a run in flight there; one
-    ``unknown`` here and to the store may be queued there, not yet written: the others are asked)."""
-    if router is None or headers is None or not (auth := headers.get("authorization")):
+    ``unknown`` here and to the store may be queued there, not yet written: its id names that manager)."""
+    if (caller := _caller(router, headers)) is None:
         return None
-    url = router.for_run(run_id, False) or (await router.find_run(run_id, auth) if unknown else None)
-    return Owner(router, url, auth) if url is not None else None
+    r, auth = caller
+    url = r.for_run(run_id, False) or (r.find_run(run_id) if unknown else None)
+    return Owner(r, url, auth) if url is not None else None
 
 
 def snapshot(progress: RunProgress, events: list[dict[str, Any]]) -> RunResult:

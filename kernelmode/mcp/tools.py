@@ -202,11 +202,11 @@ class McpTools:
         svc, key = self._services(), self.connections.key(ctx)
         # In flight on another manager (the store's record of it here is not the run)? Asked
         # first: once it is not, the store's record is final when read next.
-        owner = await remote.run_owner(svc.router, ctx.headers, run_id, False)
+        owner = remote.run_owner(svc.router, ctx.headers, run_id, False)
         try:
             run = None if owner is not None else svc.sessions.get_run(run_id, self.connections.principal(ctx))
         except RunNotFound:  # queued on another manager, not yet written?
-            if (owner := await remote.run_owner(svc.router, ctx.headers, run_id, True)) is None:
+            if (owner := remote.run_owner(svc.router, ctx.headers, run_id, True)) is None:
                 raise
         if owner is not None:
             return await remote.get_run(ctx, owner, self.answers, key, run_id, self._wait(wait_seconds))

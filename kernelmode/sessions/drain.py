@@ -6,6 +6,8 @@ hibernated session — with 503 ``server_busy`` and a Retry-After, which every c
 (to another manager, once the load balancer sees this one's ``/readyz`` fail); ``wait`` returns
 once no run is in flight, at ``server.drain_seconds`` at the latest. The leases are given up
 after it (ownership.py), so another manager adopts the sessions at once with their variables.
+Before it begins, the manager's row is marked draining in a shared store (ownership.py
+``drain``): no other manager hands it sessions to even the load (rebalance.py).
 """
 
 from __future__ import annotations

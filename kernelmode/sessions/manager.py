@@ -75,7 +75,7 @@ from .readying import restart_asked
 from .reaper import Reaper, reap_pass
 from .rebalance import Rebalance
 from .runner import Runner
-from .runs import LiveRun
+from .runs import LiveRun, run_tag
 from .store import SessionStore
 from .takeover import Takeover
 
@@ -122,6 +122,8 @@ class SessionManager:
         self.runner = Runner(settings, store, harvester, self.metrics, self.live, self.kernels.collector,
                              broker.approvals, policy, before_run=self.checkpoints.before_run,
                              after_run=self.checkpoints.after_run, revive=self.live_session)
+        if self.ownership.active:  # its runs' ids name it: another manager forwards their polls here
+            self.runner.run_tag = run_tag(self.ownership.manager_id)
         self.runs = self.runner.runs
         self.drain = Drain(self.runs)  # a stop's first step: no new work, runs in flight finish
         self.reaper = Reaper(settings.sessions.reap_interval_seconds, self.reap_expired)

@@ -230,6 +230,16 @@ class Ownership:
             except Exception:  # the store did not answer, say: the next round tries again
                 log.exception("ownership: the %s failed (again in %g s)", name, interval)
 
+    async def drain(self) -> None:
+        """This manager is draining: marked so in the store, so that no other manager hands it
+        sessions from now on (rebalance.py). A store that does not answer: as before the mark
+        (a handed lease then waits out a lease before another manager adopts it)."""
+        if self.active:
+            try:
+                await self.off_loop(self.side.managers.drain, self.manager_id)
+            except Exception:
+                log.exception("ownership: the draining mark could not be written")
+
     async def stop(self) -> None:
         """Stop beating, and leave: this manager's row goes and its leases expire now, so that
         another manager adopts its sessions (their kernels outlive it) at its next scan."""

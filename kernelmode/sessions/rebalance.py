@@ -2,8 +2,10 @@
 ones to the manager holding the fewest (docs/high-availability.md "Rebalancing"), so that a
 manager that restarts or joins gets sessions without new ones being created through it.
 
-Each round (every third of ``store.lease_seconds``) reads, in one statement, each live manager's
-number of leased sessions. ``plan`` decides: hand over only while this manager is above the fair
+Each round (every third of ``store.lease_seconds``, the heartbeat's pace) may read, in one
+statement, each live manager's number of leased sessions: a round that finds nothing to hand
+(the load even, or no session idle) skips the next ``QUIET_ROUNDS - 1``, while one that handed
+looks again next round. ``plan`` decides: hand over only while this manager is above the fair
 share (total / managers, rounded up), the receiver below it, and the two more than a slack apart
 (1, or a tenth of the fair share); at most ``store.rebalance_per_round`` sessions, never taking
 this manager below the share or the receiver above it. So counts converge and never oscillate.
@@ -36,6 +38,12 @@ if TYPE_CHECKING:  # the manager passes itself in; importing it would be a cycle
     from .manager import SessionManager
 
 log = logging.getLogger("kernelmode.sessions")
+# The counts statement (a join of the managers and their leases) is sent by every manager on the
+# shared database: each beat, N managers ask it, and nearly always the load is even. So after a
+# round that handed nothing a manager waits this many rounds before it asks again (a manager
+# that joins is seen within a lease period); while it is handing, every round, so a join is
+# filled as fast as ``rebalance_per_round`` allows.
+QUIET_ROUNDS = 3
 
 
 def plan(counts: dict[str, int], me: str, per_round: int) -> tuple[str, int] | None:
@@ -63,6 +71,8 @@ class Rebalance:
         # its tool calls run here and are not forwarded): never handed over.
         self.pinned: Callable[[], Iterable[str]] = lambda: ()
         self.handed = 0  # sessions handed to other managers (tests, logs)
+        self.asked = 0  # counts statements sent (tests)
+        self._skip = 0  # rounds to pass before the counts are read again (QUIET_ROUNDS)
 
     @property
     def enabled(self) -> bool:
@@ -83,6 +93,11 @@ class Rebalance:
         own = self.m.ownership
         if not self.enabled or self.m.drain.draining:
             return []
+        if self._skip > 0:
+            self._skip -= 1
+            return []
+        self._skip = QUIET_ROUNDS - 1  # unless this round hands some
+        self.asked += 1
         counts = await own.off_loop(own.side.leases.counts)
         decided = plan(counts, own.manager_id, self.m.settings.store.rebalance_per_round)
         if decided is None:
@@ -93,6 +108,7 @@ class Rebalance:
                         key=lambda s: (s.info.last_activity, s.info.session_id))[:n]
         handed = [s.info.session_id for s in chosen if await self._hand(s, receiver)]
         if handed:
+            self._skip = 0
             self.handed += len(handed)
             log.info("handed %d session(s) to manager %s to even the load (%s): %s", len(handed), receiver,
                      ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())), ", ".join(handed))
@@ -114,8 +130,12 @@ class Rebalance:
             log.exception("session %s: its lease could not be handed to %s; it is adopted once it expires",
                           sid, receiver)
             return False
-        if not given:  # lost meanwhile (a freeze): the new owner has it
-            log.warning("session %s: its lease was gone before it could be handed over", sid)
+        if not given:  # lost meanwhile (a freeze: the new owner has it), or the receiver began
+            # its drain (or died) since the counts: the lease, if still ours, is adoptable at once.
+            mine = await own.off_loop(own.side.leases.expire, sid, own.manager_id)
+            log.warning("session %s: %s", sid, f"manager {receiver} no longer takes sessions (draining or gone): "
+                        "it is adopted anew by the next takeover scan" if mine else
+                        "its lease was gone before it could be handed over")
             return False
         audit("session_handed_over", session_id=sid, tenant=s.info.tenant, manager_id=own.manager_id,
               to=receiver)

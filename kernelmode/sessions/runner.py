@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -39,7 +38,7 @@ from .egress_wiring import counted
 from .kernels import Kernel, KernelState
 from .live import LiveSession, LiveView
 from .readying import Readying, RestartCut, restart_in_place
-from .runs import LiveRun, RunRegistry
+from .runs import LiveRun, RunRegistry, new_run_id
 from .store import SessionStore
 
 if TYPE_CHECKING:
@@ -89,6 +88,7 @@ class Runner:
         self.before_run = before_run
         self.after_run = after_run
         self.revive = revive
+        self.run_tag = ""  # the prefix of this manager's run ids (runs.py ``run_tag``): set by several managers
 
     def timeout(self, timeout_seconds: float | None) -> float:
         """The run's timeout (InvalidRequest above the server's maximum)."""
@@ -113,7 +113,7 @@ class Runner:
             )
         refuse_lone_surrogates(code, "code")  # every door's code: the gateway would drop it (frames.py)
         timeout = self.timeout(timeout_seconds)
-        run = LiveRun(run_id=uuid.uuid4().hex, session_id=s.info.session_id, code=code,
+        run = LiveRun(run_id=new_run_id(self.run_tag), session_id=s.info.session_id, code=code,
                       collector=self.collector())
         run.collector.on_change = run.changed.set
         run.gate = self.approvals.open(run.run_id, s.info.session_id, s.info.tenant, run.changed.set, approvals)

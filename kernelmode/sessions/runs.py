@@ -10,8 +10,10 @@ never held in memory for the hour a finished run stays pollable.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import sys
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,6 +41,23 @@ else:
             return True
         except asyncio.TimeoutError:
             return False
+
+
+TAG_CHARS = 8  # a run id's first hex digits name the manager that took it (``run_tag``)
+
+
+def run_tag(manager_id: str) -> str:
+    """The prefix of the run ids a manager makes. A run is written to the store only when it
+    starts: until then (queued behind another, waiting for the code policy's approval) or when it
+    failed before it started, only the manager that took it knows it. Its id names that manager,
+    so another manager forwards a poll of it to that one alone, and a made-up id (which names no
+    live manager but by a 1 in 2^32 chance) to none: no request per other manager to amplify."""
+    return hashlib.sha256(manager_id.encode()).hexdigest()[:TAG_CHARS]
+
+
+def new_run_id(tag: str) -> str:
+    """32 hex digits, as before: ``tag`` then random ones (96 bits of them with a tag)."""
+    return tag + uuid.uuid4().hex[len(tag):]
 
 
 @dataclass

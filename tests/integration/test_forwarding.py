@@ -30,7 +30,7 @@ from kernelmode.client import Client
 from tests.support.managers import Managers, start_managers
 from tests.support.postgres import PgCluster
 from tests.support.round_robin import RoundRobin
-from tests.support.server import attached_frontend
+from tests.support.server import attached_frontend, wait_for
 
 LEASE = 10  # seconds; the kill test asks before the dead owner's lease is up
 FORWARD_CAP = 4  # server.forward_max_connections: small, and every test here fits in it
@@ -162,26 +162,39 @@ def test_mcp_client_through_the_round_robin_balancer(three: Managers) -> None:
 
 
 def test_a_queued_run_is_followed_through_another_manager(three: Managers) -> None:
-    """A run queued behind another on its owner is not in the store yet: polling it through
-    another manager still finds it (the others are asked), and its answer is the owner's."""
+    """A run queued behind another on its owner (A) is not in the store yet: polling it through B
+    still finds it (its id names the manager that took it), and its answer is the owner's; so are
+    the run in flight (the store names its session's owner) and, done, the store's record. A
+    made-up run id is answered 404 by B alone (a poll of an unknown run used to ask every other
+    manager: an amplification any client could drive). The proof that it reached neither A nor
+    C: their logs, where each 404 of theirs is a line, show a marker 404 asked of them directly
+    after it, and never the made-up id."""
     auth = {"Authorization": f"Bearer {three.token}"}
     with client(three, 0) as a, httpx.Client(base_url=three[1].url, headers=auth, timeout=120) as b:
         s = a.create_session()
         try:
-            first = a.execute(s.id, "import time; time.sleep(3)", wait_seconds=0)
+            first = a.execute(s.id, "import time; time.sleep(3); print('first')", wait_seconds=0)
             queued = a.execute(s.id, "print('after')", wait_seconds=0)
             assert first.status == queued.status == "running"
-            seen = b.get(f"/v1/runs/{queued.run_id}")
-            assert seen.status_code == 200, seen.text
-            assert seen.json()["run_id"] == queued.run_id
-            progress = seen.json()
+            for run in (queued, first):  # queued on A, then in flight there
+                seen = b.get(f"/v1/runs/{run.run_id}")
+                assert seen.status_code == 200 and seen.json()["run_id"] == run.run_id, seen.text
+            progress = {"done": False, "next_offset": 0}
             while not progress["done"]:
                 progress = b.get(f"/v1/runs/{queued.run_id}", params={
                     "wait_seconds": 30, "offset": progress["next_offset"]}).json()
             assert progress["result"]["stdout"] == "after\n"
-            assert b.get(f"/v1/runs/{'0' * 32}").status_code == 404  # unknown everywhere
+            assert b.get(f"/v1/runs/{first.run_id}").json()["result"]["stdout"] == "first\n"  # the store's
         finally:
             s.close()
+        made_up = secrets.token_hex(16)
+        gone = b.get(f"/v1/runs/{made_up}")
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "run_not_found", gone.text
+    for m in (three[0], three[2]):
+        marker = secrets.token_hex(16)
+        assert httpx.get(f"{m.url}/v1/runs/{marker}", headers=auth).status_code == 404
+        wait_for(lambda m=m, marker=marker: marker in m.log(), f"the marker 404 in {m.url}'s log")
+        assert made_up not in m.log(), f"{m.url} was asked about a made-up run id"
 
 
 def test_python_client_and_consoles_through_the_round_robin_balancer(three: Managers) -> None:
@@ -337,9 +350,17 @@ def test_mcp_tool_calls_for_a_session_another_manager_owns(three: Managers) -> N
             r = await b.call_tool("run_python", {"code": "import time; time.sleep(2); print('late')",
                                                  "session_id": s.id, "wait_seconds": 0})
             assert "status: RUNNING" in _text(r), r
-            assert isinstance(r.structured_content, dict)
+            # Queued behind it on C, not in the store yet: its id names C.
+            q = await b.call_tool("run_python", {"code": "print('queued')", "session_id": s.id, "wait_seconds": 0})
+            assert "status: RUNNING" in _text(q), q
+            assert isinstance(r.structured_content, dict) and isinstance(q.structured_content, dict)
+            queued = await b.call_tool("get_run", {"run_id": q.structured_content["run_id"], "wait_seconds": 60})
+            assert not queued.is_error and "queued" in _text(queued) and "status: ok" in _text(queued), queued
             done = await b.call_tool("get_run", {"run_id": r.structured_content["run_id"], "wait_seconds": 60})
             assert not done.is_error and "late" in _text(done) and "status: ok" in _text(done), done
+            made_up = {"run_id": secrets.token_hex(16)}
+            nowhere_b, nowhere_c = await b.call_tool("get_run", made_up), await own.call_tool("get_run", made_up)
+            assert nowhere_b.is_error and _text(nowhere_b) == _text(nowhere_c), (nowhere_b, nowhere_c)
             # The session's other tools, through B, read as C's own answers.
             sent = await b.call_tool("upload_file", {"filename": "notes/a.txt", "session_id": s.id,
                                                      "content_base64": base64.b64encode(b"hello").decode()})

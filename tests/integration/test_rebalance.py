@@ -9,6 +9,7 @@ sends it again), none is interrupted, and every session keeps its variables."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Iterator
 
@@ -19,11 +20,13 @@ from kernelmode.client import Client
 from tests.integration.test_managers import _audits
 from tests.support.managers import Managers, start_managers
 from tests.support.postgres import PgCluster
+from tests.support.server import wait_for
 
 LEASE = 3  # a rebalancing round every second
 ENV = {
     "KERNELMODE_STORE__LEASE_SECONDS": str(LEASE),
     "KERNELMODE_SESSIONS__POOL_SIZE": "0",  # no warm kernels: less CPU, and nothing else to count
+    "KERNELMODE_SERVER__DRAIN_SECONDS": "120",  # a stop waits for its runs (the draining test)
 }
 SESSIONS = [f"bal{i}" for i in range(6)]
 
@@ -85,5 +88,32 @@ def test_a_manager_that_joins_gets_half_the_sessions_with_their_variables_and_no
     received = [sid for e in _audits(ms, "sessions_received", 1) for sid in e["session_ids"]]
     assert len(handed) >= 3 and sorted(set(handed)) == sorted(set(received)), (handed, received)
     assert not _audits(ms, "sessions_taken_over")  # nobody died: nothing was taken over
+    a.close()
+    b.close()
+
+
+def test_a_draining_manager_is_handed_no_sessions(ms: Managers) -> None:
+    """B is stopping (SIGTERM) and drains a run in flight: from its drain's start it is marked in
+    the store, and A, far above the fair share meanwhile, hands it nothing (it would adopt
+    nothing, and the handed leases would wait out a lease). Its sessions go to A when it stops."""
+    if len(ms) < 2:
+        ms.add()
+    a = Client(ms[0].url, ms.token, timeout=120, retries=30)
+    b = Client(ms[1].url, ms.token, timeout=120, retries=30)
+    handed_before = len(_audits(ms, "session_handed_over", 0))
+    b.create_session("drainb")
+    # The drain's length: the run in flight it waits for (A's rounds, one a second, meanwhile).
+    assert b.execute("drainb", "import time; time.sleep(12); 'slept'", wait_seconds=0).status == "running"
+    ms[1].proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: _sql(ms, "SELECT draining FROM managers WHERE url=%s", (ms[1].url,)) == [(True,)],
+             "B's draining mark in the store")
+    # A now holds far more than B (every session idle): B would be the receiver if not draining.
+    for sid in ("drain0", "drain1", "drain2", "drain3"):
+        a.create_session(sid)
+    assert ms[1].proc.wait(120) == 0  # drained (the run ended and was recorded) and stopped
+    assert len(_audits(ms, "session_handed_over", 0)) == handed_before, _audits(ms, "session_handed_over", 0)
+    ran = [json.loads(r[0]) for r in _sql(ms, "SELECT result FROM runs WHERE session_id='drainb'")]
+    assert [(r["status"], r["result"]) for r in ran] == [("ok", "'slept'")], ran
+    assert a.execute("drainb", "1 + 1").result == "2"  # B's sessions are A's now
     a.close()
     b.close()

@@ -73,6 +73,17 @@ def test_a_run_in_flight_here_costs_no_store_call_and_a_finished_one_is_served_a
     assert r.for_run("r9", forwarded=False) == OTHER
 
 
+def test_an_unknown_run_goes_to_the_manager_its_id_names_and_a_made_up_one_nowhere() -> None:
+    from kernelmode.sessions.runs import new_run_id, run_tag
+
+    managers = SimpleNamespace(live=lambda: {"me": "http://me", "b": OTHER, "c": "http://c"})
+    r, _ = router(set(), {}, store=SimpleNamespace(managers=managers))
+    assert r.find_run(new_run_id(run_tag("b"))) == OTHER
+    assert r.find_run(new_run_id(run_tag("me"))) is None  # this manager's own: not here, nowhere
+    assert r.find_run("0" * 32) is None and r.find_run("") is None
+    assert len(new_run_id(run_tag("b"))) == len(new_run_id("")) == 32
+
+
 def test_a_jupyter_kernel_id_names_its_session() -> None:
     sid = "0123456789abcdef0123456789abcdef"
     r, _ = router(set(), {sid: OTHER})

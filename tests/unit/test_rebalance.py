@@ -82,3 +82,67 @@ def test_a_handed_lease_is_the_receivers_alone_until_it_adopts(pg_store: Session
     assert not leases.hand_over("s2", "a", "b", 60)  # an expired lease is anybody's: not handed
     managers.beat("c", "http://c:1", "c", 0)  # c died: not counted
     assert set(leases.counts()) == {"a", "b"}
+
+
+def test_a_draining_manager_is_never_chosen_to_receive(pg_store: SessionStore) -> None:
+    """A manager that began its drain (a stop's first step) would adopt nothing: it is left out
+    of the counts the choice is made from, and a handover decided before its mark is refused in
+    the statement itself (the lease stays the giver's, and expires at once for a scan to adopt)."""
+    leases, managers = pg_store.leases, pg_store.managers
+    for m in ("a", "b", "c"):
+        managers.beat(m, f"http://{m}:1", m, 60)
+    for sid in ("s1", "s2", "s3", "s4", "s5", "s6"):
+        assert leases.acquire(sid, "a", 60)
+    assert leases.acquire("s7", "c", 60)
+    assert plan(leases.counts(), "a", 2) == ("b", 2)  # b, with none, is the receiver
+    managers.drain("b")
+    assert leases.counts() == {"a": 6, "c": 1}
+    assert plan(leases.counts(), "a", 2) == ("c", 2)  # b is passed by
+    managers.beat("b", "http://b:1", "b", 60)  # a beat while draining keeps the mark
+    assert "b" not in leases.counts()
+    assert not leases.hand_over("s1", "a", "b", 60)  # decided from counts read before the mark
+    assert leases.owner("s1") == "a" and leases.handed("b") == []
+    assert leases.expire("s1", "a") and leases.owner("s1") is None and "s1" in leases.expired()
+    assert not leases.expire("s2", "c")  # only the holder's own
+    managers.drain("c")
+    assert plan(leases.counts(), "a", 2) is None  # nobody left to receive
+
+
+def test_an_even_load_is_read_every_few_rounds_not_every_beat(pg_store: SessionStore) -> None:
+    """The counts statement runs on every manager: a round that hands nothing (even load, or no
+    idle session to hand) lets the next QUIET_ROUNDS - 1 pass without asking the store."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from kernelmode.sessions.rebalance import QUIET_ROUNDS, Rebalance
+
+    leases, managers = pg_store.leases, pg_store.managers
+    for m in ("a", "b"):
+        managers.beat(m, f"http://{m}:1", m, 60)
+    assert leases.acquire("s1", "a", 60) and leases.acquire("s2", "b", 60)
+    asked: list[dict[str, int]] = []
+
+    async def off_loop(work, *args):  # type: ignore[no-untyped-def]
+        return work(*args)
+
+    def counts() -> dict[str, int]:
+        asked.append(leases.counts())
+        return asked[-1]
+
+    own = SimpleNamespace(active=True, manager_id="a", off_loop=off_loop, side=SimpleNamespace(
+        leases=SimpleNamespace(counts=counts)))
+    settings = SimpleNamespace(store=SimpleNamespace(rebalance=True, rebalance_per_round=2),
+                               gateway=SimpleNamespace(url="http://gw"))
+    m = SimpleNamespace(ownership=own, settings=settings, drain=SimpleNamespace(draining=False))
+    r = Rebalance(m, [])  # type: ignore[arg-type]
+
+    async def rounds(n: int) -> None:
+        for _ in range(n):
+            assert await r.round() == []
+
+    asyncio.run(rounds(2 * QUIET_ROUNDS))
+    assert len(asked) == r.asked == 2  # even: once each QUIET_ROUNDS rounds
+    for sid in ("s3", "s4", "s5", "s6"):  # above the share, but nothing of a's is idle here
+        assert leases.acquire(sid, "a", 60)
+    asyncio.run(rounds(QUIET_ROUNDS))
+    assert len(asked) == 3 and asked[-1] == {"a": 5, "b": 1}

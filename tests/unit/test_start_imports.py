@@ -59,3 +59,13 @@ def test_the_embedded_start_does_not_import_httpx() -> None:
     manager, as the embedded `kernelmode mcp` is, never needs it, so no start imports it."""
     loaded = _loaded("import kernelmode.cli, kernelmode.embedded, kernelmode.mcp.app, kernelmode.server")
     assert "httpx" not in loaded
+
+
+def test_the_forwarding_module_imports_httpx_at_its_first_forwarder() -> None:
+    """api/forwarding.py's one lazy accessor: importing the module costs no httpx; the first
+    Forwarder imports it, and the module's name is the module from then on."""
+    loaded = _loaded("import kernelmode.api.forwarding")
+    assert "httpx" not in loaded
+    loaded = _loaded("import types, kernelmode.api.forwarding as f\nf.Forwarder('m', 2)\n"
+                     "assert isinstance(f.httpx, types.ModuleType)")
+    assert "httpx" in loaded

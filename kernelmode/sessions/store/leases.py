@@ -81,7 +81,14 @@ class Leases(ABC):
     # -- rebalancing (sessions/rebalance.py): a shared store's; one manager has nobody to hand to --
     def hand_over(self, session_id: str, manager_id: str, receiver: str, ttl: float) -> bool:
         """Give ``manager_id``'s unexpired lease to ``receiver`` for ``ttl`` seconds, marked
-        handed (``handed``), in one statement: True if it was ``manager_id``'s to give."""
+        handed (``handed``), in one statement: True if it was ``manager_id``'s to give and the
+        receiver is alive and not draining (one that began its drain since ``counts`` was read
+        would adopt nothing)."""
+        return False
+
+    def expire(self, session_id: str, manager_id: str) -> bool:
+        """``manager_id``'s lease on the session expires now (a handover refused by the store:
+        any manager's next scan adopts it, not a lease later): True if it was its."""
         return False
 
     def handed(self, manager_id: str) -> list[str]:
@@ -90,7 +97,8 @@ class Leases(ABC):
 
     def counts(self) -> dict[str, int]:
         """Each live manager's id -> the sessions it holds unexpired leases on (handed ones
-        included; singletons such as ``:reaper`` not)."""
+        included; singletons such as ``:reaper`` not). A draining manager is left out: it is no
+        receiver, and its sessions are about to be adopted by the others."""
         return {}
 
     def release(self, session_id: str, manager_id: str) -> bool:
@@ -164,8 +172,13 @@ class PostgresLeases(Leases):
     def hand_over(self, session_id: str, manager_id: str, receiver: str, ttl: float) -> bool:
         return bool(self._rows(
             "UPDATE leases SET manager_id=?, handed_from=?, expires_at = now() + make_interval(secs => ?) "
-            "WHERE session_id=? AND manager_id=? AND expires_at > now() RETURNING session_id",
-            (receiver, manager_id, float(ttl), session_id, manager_id)))
+            "WHERE session_id=? AND manager_id=? AND expires_at > now() AND EXISTS (SELECT 1 FROM managers "
+            "WHERE manager_id=? AND expires_at > now() AND NOT draining) RETURNING session_id",
+            (receiver, manager_id, float(ttl), session_id, manager_id, receiver)))
+
+    def expire(self, session_id: str, manager_id: str) -> bool:
+        return bool(self._rows("UPDATE leases SET expires_at=now() WHERE session_id=? AND manager_id=? "
+                               "AND expires_at > now() RETURNING session_id", (session_id, manager_id)))
 
     def handed(self, manager_id: str) -> list[str]:
         return [r[0] for r in self._rows(
@@ -176,7 +189,7 @@ class PostgresLeases(Leases):
         return {mid: int(n) for mid, n in self._rows(
             "SELECT m.manager_id, COUNT(l.session_id) FROM managers m LEFT JOIN leases l "
             "ON l.manager_id = m.manager_id AND l.expires_at > now() AND l.session_id NOT LIKE ':%' "
-            "WHERE m.expires_at > now() GROUP BY m.manager_id", ())}
+            "WHERE m.expires_at > now() AND NOT m.draining GROUP BY m.manager_id", ())}
 
     def renew(self, session_id: str, manager_id: str, ttl: float) -> bool:
         return bool(self._rows(

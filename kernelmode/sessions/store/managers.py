@@ -17,7 +17,7 @@ from .leases import Rows
 
 
 class Managers(ABC):
-    """Rows (manager_id, url, home, expires_at), and pool kernels (kernel_id, manager_id)."""
+    """Rows (manager_id, url, home, expires_at, draining), and pool kernels (kernel_id, manager_id)."""
 
     def __init__(self, rows: Rows) -> None:
         self._rows = rows
@@ -43,6 +43,12 @@ class Managers(ABC):
         """Take the pool kernels of managers no longer alive: exactly one caller gets each
         (the rows are deleted as they are returned)."""
 
+    def drain(self, manager_id: str) -> None:
+        """``manager_id`` is draining (stopping): no longer chosen to receive sessions
+        (leases.py ``counts`` and ``hand_over`` pass it by). Its row keeps the mark until it
+        leaves; a beat does not clear it."""
+        self._rows("UPDATE managers SET draining = TRUE WHERE manager_id=? RETURNING manager_id", (manager_id,))
+
     def leave(self, manager_id: str) -> None:
         """A manager stops: its row and pool rows go (its leases are released by the caller)."""
         self._rows("DELETE FROM managers WHERE manager_id=? RETURNING manager_id", (manager_id,))
@@ -63,6 +69,9 @@ class Managers(ABC):
 
 
 class SqliteManagers(Managers):
+    def drain(self, manager_id: str) -> None:
+        """One manager on SQLite: nobody rebalances, so no mark (and no column) is needed."""
+
     def beat(self, manager_id: str, url: str, home: str, ttl: float) -> bool:
         alive = bool(self._rows("SELECT 1 FROM managers WHERE manager_id=? AND expires_at > ?",
                                 (manager_id, time.time())))  # one manager: nobody writes between

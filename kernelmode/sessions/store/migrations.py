@@ -103,6 +103,11 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE leases ADD COLUMN handed_from TEXT;
     """,
+    # 6: a manager that is draining (a stop's first step, sessions/drain.py) is no rebalancing
+    # receiver: it would adopt nothing, and the leases handed to it would wait out a lease.
+    """
+    ALTER TABLE managers ADD COLUMN draining BOOLEAN NOT NULL DEFAULT FALSE;
+    """,
 )
 
 

@@ -123,7 +123,7 @@ class Kernels:
                "killed for memory" if cause.kind == "oom" else "cause unknown")
         said = f"; its last output: {output!r}" if output else "; it wrote nothing"
         todo = (memory_hint(k.info.limits.memory_mb) if cause.kind == "oom" else
-                "the sandbox or the kernel environment cannot run kernels as configured: run "
+                "The sandbox or the kernel environment cannot run kernels as configured: run "
                 "`kernelmode doctor` with the server's settings and see the server's log")
         return SandboxUnavailable(f"the kernel died as it started ({how}), and so did the gateway's "
                                   f"restarts of it{said}. {todo}",

@@ -2,10 +2,13 @@
 has given it up: not after the websocket's 30 s opening timeout, three times over (one per
 launch attempt), as before. Here the sandbox really kills every kernel: the server's bwrap is a
 wrapper that runs the start-up check's sandbox but refuses every kernel's (it prints a line to
-stderr and exits 3), as a broken bubblewrap or kernel environment would."""
+stderr and exits 3), as a broken bubblewrap or kernel environment would; on Docker, the kernel
+image's entrypoint does the same (a container that exits at once)."""
 
 from __future__ import annotations
 
+import io
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -19,17 +22,31 @@ from tests.mcp.conftest import mcp_client
 SAID = "kmtest: this sandbox refuses kernels"
 
 
+# A kernel's sandbox runs the egress bridge first; the start-up check's does not.
+REFUSE = f'case "$*" in *egress-bridge.py*) echo "{SAID}" >&2; exit 3;; esac'
+IMAGE = "kernelmode/kernel:kmtest-dies-at-start"
+
+
 @pytest.fixture(scope="module")
 def broken() -> Iterator[Server]:
-    if BACKEND != "bwrap":
-        pytest.skip("the broken sandbox is a bwrap wrapper")
+    """bwrap: a wrapper as the server's bwrap; Docker: an image whose entrypoint does the same."""
+    if BACKEND == "docker":
+        import docker
+
+        engine = docker.from_env()
+        entrypoint = json.dumps(["/bin/sh", "-c", REFUSE + '; exec "$@"', "sh"])
+        dockerfile = f"FROM kernelmode/kernel:latest\nENTRYPOINT {entrypoint}\n"
+        engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=IMAGE, rm=True, network_mode="none")
+        srv = start_server({"KERNELMODE_SANDBOX__DOCKER_IMAGE": IMAGE, "KERNELMODE_SESSIONS__POOL_SIZE": "1"})
+        yield srv
+        srv.discard()
+        engine.images.remove(IMAGE, force=True)
+        return
     # The launcher runs bwrap as a kernel's uid: the wrapper must be reachable by it (tmp_path is not).
     exe_dir = Path(tempfile.mkdtemp(prefix="km-bwrap-", dir="/tmp"))
     exe_dir.chmod(0o755)
     wrapper = exe_dir / "bwrap"
-    # A kernel's sandbox runs the egress bridge first; the start-up check's does not.
-    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *egress-bridge.py*) echo "{SAID}" >&2; exit 3;; esac\n'
-                       f'exec {shutil.which("bwrap") or "/usr/bin/bwrap"} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\n{REFUSE}\nexec {shutil.which("bwrap") or "/usr/bin/bwrap"} "$@"\n')
     wrapper.chmod(0o755)
     srv = start_server({"KERNELMODE_SANDBOX__BWRAP_PATH": str(wrapper), "KERNELMODE_SESSIONS__POOL_SIZE": "1"})
     yield srv

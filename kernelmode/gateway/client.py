@@ -175,19 +175,24 @@ class GatewayClient:
         has the kernel. The gateway holds the opening handshake until the kernel answers, and a
         kernel that died at start never does: without this, the handshake's whole OPEN_TIMEOUT."""
         task = asyncio.ensure_future(connecting)
+        probe: asyncio.Future[bool | None] | None = None
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=self.poll_interval)
-                if done:
+                if not done:  # ask, while the handshake goes on (a slow answer must not hold it up)
+                    probe = asyncio.ensure_future(self.kernel_exists(kernel_id))
+                    done, _ = await asyncio.wait({task, probe}, return_when=asyncio.FIRST_COMPLETED)
+                if task in done:
                     return task.result()
-                if await self.kernel_exists(kernel_id) is False and not task.done():
+                if probe is not None and probe.result() is False:
                     raise KernelUnavailable(
                         f"kernel {kernel_id} is gone: its process exited before it answered, and the "
                         "gateway gave it up (its restarts failed too)")
         finally:
-            if not task.done():
-                task.cancel()  # websockets closes what it opened so far
-                await asyncio.gather(task, return_exceptions=True)
+            for pending in (task, probe):
+                if pending is not None and not pending.done():
+                    pending.cancel()  # the handshake's: websockets closes what it opened so far
+                    await asyncio.gather(pending, return_exceptions=True)
 
     async def ping(self, timeout: float = 5) -> bool:
         try:

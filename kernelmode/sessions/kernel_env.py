@@ -29,6 +29,16 @@ if TYPE_CHECKING:  # egress_wiring.py reads kernels: importing it here would be 
     from .egress_wiring import EgressWiring
 
 log = logging.getLogger("kernelmode.sessions")
+OUTPUT_NOTE = "; its last output: "  # in the message of a kernel that died as it started
+
+
+def public_text(e: KernelmodeError) -> str:
+    """``e``'s message for a public route (/readyz): a dead kernel's own output (``died_at_start``)
+    left out; the server's log has it."""
+    output = e.details.get("output") if isinstance(e.details, dict) else None
+    if not output:
+        return e.message
+    return e.message.replace(f"{OUTPUT_NOTE}{output!r}", "; its last output is in the server's log")
 
 
 class KernelMarks(Protocol):
@@ -121,7 +131,7 @@ class Kernels:
         how = (f"exit status {cause.exit_code}" if cause.kind == "exit" else
                f"killed by signal {cause.signal}" if cause.kind == "signal" else
                "killed for memory" if cause.kind == "oom" else "cause unknown")
-        said = f"; its last output: {output!r}" if output else "; it wrote nothing"
+        said = f"{OUTPUT_NOTE}{output!r}" if output else "; it wrote nothing"
         todo = (memory_hint(k.info.limits.memory_mb) if cause.kind == "oom" else
                 "The sandbox or the kernel environment cannot run kernels as configured: run "
                 "`kernelmode doctor` with the server's settings and see the server's log")

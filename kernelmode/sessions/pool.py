@@ -19,7 +19,7 @@ from collections.abc import Callable
 from ..config import Settings
 from ..errors import KernelmodeError
 from ..models import Limits, SessionInfo
-from .kernel_env import Kernels
+from .kernel_env import Kernels, public_text
 from .kernels import Kernel
 from .live import now
 from .preimport import preimport
@@ -141,7 +141,7 @@ class WarmPool:
                 await self._start_one()
                 self.backoff, self.error = BACKOFF_MIN, None
             except KernelmodeError as e:
-                self.error = str(e)
+                self.error = public_text(e)  # /readyz is public
                 backoff, self.backoff = self.backoff, min(self.backoff * 2, BACKOFF_MAX)
                 log.warning("warm pool: could not start a kernel (%s); retrying in %.1f s", e, backoff)
                 await asyncio.sleep(backoff)

@@ -88,6 +88,9 @@ def test_a_pool_whose_kernels_die_at_start_backs_off(broken: Server) -> None:
                      "the pool to be failing")
         pool = r.json()["checks"]["pool"]  # type: ignore[union-attr]
         assert "died as it started" in pool["error"] and "exit status 3" in pool["error"], pool
+        # /readyz is public: the kernel's own output stays in the server's log
+        assert SAID not in pool["error"] and "in the server's log" in pool["error"], pool
+    assert SAID in broken.log()
     wait_for(lambda: "retrying in 1.0 s" in broken.log(), "the pool's second failed start")
     delays = [line.split("retrying in ")[1].split(" s")[0] for line in broken.log().splitlines()
               if "warm pool: could not start a kernel" in line]

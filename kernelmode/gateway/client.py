@@ -178,10 +178,12 @@ class GatewayClient:
         probe: asyncio.Future[bool | None] | None = None
         try:
             while True:
+                done: set[asyncio.Future[Any]]
                 done, _ = await asyncio.wait({task}, timeout=self.poll_interval)
                 if not done:  # ask, while the handshake goes on (a slow answer must not hold it up)
                     probe = asyncio.ensure_future(self.kernel_exists(kernel_id))
-                    done, _ = await asyncio.wait({task, probe}, return_when=asyncio.FIRST_COMPLETED)
+                    waiting: set[asyncio.Future[Any]] = {task, probe}
+                    done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 if task in done:
                     return task.result()
                 if probe is not None and probe.result() is False:

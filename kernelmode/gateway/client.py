@@ -314,6 +314,8 @@ class KernelConnection:
             if self._reader is not None:
                 self._reader.cancel()
                 await asyncio.wait({self._reader})  # its end; a cancel of this close propagates
+                if not self._reader.cancelled():
+                    self._reader.exception()  # taken (the websocket's end), not left to the GC's warning
             if ws is not None:
                 # websockets aborts by itself after close_timeout when the peer does not answer the
                 # close; not when its send of the close frame waits on a peer that reads nothing.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from tests.conftest import BACKEND, Server, start_server, wait_for
 from tests.mcp.conftest import mcp_client
 
 SAID = "kmtest: this sandbox refuses kernels"
+KERNEL_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-")  # a kernel's entries in the runtime dir
 
 
 # A kernel's sandbox runs the egress bridge first; the start-up check's does not.
@@ -92,6 +94,11 @@ def test_a_pool_whose_kernels_die_at_start_backs_off(broken: Server) -> None:
         assert SAID not in pool["error"] and "in the server's log" in pool["error"], pool
     assert SAID in broken.log()
     wait_for(lambda: "retrying in 1.0 s" in broken.log(), "the pool's second failed start")
+    # Each kernel the gateway gave up is released (its directory, log, uid, cgroup or container):
+    # no more than the one being started is left (before, one set per failed start stayed).
+    run = broken.data_dir / "run"
+    wait_for(lambda: len({p.name.split(".")[0] for p in run.iterdir() if KERNEL_ID.match(p.name)}) <= 1,
+             "the given-up kernels to be released", timeout=60)
     delays = [line.split("retrying in ")[1].split(" s")[0] for line in broken.log().splitlines()
               if "warm pool: could not start a kernel" in line]
     assert delays[:2] == ["0.5", "1.0"], delays

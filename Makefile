@@ -75,7 +75,8 @@ test: setup lint
 DOCKER_SUITES ?= tests/security tests/sandbox tests/integration/test_sessions.py \
 	tests/integration/test_lifecycle.py tests/integration/test_files.py \
 	tests/integration/test_recovery.py tests/integration/test_checkpoints.py \
-	tests/integration/test_hibernation.py tests/integration/test_burst.py
+	tests/integration/test_hibernation.py tests/integration/test_burst.py \
+	tests/integration/test_kernel_start_death.py
 docker-test: setup docker-setup
 	KM_TEST_BACKEND=docker $(VENV)/bin/pytest -ra $(DOCKER_SUITES)
 

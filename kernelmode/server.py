@@ -170,7 +170,8 @@ class KernelmodeApp:
             await self.gateway_process.wait_ready(s.gateway.startup_timeout_seconds)
         self.gateway = GatewayClient(self.gateway_process.url, self.gateway_process.token,
                                      request_timeout=s.sessions.kernel_start_timeout_seconds + 10,
-                                     max_message_bytes=message_limit(s))
+                                     max_message_bytes=message_limit(s),
+                                     poll_interval=s.gateway.poll_interval_seconds)
         await self._start_rest(dirs, set(adopted or ()))
         self._gateway_watch = asyncio.create_task(watch_embedded(self), name="gateway-watch")
 

@@ -13,9 +13,9 @@ import logging
 import secrets
 import ssl
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import websockets
 from jupyter_client.session import Session as JupyterSession
@@ -59,6 +59,9 @@ MAX_QUEUE = 4
 # A kernel's message over the cap ends that websocket (1009) and the run is reported lost:
 # our gateway cuts messages to the cap first (kg_extensions), so this is only a backstop.
 FRAME_SLACK = 64 * 1024
+# A live kernel that is slow to answer gets this long for its websocket's opening handshake
+# (the gateway holds it until the kernel answers); a kernel that is gone fails it sooner (opening).
+OPEN_TIMEOUT = 30.0
 
 
 class GatewayClient:
@@ -66,7 +69,9 @@ class GatewayClient:
 
     def __init__(self, url: str, token: str, request_timeout: float = 60.0,
                  max_message_bytes: int = 17 * 1024 * 1024, kernel_name: str = "kernelmode",
-                 validate_cert: bool = True) -> None:
+                 validate_cert: bool = True, poll_interval: float = 0.5, close_timeout: float = 5.0) -> None:
+        """``poll_interval``: how often a websocket being opened asks whether its kernel still
+        exists; ``close_timeout``: the bound on a websocket's closing handshake (then aborted)."""
         self.url = url.rstrip("/")
         self.token = token
         self.kernel_name = kernel_name
@@ -76,6 +81,8 @@ class GatewayClient:
         # not decoded beyond it, and the websocket refuses frames much larger.
         self.bounds = Bounds(max_part_bytes=max_message_bytes)
         self.max_frame_bytes = max_message_bytes + FRAME_SLACK
+        self.poll_interval = poll_interval
+        self.close_timeout = close_timeout
         self._http = AsyncHTTPClient()
 
     @property
@@ -153,6 +160,42 @@ class GatewayClient:
     async def list_kernels(self, timeout: float | None = None) -> list[dict[str, Any]]:
         return list(await self._request("GET", "/api/kernels", timeout=timeout))
 
+    async def kernel_exists(self, kernel_id: str) -> bool | None:
+        """Whether the gateway still has the kernel (None: it did not say)."""
+        try:
+            await self._request("GET", f"/api/kernels/{kernel_id}", timeout=max(5.0, self.poll_interval))
+            return True
+        except KernelUnavailable:  # 404: its process exited and the gateway's restarts failed
+            return False
+        except GatewayError:
+            return None
+
+    async def opening(self, kernel_id: str, connecting: Awaitable[ClientConnection]) -> ClientConnection:
+        """The websocket ``connecting`` opens, or KernelUnavailable as soon as the gateway no longer
+        has the kernel. The gateway holds the opening handshake until the kernel answers, and a
+        kernel that died at start never does: without this, the handshake's whole OPEN_TIMEOUT."""
+        task = asyncio.ensure_future(connecting)
+        probe: asyncio.Future[bool | None] | None = None
+        try:
+            while True:
+                done: set[asyncio.Future[Any]]
+                done, _ = await asyncio.wait({task}, timeout=self.poll_interval)
+                if not done:  # ask, while the handshake goes on (a slow answer must not hold it up)
+                    probe = asyncio.ensure_future(self.kernel_exists(kernel_id))
+                    waiting: set[asyncio.Future[Any]] = {task, probe}
+                    done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if task in done:
+                    return task.result()
+                if probe is not None and probe.result() is False:
+                    raise KernelUnavailable(
+                        f"kernel {kernel_id} is gone: its process exited before it answered, and the "
+                        "gateway gave it up (its restarts failed too)")
+        finally:
+            for pending in (task, probe):
+                if pending is not None and not pending.done():
+                    pending.cancel()  # the handshake's: websockets closes what it opened so far
+                    await asyncio.gather(pending, return_exceptions=True)
+
     async def ping(self, timeout: float = 5) -> bool:
         try:
             await self._request("GET", "/api/kernelspecs", timeout=timeout)
@@ -164,12 +207,12 @@ class GatewayClient:
         """A raw websocket to the kernel's channels (v1 binary protocol), for a proxy."""
         url = f"{self.ws_url}/api/kernels/{kernel_id}/channels?session_id={uuid.uuid4().hex}"
         try:
-            return await websockets.connect(
+            return await self.opening(kernel_id, websockets.connect(
                 url, additional_headers={"Authorization": f"token {self.token}"},
                 subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]
-                max_size=self.max_frame_bytes, max_queue=MAX_QUEUE, compression=None, open_timeout=30,
-                ping_interval=None, **self.ws_options(),
-            )
+                max_size=self.max_frame_bytes, max_queue=MAX_QUEUE, compression=None, open_timeout=OPEN_TIMEOUT,
+                ping_interval=None, close_timeout=self.close_timeout, **self.ws_options(),
+            ))
         except (OSError, websockets.WebSocketException, asyncio.TimeoutError) as e:
             raise KernelUnavailable(f"cannot open the websocket of kernel {kernel_id}: {e}") from e
 
@@ -191,6 +234,18 @@ class FrameConnection(ClientConnection):
     def __init__(self, protocol: ClientProtocol, *, on_frame: Callable[[Frame], None], **kwargs: Any) -> None:
         super().__init__(protocol, **kwargs)
         self.on_frame: Callable[[Frame], None] | None = on_frame
+        self.socket: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Keep the transport (asyncio's protocol callback), for ``abort``. (uvloop's transports
+        are not asyncio.Transport subclasses, but have its methods.)"""
+        self.socket = cast(asyncio.Transport, transport)
+        super().connection_made(transport)
+
+    def abort(self) -> None:
+        """Close the socket now, without a closing handshake (asyncio's ``Transport.abort``)."""
+        if self.socket is not None:
+            self.socket.abort()
 
     def process_event(self, event: Event) -> None:
         """A whole text or binary frame to ``on_frame``; anything else as websockets does."""
@@ -231,32 +286,46 @@ class KernelConnection:
     async def open(self) -> None:
         url = f"{self.client.ws_url}/api/kernels/{self.kernel_id}/channels?session_id={uuid.uuid4().hex}"
         try:
-            self._ws = await websockets.connect(
+            self._ws = await self.client.opening(self.kernel_id, websockets.connect(
                 url,
                 additional_headers={"Authorization": f"token {self.client.token}"},
                 subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]
                 max_size=self.client.max_frame_bytes,
                 max_queue=MAX_QUEUE,
                 compression=None,
-                open_timeout=30,
+                open_timeout=OPEN_TIMEOUT,
                 ping_interval=None,
+                close_timeout=self.client.close_timeout,
                 create_connection=partial(FrameConnection, on_frame=self._on_frame),  # type: ignore[arg-type]
                 **self.client.ws_options(),
-            )
+            ))
+        except KernelUnavailable:
+            raise
         except (OSError, websockets.WebSocketException, asyncio.TimeoutError) as e:
             raise KernelUnavailable(f"cannot open the websocket of kernel {self.kernel_id}: {e}") from e
         self._binary = self._ws.subprotocol == WS_PROTOCOL
         self._reader = asyncio.create_task(self._read(), name=f"ws-{self.kernel_id}")
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
-        if self._ws is not None:
-            with contextlib.suppress(Exception):
-                await self._ws.close()
-        self._ws = None
+        """The closing handshake, bounded; a close that fails, times out or is cancelled aborts
+        the socket instead of leaving it open until the garbage collector finds it."""
+        ws, self._ws = self._ws, None
+        try:
+            if self._reader is not None:
+                self._reader.cancel()
+                await asyncio.wait({self._reader})  # its end; a cancel of this close propagates
+                if not self._reader.cancelled():
+                    self._reader.exception()  # taken (the websocket's end), not left to the GC's warning
+            if ws is not None:
+                # websockets aborts by itself after close_timeout when the peer does not answer the
+                # close; not when its send of the close frame waits on a peer that reads nothing.
+                await asyncio.wait_for(ws.close(), self.client.close_timeout + 1)
+        except BaseException as e:
+            if isinstance(ws, FrameConnection):
+                ws.abort()
+            if not isinstance(e, Exception):
+                raise  # cancelled: aborted, and the cancellation goes on
+            log.warning("websocket of kernel %s did not close cleanly (%r): aborted", self.kernel_id, e)
 
     def _on_frame(self, frame: Frame) -> None:
         """A whole frame, straight from the connection's parser (FrameConnection)."""

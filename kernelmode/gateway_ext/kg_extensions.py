@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import os
@@ -144,6 +146,8 @@ class ManyKernelsMappingKernelManager(SeedingMappingKernelManager):
 
     def __init__(self, **kwargs):  # noqa: ANN003, ANN204
         super().__init__(**kwargs)
+        self.cleanup_armed: set[str] = set()  # kernels whose "dead" callback releases them
+        self.cleanups: set[asyncio.Task] = set()
         lease = os.environ.get("KERNELMODE_GW_LEASE")
         if lease:  # started by kernelmode's manager (always, but for a hand-started gateway)
             timeout = float(os.environ.get("KERNELMODE_GW_ORPHAN_TIMEOUT", "120"))
@@ -159,10 +163,23 @@ class ManyKernelsMappingKernelManager(SeedingMappingKernelManager):
         the gateway's culling is off). The kernel is ready when this is called: its state is
         ``idle`` (a websocket's nudge waits for the end of ``starting``)."""
         kernel = self._kernels[kernel_id]
+        if kernel_id not in self.cleanup_armed:  # (called again after a restart on new ports)
+            self.cleanup_armed.add(kernel_id)
+            kernel.add_restart_callback(functools.partial(self.release_dead, kernel_id, kernel), "dead")
         kernel.reason = ""
         kernel.last_activity = utcnow()
         kernel.execution_state = "idle"
         kernel._activity_stream = None
+
+    def release_dead(self, kernel_id: str, kernel) -> None:  # noqa: ANN001 (a KernelManager)
+        """The restarter gave the kernel up (it died and so did its restarts, e.g. one that dies
+        at start): jupyter_server only forgets it, and nothing would release what its provisioner
+        holds (kernel dir, log, uid lease, cgroup, a Docker container). Its death record, which
+        the manager reads, is kept (the provisioner wrote it when it saw the death)."""
+        self.cleanup_armed.discard(kernel_id)
+        task = asyncio.ensure_future(kernel.cleanup_resources(restart=False))
+        self.cleanups.add(task)
+        task.add_done_callback(self.cleanups.discard)
 
     @default("context")
     def _context_default(self) -> zmq.asyncio.Context:

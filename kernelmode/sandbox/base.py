@@ -197,7 +197,7 @@ class KernelmodeProvisioner(LocalProvisioner):
         self._death_recorded = True
         cause = cause_from_exit(exit_code, self.oom_killed())
         log.warning("kernel %s died: %s", self.kernel_id, cause.model_dump(exclude_none=True))
-        write_death_record(Path(self.state_dir), self.kernel_id, cause)
+        write_death_record(Path(self.state_dir), self.kernel_id, cause, log_tail(self.log_path))
 
     async def shutdown_requested(self, restart: bool = False) -> None:
         self._stopping = True
@@ -221,6 +221,29 @@ class KernelmodeProvisioner(LocalProvisioner):
             self.log_path.unlink(missing_ok=True)
             if self._own_workspace is not None:  # made here (no manager's workspace): ours to remove
                 shutil.rmtree(self._own_workspace, ignore_errors=True)
+
+
+TAIL_BYTES = 4096  # read from the end of a dead kernel's log
+TAIL_LINES = 5
+TAIL_CHARS = 1000
+
+
+def log_tail(path: Path) -> str:
+    """The last few lines of a kernel's log (its fd 1 and 2: what a kernel that dies at start
+    said, e.g. bwrap's or Python's error), bounded and printable ('' when there is none)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        start = max(0, os.fstat(fd).st_size - TAIL_BYTES)
+        f.seek(start)
+        text = f.read(TAIL_BYTES).decode(errors="replace")
+    raw = text.splitlines()[1 if start else 0:]  # the first line read from the middle is cut
+    lines = ["".join(c if c.isprintable() else " " for c in line).strip() for line in raw]
+    # A kernel restarted after each death appends the same lines again: each said once, the latest last.
+    latest = list(dict.fromkeys(line for line in reversed(lines) if line))[:TAIL_LINES]
+    return "\n".join(reversed(latest))[-TAIL_CHARS:]
 
 
 def _is_socket(path: Path) -> bool:

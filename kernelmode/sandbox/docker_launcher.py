@@ -131,8 +131,12 @@ def main() -> int:
                 out.write(b"\n[kernelmode: the kernel's raw output was cut here]\n")
                 out.flush()
 
-    threading.Thread(target=relay, daemon=True).start()
+    relaying = threading.Thread(target=relay, daemon=True)
+    relaying.start()
     status = container.wait()
+    # The log's stream ends with the container: its last lines (what a kernel that died at start
+    # said, for the death record) are relayed before this exits.
+    relaying.join(5)
     return int(status.get("StatusCode", 1))
 
 

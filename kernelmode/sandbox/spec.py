@@ -98,19 +98,31 @@ def cause_from_exit(exit_code: int | None, oom: bool) -> DeathCause:
     return DeathCause(kind="exit", exit_code=exit_code)
 
 
-def write_death_record(state_dir: Path, kernel_id: str, cause: DeathCause) -> None:
+def write_death_record(state_dir: Path, kernel_id: str, cause: DeathCause, output: str = "") -> None:
+    """The cause, and ``output``: the last lines the kernel wrote to its log (fd 1 and 2), which
+    say why a kernel that dies at start died (the manager reports them for a failed start only)."""
     path = death_record_path(state_dir, kernel_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:
-        f.write(cause.model_dump_json())
+        f.write(json.dumps({**cause.model_dump(), OUTPUT_KEY: output}))
     os.replace(f.name, path)
 
 
-def pop_death_record(state_dir: Path, kernel_id: str) -> DeathCause | None:
+OUTPUT_KEY = "output"  # beside the cause's fields in a death record (DeathCause ignores it)
+
+
+def pop_death(state_dir: Path, kernel_id: str) -> tuple[DeathCause, str] | None:
+    """The kernel's death record, once: its cause and its last output."""
     path = death_record_path(state_dir, kernel_id)
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     path.unlink(missing_ok=True)
-    return DeathCause.model_validate(data)
+    output = data.pop(OUTPUT_KEY, "") if isinstance(data, dict) else ""
+    return DeathCause.model_validate(data), str(output)
+
+
+def pop_death_record(state_dir: Path, kernel_id: str) -> DeathCause | None:
+    died = pop_death(state_dir, kernel_id)
+    return died[0] if died is not None else None

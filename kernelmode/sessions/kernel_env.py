@@ -20,7 +20,8 @@ from ..gateway.client import GatewayClient
 from ..gateway.execution import OutputCollector
 from ..models import SessionInfo
 from ..packages.service import PackageService
-from ..sandbox.spec import pop_death_record
+from ..protocol import memory_hint
+from ..sandbox.spec import pop_death, pop_death_record
 from ..tools.broker import ToolBroker
 from .kernels import Kernel
 
@@ -28,6 +29,16 @@ if TYPE_CHECKING:  # egress_wiring.py reads kernels: importing it here would be 
     from .egress_wiring import EgressWiring
 
 log = logging.getLogger("kernelmode.sessions")
+OUTPUT_NOTE = "; its last output: "  # in the message of a kernel that died as it started
+
+
+def public_text(e: KernelmodeError) -> str:
+    """``e``'s message for a public route (/readyz): a dead kernel's own output (``died_at_start``)
+    left out; the server's log has it."""
+    output = e.details.get("output") if isinstance(e.details, dict) else None
+    if not output:
+        return e.message
+    return e.message.replace(f"{OUTPUT_NOTE}{output!r}", "; its last output is in the server's log")
 
 
 class KernelMarks(Protocol):
@@ -108,6 +119,26 @@ class Kernels:
                 audit("kernel_start_failed", session_id=info.session_id, attempt=attempt, error=e.message[:300])
         raise AssertionError("unreachable")
 
+    def died_at_start(self, k: Kernel) -> SandboxUnavailable | None:
+        """The error of a start whose kernel the provisioner saw die (its death record: the
+        cause and its last output), None if it did not. The gateway restarted it and each
+        restart died too (else the connect would have gone through): another try gets the same
+        answer, so SandboxUnavailable, which is not retried."""
+        died = pop_death(self.state_dir, k.kernel_id)
+        if died is None:
+            return None
+        cause, output = died
+        how = (f"exit status {cause.exit_code}" if cause.kind == "exit" else
+               f"killed by signal {cause.signal}" if cause.kind == "signal" else
+               "killed for memory" if cause.kind == "oom" else "cause unknown")
+        said = f"{OUTPUT_NOTE}{output!r}" if output else "; it wrote nothing"
+        todo = (memory_hint(k.info.limits.memory_mb) if cause.kind == "oom" else
+                "The sandbox or the kernel environment cannot run kernels as configured: run "
+                "`kernelmode doctor` with the server's settings and see the server's log")
+        return SandboxUnavailable(f"the kernel died as it started ({how}), and so did the gateway's "
+                                  f"restarts of it{said}. {todo}",
+                                  details={"cause": cause.model_dump(), "output": output})
+
     async def _start(self, info: SessionInfo) -> Kernel:
         """Start a sandboxed kernel with its own workspace, connect, install the preamble."""
         kernel_id = str(uuid.uuid4())
@@ -139,20 +170,24 @@ class Kernels:
             await k.discard(shutdown=False)
             self.retire(kernel_id)
             raise KernelUnavailable(f"the kernel did not start within {self.start_timeout:g} s") from None
-        except BaseException as e:
-            cause = pop_death_record(self.state_dir, kernel_id)
+        except BaseException:
             await k.discard(shutdown=False)
             self.retire(kernel_id)
-            if cause is not None and isinstance(e, KernelmodeError):
-                raise KernelUnavailable(f"the kernel died while starting ({cause.kind}): {e}") from e
             raise
         return k
 
     async def launch(self, k: Kernel) -> None:
-        """Start ``k`` (its id) in the gateway and connect to it."""
+        """Start ``k`` (its id) in the gateway and connect to it; SandboxUnavailable when the
+        kernel died as it started (``died_at_start``)."""
         if self.marks is not None:
             self.marks.mark(k.kernel_id)
         await self.gateway.start_kernel(k.kernel_id, k.start_env(), self.start_timeout)
-        await k.connect(self.start_timeout)
+        try:
+            await k.connect(self.start_timeout)
+        except KernelmodeError as e:
+            died = self.died_at_start(k)
+            if died is None:
+                raise
+            raise died from e
         if self.egress is not None:  # its session's proxy moves into this kernel's egress dir
             await self.egress.attach(k)

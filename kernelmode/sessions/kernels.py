@@ -183,6 +183,9 @@ class Kernel:
                 if loop.time() >= deadline:
                     raise
                 await asyncio.sleep(0.2)  # a websocket that closes at once: no busy loop
+            except BaseException:  # cancelled (an adoption's deadline): not left open
+                await conn.close()
+                raise
 
     async def ensure_ready(self) -> bool:
         """Before a run: a fresh kernel if the gateway gave this one up (True: its id changed),

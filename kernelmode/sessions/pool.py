@@ -19,7 +19,7 @@ from collections.abc import Callable
 from ..config import Settings
 from ..errors import KernelmodeError
 from ..models import Limits, SessionInfo
-from .kernel_env import Kernels
+from .kernel_env import Kernels, public_text
 from .kernels import Kernel
 from .live import now
 from .preimport import preimport
@@ -28,6 +28,7 @@ from .starts import Demand, StartGate, pool_target
 log = logging.getLogger("kernelmode.sessions")
 REFILL_DEFER_SECONDS = 5.0  # longest a refill waits for runs and creates to end
 KERNEL_MB_ESTIMATE = 150.0  # a warm kernel with numpy and pandas, where none can be measured
+BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0  # after a failed start (a broken sandbox: no hot loop)
 
 
 class WarmPool:
@@ -58,6 +59,9 @@ class WarmPool:
         self._stopping = False
         # Why the last kernel start failed, None once one succeeds: /readyz reports it.
         self.error: str | None = None
+        # The wait after a failed start, doubling up to BACKOFF_MAX: the pool's, not a worker's, so
+        # that new workers (a refill after each take) do not start again at the shortest.
+        self.backoff = BACKOFF_MIN
 
     @property
     def ready(self) -> int:
@@ -126,7 +130,6 @@ class WarmPool:
 
     async def _worker(self, starts: int | None = None) -> None:
         """Start kernels while the pool is short (``starts``: at most that many tries)."""
-        backoff = 0.5
         while self._short() and not self._stopping and (starts is None or starts > 0):
             if starts is not None:
                 starts -= 1
@@ -136,12 +139,12 @@ class WarmPool:
             self._starting += 1
             try:
                 await self._start_one()
-                backoff, self.error = 0.5, None
+                self.backoff, self.error = BACKOFF_MIN, None
             except KernelmodeError as e:
-                self.error = str(e)
+                self.error = public_text(e)  # /readyz is public
+                backoff, self.backoff = self.backoff, min(self.backoff * 2, BACKOFF_MAX)
                 log.warning("warm pool: could not start a kernel (%s); retrying in %.1f s", e, backoff)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
             finally:
                 self._starting -= 1
 
@@ -232,10 +235,11 @@ class WarmPool:
     async def claim(self, limits: Limits) -> Kernel | None:
         """``take``, or, when a pool kernel is starting and nobody waits for it yet, that one
         once it is up: it is ready sooner than one started now beside it (the first session
-        after start, e.g. the embedded MCP server's)."""
+        after start, e.g. the embedded MCP server's). Not while the pool is failing: its next
+        start is likely to fail too, and the create's own start says why."""
         k = self.take(limits)
         if k is None and self._next is not None and not self._claimed and limits == self.settings.sandbox.limits \
-                and self.usable():
+                and self.usable() and self.error is None:
             self._claimed = True
             await asyncio.shield(self._next)
             if self._ready:

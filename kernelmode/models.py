@@ -65,18 +65,15 @@ class EgressNarrowing(_Strict):
     """Egress narrowed by a tenant (`server.tenants[].egress`) or a session (`POST /v1/sessions`
     `egress`): it can only narrow the policy above it (a wider `allow` is 403 `egress_refused`)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    allow: list[str] | None = Field(None, max_length=1000)
-    """Host patterns (`api.github.com`, `*.example.com`, `host:8443`); each must be covered by the
-    level above's `allow`, else it is refused naming the host. `null`: the level above's list;
-    `[]`: no egress."""
-    deny: list[str] = Field(default_factory=list, max_length=1000)
-    """Host patterns refused on top of the level above's `deny`."""
-    max_bytes_per_session: int | None = Field(None, ge=0)
-    """Lowers `egress.max_bytes_per_session`."""
-    max_connections_per_session: int | None = Field(None, ge=0)
-    """Lowers `egress.max_connections_per_session`."""
+    allow: list[str] | None = Field(None, max_length=1000, description=(
+        "Host patterns (`api.github.com`, `*.example.com`, `host:8443`); each must be covered by the\n"
+        "level above's `allow`, else it is refused naming the host. `null`: the level above's list;\n"
+        "`[]`: no egress."))
+    deny: list[str] = Field(default_factory=list, max_length=1000,
+                            description="Host patterns refused on top of the level above's `deny`.")
+    max_bytes_per_session: int | None = Field(None, ge=0, description="Lowers `egress.max_bytes_per_session`.")
+    max_connections_per_session: int | None = Field(
+        None, ge=0, description="Lowers `egress.max_connections_per_session`.")
 
     @field_validator("allow", "deny", mode="after")
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import sys
 from pathlib import Path
@@ -94,6 +95,17 @@ def _mcp(args: argparse.Namespace) -> int:
         from .mcp.stdio import bridge
 
         return asyncio.run(bridge(url, token))
+    # The embedded start allocates ~200k long-lived objects (modules, classes, pydantic schemas):
+    # the collector ran over them again and again (~0.1 s of CPU before the first result).
+    # Resumed once the service has started (embedded.py), or here if it never does.
+    gc.disable()
+    try:
+        return _embedded(args)
+    finally:
+        gc.enable()
+
+
+def _embedded(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.config)
     except ConfigError as e:

@@ -23,7 +23,15 @@ RunStatus = Literal["ok", "error", "timeout", "kernel_died", "running", "interru
 SessionStatus = Literal["starting", "idle", "busy", "restarting", "dead", "lost", "hibernated"]
 
 
-class _Strict(BaseModel):
+class _Model(BaseModel):
+    """What crosses a boundary. Each model's validator is built at its first use, not at import:
+    the settings import this module, and the embedded `kernelmode mcp` answers ``initialize``
+    before the session layer uses the API's models (validation is the same either way)."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
+class _Strict(_Model):
     """Request bodies: unknown fields are an error, not silently ignored."""
 
     model_config = ConfigDict(extra="forbid")
@@ -65,18 +73,15 @@ class EgressNarrowing(_Strict):
     """Egress narrowed by a tenant (`server.tenants[].egress`) or a session (`POST /v1/sessions`
     `egress`): it can only narrow the policy above it (a wider `allow` is 403 `egress_refused`)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    allow: list[str] | None = Field(None, max_length=1000)
-    """Host patterns (`api.github.com`, `*.example.com`, `host:8443`); each must be covered by the
-    level above's `allow`, else it is refused naming the host. `null`: the level above's list;
-    `[]`: no egress."""
-    deny: list[str] = Field(default_factory=list, max_length=1000)
-    """Host patterns refused on top of the level above's `deny`."""
-    max_bytes_per_session: int | None = Field(None, ge=0)
-    """Lowers `egress.max_bytes_per_session`."""
-    max_connections_per_session: int | None = Field(None, ge=0)
-    """Lowers `egress.max_connections_per_session`."""
+    allow: list[str] | None = Field(None, max_length=1000, description=(
+        "Host patterns (`api.github.com`, `*.example.com`, `host:8443`); each must be covered by the\n"
+        "level above's `allow`, else it is refused naming the host. `null`: the level above's list;\n"
+        "`[]`: no egress."))
+    deny: list[str] = Field(default_factory=list, max_length=1000,
+                            description="Host patterns refused on top of the level above's `deny`.")
+    max_bytes_per_session: int | None = Field(None, ge=0, description="Lowers `egress.max_bytes_per_session`.")
+    max_connections_per_session: int | None = Field(
+        None, ge=0, description="Lowers `egress.max_connections_per_session`.")
 
     @field_validator("allow", "deny", mode="after")
     @classmethod
@@ -84,12 +89,12 @@ class EgressNarrowing(_Strict):
         return None if v is None else check_patterns(v)
 
 
-class EgressSecretInfo(BaseModel):
+class EgressSecretInfo(_Model):
     host: str
     header: str = Field(description="The header the proxy adds for this host (its value is never shown).")
 
 
-class EgressInfo(BaseModel):
+class EgressInfo(_Model):
     """A session's effective egress policy, without secret values."""
 
     allow: list[str] = Field(description="Host patterns the session's kernel may reach.")
@@ -100,7 +105,7 @@ class EgressInfo(BaseModel):
     max_connections_per_session: int
 
 
-class EgressUse(BaseModel):
+class EgressUse(_Model):
     """One host a run's code reached (or was refused) through the egress proxy."""
 
     host: str
@@ -141,7 +146,7 @@ class SessionCreate(_Strict):
         "its source's.")
 
 
-class SessionInfo(BaseModel):
+class SessionInfo(_Model):
     session_id: str
     status: SessionStatus
     created_at: datetime
@@ -168,7 +173,7 @@ class SessionInfo(BaseModel):
         "never shown); null: no egress.")
 
 
-class SessionList(BaseModel):
+class SessionList(_Model):
     """One page of a session listing, in creation order (then id)."""
 
     sessions: list[SessionInfo]
@@ -209,13 +214,13 @@ class OneShotRequest(_Strict):
         None, description="Narrow the tenant's egress for this run (as in POST /v1/sessions).")
 
 
-class RunError(BaseModel):
+class RunError(_Model):
     ename: str
     evalue: str
     traceback: str = Field(description="Plain text, without ANSI colour codes.")
 
 
-class DeathCause(BaseModel):
+class DeathCause(_Model):
     """Why a kernel died, so that programs need not parse prose."""
 
     kind: Literal["exit", "signal", "oom", "lost", "unknown"] = Field(
@@ -234,7 +239,7 @@ class DeathCause(BaseModel):
         return data
 
 
-class ToolCall(BaseModel):
+class ToolCall(_Model):
     """One host-tool call made by kernel code during a run."""
 
     tool: str
@@ -245,7 +250,7 @@ class ToolCall(BaseModel):
     bytes_out: int = Field(description="Size of the reply (result or error).")
 
 
-class PendingApproval(BaseModel):
+class PendingApproval(_Model):
     """A call (or, for the code policy, a whole run) waiting for a person's yes/no."""
 
     call_id: str = Field(description="POST /v1/runs/{run_id}/approvals/{call_id} decides it.")
@@ -253,7 +258,7 @@ class PendingApproval(BaseModel):
     arguments: dict[str, Any] = Field(description="The call's arguments (cut when very large).")
 
 
-class ApprovalRequest(BaseModel):
+class ApprovalRequest(_Model):
     """``POST /v1/runs/{run_id}/approvals/{call_id}``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -261,7 +266,7 @@ class ApprovalRequest(BaseModel):
     reason: str | None = Field(None, max_length=2000, description="Shown to the code (ToolDenied) and audited.")
 
 
-class ApprovalAnswer(BaseModel):
+class ApprovalAnswer(_Model):
     run_id: str
     call_id: str
     approved: bool
@@ -269,7 +274,7 @@ class ApprovalAnswer(BaseModel):
     by: str = Field(description="Who decided: rest, mcp, timeout, run_ended, policy.")
 
 
-class Artifact(BaseModel):
+class Artifact(_Model):
     """A file the run created or changed, or a rich output it displayed, kept in the store."""
 
     path: str = Field(description="/mnt/data/... for files; outputs/output-N.ext for displays.")
@@ -280,7 +285,7 @@ class Artifact(BaseModel):
     download_url: str = Field(description="Absolute link that works without the API token.")
 
 
-class WorkspaceFile(BaseModel):
+class WorkspaceFile(_Model):
     name: str
     path: str
     size_bytes: int
@@ -288,34 +293,34 @@ class WorkspaceFile(BaseModel):
     modified: datetime
 
 
-class FileList(BaseModel):
+class FileList(_Model):
     files: list[WorkspaceFile]
     truncated: bool = Field(False, description="The walk stopped at its bound: not every file is listed.")
     note: str | None = Field(None, description="Where and why the walk stopped, when it did.")
 
 
-class ArtifactList(BaseModel):
+class ArtifactList(_Model):
     artifacts: list[Artifact]
 
 
-class UploadResult(BaseModel):
+class UploadResult(_Model):
     path: str = Field(description="Where kernel code finds the file, e.g. /mnt/data/sales.csv.")
     size_bytes: int
 
 
-class FileDeleted(BaseModel):
+class FileDeleted(_Model):
     """The answer to ``DELETE /v1/sessions/{id}/files/{path}``."""
 
     path: str = Field(description="The file removed, e.g. /mnt/data/sales.csv.")
     deleted: bool = True
 
 
-class RestoredFrom(BaseModel):
+class RestoredFrom(_Model):
     checkpoint_id: str
     age_seconds: float = Field(description="How old the checkpoint was when it was restored.")
 
 
-class RunResult(BaseModel):
+class RunResult(_Model):
     run_id: str
     session_id: str
     status: RunStatus
@@ -362,13 +367,13 @@ class RunResult(BaseModel):
         return data
 
 
-class ErrorDetail(BaseModel):
+class ErrorDetail(_Model):
     code: str
     message: str
     details: Any | None = None
 
 
-class RunProgress(BaseModel):
+class RunProgress(_Model):
     """``GET /v1/runs/{run_id}``: a run's output since ``offset``, and its result once it ended."""
 
     run_id: str
@@ -394,20 +399,20 @@ class RunProgress(BaseModel):
                                  "(as the result's ``outputs_dropped`` once done).")
 
 
-class ErrorBody(BaseModel):
+class ErrorBody(_Model):
     error: ErrorDetail
 
 
-class Health(BaseModel):
+class Health(_Model):
     status: Literal["ok", "unavailable"]
     checks: dict[str, Any] = Field(default_factory=dict)
 
 
-class ToolList(BaseModel):
+class ToolList(_Model):
     tools: list[ToolInfo]
 
 
-class ToolMatches(BaseModel):
+class ToolMatches(_Model):
     """``GET /v1/tools?q=...``: the tools that best fit the intent, best first."""
 
     tools: list[ToolMatch]
@@ -421,12 +426,12 @@ class PackagesRequest(_Strict):
         description="Requirements: 'name', 'name==1.2', 'name>=1,<2', 'name[extra]'.")
 
 
-class PackageRef(BaseModel):
+class PackageRef(_Model):
     name: str
     version: str
 
 
-class PackagesResult(BaseModel):
+class PackagesResult(_Model):
     """What an install did: ``installed`` now, ``already`` there (in the session or the kernel)."""
 
     installed: list[PackageRef] = Field(default_factory=list)
@@ -443,17 +448,17 @@ class LayerWheel(PackageRef):
 
 
 # -- checkpoints -----------------------------------------------------------------------------------
-class SkippedVariable(BaseModel):
+class SkippedVariable(_Model):
     name: str
     reason: str = Field(description="Why it was not saved (open file, socket, generator, size cap...).")
 
 
-class SkippedFile(BaseModel):
+class SkippedFile(_Model):
     path: str
     reason: str = Field(description="Why it is not in the checkpoint (over the workspace's disk_mb budget).")
 
 
-class CheckpointInfo(BaseModel):
+class CheckpointInfo(_Model):
     """Answer of ``POST /v1/sessions/{id}/checkpoint`` (and one entry of the list)."""
 
     checkpoint_id: str
@@ -473,5 +478,5 @@ class CheckpointInfo(BaseModel):
         "The session's installed packages: a fork gets the same wheels from the package cache."))
 
 
-class CheckpointList(BaseModel):
+class CheckpointList(_Model):
     checkpoints: list[CheckpointInfo]

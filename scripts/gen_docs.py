@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from kernelmode.config import ENV_PREFIX, GATEWAY_CONFIG_DIR, REPO_ROOT, Settings  # noqa: E402
+from kernelmode.config.docs import field_descriptions  # noqa: E402
 
 SETTINGS_PAGE = REPO / "docs" / "reference" / "settings.md"
 PERFORMANCE_PAGE = REPO / "docs" / "performance.md"
@@ -117,10 +118,11 @@ def _section(model: type[BaseModel], path: str, env: str | None, out: list[str])
         out += [" ".join(doc.split()), ""]
     out += ["| key | type | default | range | environment | description |", "|---|---|---|---|---|---|"]
     nested: list[tuple[type[BaseModel], str, str | None]] = []
+    descriptions = field_descriptions(model)
     for name, field in model.model_fields.items():
         key_env = f"`{env}__{name.upper()}`" if env else "(the list's variable)"
         out.append(f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} | {_range(field)} "
-                   f"| {key_env} | {_cell(field.description or '')} |")
+                   f"| {key_env} | {_cell(descriptions.get(name, ''))} |")
         for sub in _models_in(field.annotation):
             is_list = typing.get_origin(field.annotation) is list
             nested.append((sub, f"{path}.{name}" + ("[]" if is_list else ""),

@@ -1,5 +1,5 @@
-"""What every settings section shares: the base model (unknown keys refused, attribute docstrings
-as descriptions), the environment prefix and the default places of the kernel environment and the
+"""What every settings section shares: the base model (unknown keys refused; attribute docstrings
+are the descriptions, read by ``docs.field_descriptions``), the environment prefix and the default places of the kernel environment and the
 gateway's config."""
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def default_kernel_env() -> Path:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    # Not use_attribute_docstrings: it parses the module's source at every start (config/docs.py).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 TENANT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"

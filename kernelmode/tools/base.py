@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class ToolInfo(BaseModel):
+    model_config = ConfigDict(defer_build=True)  # built at its first use (models._Model)
     """A tool as listed by ``GET /v1/tools`` and sent to kernels (``tools.help()``)."""
 
     name: str = Field(description="Full name: 'add', or 'server.tool' for an upstream MCP server's tool.")
@@ -22,6 +23,7 @@ class ToolInfo(BaseModel):
 
 
 class ToolMatch(BaseModel):
+    model_config = ConfigDict(defer_build=True)  # built at its first use (models._Model)
     """One answer of ``search_tools``: enough for a model to call the tool from code."""
 
     name: str = Field(description="Full name: 'add', or 'server.tool' for an upstream MCP server's tool.")

@@ -329,3 +329,30 @@ def test_an_unset_variable_is_a_clear_error(missing: str) -> None:
     proc = _config_check(EXAMPLE, proc_env)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"kernelmode: {expected}"
+
+
+def test_descriptions_come_from_the_source_not_from_the_start() -> None:
+    """The reference's descriptions are read from the source on demand (config/docs.py): a start
+    builds the settings without parsing their modules (pydantic's use_attribute_docstrings did,
+    ~40 ms of every start), and a field keeps its description= over its attribute docstring."""
+    from pydantic import Field
+
+    from kernelmode.config.docs import field_descriptions
+
+    assert not [path for path, model, _ in MODELS if model.model_config.get("use_attribute_docstrings")]
+
+    class Base(BaseModel):
+        a: int = 0
+        """A, from the base."""
+
+    class Child(Base):
+        b: int = Field(0, description="B, given.")
+        """B, not this."""
+        c: int = 0
+        """C's first line.
+
+            Its second."""
+        d: int = 0
+
+    assert field_descriptions(Child) == {"a": "A, from the base.", "b": "B, given.", "c": "C's first line.\n\nIts second."}
+    assert field_descriptions(Settings)["server"]  # a section's own description

@@ -56,6 +56,7 @@ class Liveness:
         # kernel id -> (probes missed in a row, loop time of the first of them); a replaced
         # kernel has a new id, and so starts afresh.
         self._silence: dict[str, tuple[int, float]] = {}
+        self._closing: set[asyncio.Task[None]] = set()  # probe websockets being closed
 
     @property
     def interval(self) -> float:
@@ -75,6 +76,9 @@ class Liveness:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for closing in list(self._closing):
+            closing.cancel()
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def _loop(self) -> None:
         while True:
@@ -168,4 +172,8 @@ class Liveness:
             return False
         finally:
             if probe_conn is not None:
-                await probe_conn.close()
+                # Not awaited: a gateway restarting the kernel may not answer the websocket's
+                # closing handshake, and its 10 s wait would hold up every other probe.
+                closing = asyncio.create_task(probe_conn.close(), name=f"probe-close-{k.kernel_id}")
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)

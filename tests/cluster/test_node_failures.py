@@ -28,9 +28,19 @@ from tests.support.cluster import eg as eg_mod
 from tests.support.cluster import rig as rig_mod
 from tests.support.cluster.failures import BLACKHOLE, FAST, node_of, run
 
+# Each case's timings. A lost kernel's background DELETE (EG holds one on a failed node ~30 s,
+# then fails) is given 5 s: the test and the teardown wait for it to be reported. A killed node
+# refuses SSH at once, so EG never freezes: its restart of a dead kernel fails fast, and the
+# manager's wait for that restart (a launch's time, then the kernel is lost) can be short. A
+# blackholed node freezes EG on its SSH attempts (~40 s with two dead kernels): the launch timeout
+# is also how long a silent gateway is trusted, and below that freeze the healthy node's sessions
+# would be given up too, so that case keeps 30 s.
+BLACKHOLED = {**FAST, "KERNELMODE_GATEWAY__SHUTDOWN_TIMEOUT_SECONDS": "5"}
+KILLED = {**BLACKHOLED, "KERNELMODE_GATEWAY__LAUNCH_TIMEOUT_SECONDS": "15"}
 
-@pytest.fixture()
-def cluster() -> Iterator[tuple[rig_mod.Rig, eg_mod.EnterpriseGateway, Server]]:
+
+@contextlib.contextmanager
+def _cluster(env: dict[str, str]) -> Iterator[tuple[rig_mod.Rig, eg_mod.EnterpriseGateway, Server]]:
     """A rig, its EG and a `serve` of their own for each test: a failed node is not reused."""
     why = rig_mod.missing() or eg_mod.missing()
     if why:
@@ -42,7 +52,7 @@ def cluster() -> Iterator[tuple[rig_mod.Rig, eg_mod.EnterpriseGateway, Server]]:
     cfg.write_text(SERVE_CONFIG)
     try:
         eg = eg_mod.start(rig)
-        srv = start_server({**eg.env(), **FAST}, data_dir=data_dir, args=["--config", str(cfg)])
+        srv = start_server({**eg.env(), **env}, data_dir=data_dir, args=["--config", str(cfg)])
         yield rig, eg, srv
     finally:
         if srv is not None:
@@ -53,6 +63,18 @@ def cluster() -> Iterator[tuple[rig_mod.Rig, eg_mod.EnterpriseGateway, Server]]:
         shutil.rmtree(data_dir, ignore_errors=True)
         for p in (cfg, data_dir.with_suffix(".log")):
             p.unlink(missing_ok=True)
+
+
+@pytest.fixture()
+def killed_cluster() -> Iterator[tuple[rig_mod.Rig, eg_mod.EnterpriseGateway, Server]]:
+    with _cluster(KILLED) as c:
+        yield c
+
+
+@pytest.fixture()
+def blackholed_cluster() -> Iterator[tuple[rig_mod.Rig, eg_mod.EnterpriseGateway, Server]]:
+    with _cluster(BLACKHOLED) as c:
+        yield c
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 240) -> Any:
@@ -151,14 +173,14 @@ def blackhole_node(rig: rig_mod.Rig, node: rig_mod.Node) -> None:
     rig_mod._run(rig_mod.IP, "netns", "exec", node.netns, rig_mod.NFT, "-f", "-", input=BLACKHOLE)
 
 
-def test_a_killed_node(cluster) -> None:  # noqa: ANN001
-    failure_case(cluster, kill_node, "node killed")
+def test_a_killed_node(killed_cluster) -> None:  # noqa: ANN001
+    failure_case(killed_cluster, kill_node, "node killed")
 
 
-def test_a_blackholed_node(cluster) -> None:  # noqa: ANN001
-    rig, _, srv = cluster
+def test_a_blackholed_node(blackholed_cluster) -> None:  # noqa: ANN001
+    rig, _, srv = blackholed_cluster
     try:
-        failure_case(cluster, blackhole_node, "node blackholed")
+        failure_case(blackholed_cluster, blackhole_node, "node blackholed")
     finally:
         with contextlib.suppress(RuntimeError):
             rig_mod._run(rig_mod.IP, "netns", "exec", rig.node("a").netns, rig_mod.NFT, "delete", "table",

@@ -25,7 +25,8 @@ from tests.tools.test_mcp_upstream import SERVER as MCP_SERVER
 
 INTERN = secrets.token_urlsafe(16)
 OTHER = secrets.token_urlsafe(16)
-TIMEOUT = 20  # approval_timeout_seconds of this server: long enough for a test to answer first
+TIMEOUT = 12  # approval_timeout_seconds of this server: long enough for a test to answer first (a
+# loaded machine answers in a second or two), short for the one test that waits it out
 
 CONFIG = """
 server:

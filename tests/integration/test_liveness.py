@@ -24,8 +24,9 @@ FAST = {
     "KERNELMODE_GATEWAY__PROBE_TIMEOUT_SECONDS": "2",
     "KERNELMODE_GATEWAY__PROBE_MISSES": "2",
     "KERNELMODE_GATEWAY__SHUTDOWN_TIMEOUT_SECONDS": "5",
-    # How long a silent gateway is given before its kernels count as lost (the frozen-gateway test).
-    "KERNELMODE_SESSIONS__KERNEL_START_TIMEOUT_SECONDS": "20",
+    # How long a silent gateway is given before its kernels count as lost (the frozen-gateway test
+    # waits it out); still several times a loaded machine's kernel start, which it also bounds.
+    "KERNELMODE_SESSIONS__KERNEL_START_TIMEOUT_SECONDS": "12",
 }
 
 

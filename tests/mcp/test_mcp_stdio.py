@@ -26,8 +26,35 @@ def params(*args: str, env: dict[str, str] | None = None) -> StdioServerParamete
                                  env={**os.environ, **(env or {})}, cwd=str(REPO))
 
 
-def embedded_dirs() -> set[Path]:
-    return set(Path("/tmp").glob("kernelmode-mcp-*"))
+def _parent(pid: int) -> int:
+    try:  # /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _started_by_this_test(pid: int) -> bool:
+    while pid > 1:
+        pid = _parent(pid)
+        if pid == os.getpid():
+            return True
+    return False
+
+
+def own_embedded_dir() -> Path:
+    """The data dir of the embedded service this test launched: its owner.pid names a process
+    started from this one. Other test runs on the machine make their own kernelmode-mcp-* dirs
+    at the same time, so counting new ones is not enough."""
+    own = []
+    for d in Path("/tmp").glob("kernelmode-mcp-*"):
+        try:
+            owner = int((d / "owner.pid").read_text())
+        except (OSError, ValueError):
+            continue  # another's, being made or swept
+        if _started_by_this_test(owner):
+            own.append(d)
+    assert len(own) == 1, own  # a data dir of its own
+    return own[0]
 
 
 def mounts_under(prefix: str) -> list[str]:
@@ -40,7 +67,6 @@ def text(result) -> str:
 
 
 async def test_embedded_keeps_variables_and_cleans_up_when_the_client_goes() -> None:
-    before = embedded_dirs()
     async with Client(stdio_client(params())) as client:
         names = {t.name for t in (await client.list_tools()).tools}
         assert {"run_python", "get_run", "upload_file", "read_artifact"} <= names
@@ -50,9 +76,7 @@ async def test_embedded_keeps_variables_and_cleans_up_when_the_client_goes() -> 
         again = await client.call_tool("run_python", {"code": "x + 1"})
         assert again.structured_content["result"] == "42"
         assert again.structured_content["session_id"] == sid
-        new = embedded_dirs() - before
-        assert len(new) == 1  # a data dir of its own
-        data_dir = new.pop()
+        data_dir = own_embedded_dir()
         err = await client.call_tool("run_python", {"code": "1/0"})
         assert err.is_error and "ZeroDivisionError" in text(err)
         # The sandbox is the same as serve's: no host files.
@@ -196,7 +220,6 @@ async def test_a_start_that_fails_answers_initialize_and_each_run_with_what_to_d
     """No kernel environment where the settings say (a real misconfiguration): initialize and the
     tool list are answered; run_python answers isError naming the problem and what to do, every
     time (no hang, no crash); and the process cleans up and exits when the client goes."""
-    before = embedded_dirs()
     env = {"KERNELMODE_SANDBOX__KERNEL_PYTHON": "/nonexistent/kernel-venv/bin/python"}
     async with Client(stdio_client(params(env=env))) as client:
         assert "run_python" in {t.name for t in (await client.list_tools()).tools}
@@ -207,7 +230,7 @@ async def test_a_start_that_fails_answers_initialize_and_each_run_with_what_to_d
             assert "could not start" in message and "/nonexistent/kernel-venv/bin/python" in message, message
             assert "kernelmode setup" in message and "restart the MCP server" in message, message
             assert failed.structured_content["error"]["code"] == "sandbox_unavailable"
-        data_dir = (embedded_dirs() - before).pop()
+        data_dir = own_embedded_dir()
     assert_cleaned_up(data_dir)  # stdin closed: kernels, gateway and data dir gone
 
 

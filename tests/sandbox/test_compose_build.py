@@ -1,17 +1,22 @@
 """The service image built offline, as docs/docker.md tells an air-gapped site to: a wheelhouse
-made from this checkout (scripts/wheelhouse.sh, served by pip's cache after the first time), the
-local base image, and `docker compose build` with BUILD_NETWORK=none, so the build has no network
-at all (the same build without the wheelhouse fails there: the network really is cut). The image
-then runs with --network none: `kernelmode --help`, and `serve` answering /healthz inside it.
-Runs when the suite runs against Docker (`make docker-test`, KM_TEST_BACKEND=docker)."""
+made from this checkout (scripts/wheelhouse.sh, served by pip's cache after the first time; a
+fresh clone copies the one made on this machine before for the same inputs), the local base
+image, and `docker compose build` with BUILD_NETWORK=none, so the build has no network at all
+(the same build without the wheelhouse fails there: the network really is cut). The image then
+runs with --network none: `kernelmode --help`, and `serve` answering /healthz inside it. Runs
+when the suite runs against Docker (`make docker-test`, KM_TEST_BACKEND=docker)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +44,11 @@ def local_base() -> str:
     pytest.fail("no base image: run `make docker-setup`")
 
 
+# Wheelhouses made before on this machine, by their inputs' hash: a fresh clone copies one
+# instead of running scripts/wheelhouse.sh again (~35 s) for the same inputs.
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kernelmode-tests"
+
+
 @pytest.fixture(scope="module")
 def wheelhouse() -> str:
     """Made again only when what decides its content changed (the stamp): the image layer that
@@ -47,12 +57,32 @@ def wheelhouse() -> str:
     for name in ("pyproject.toml", "scripts/wheelhouse.sh"):
         inputs.update((REPO / name).read_bytes())
     stamp = REPO / WHEELHOUSE / ".inputs"
-    if not stamp.is_file() or stamp.read_text() != inputs.hexdigest():
+    if stamp.is_file() and stamp.read_text() == inputs.hexdigest():
+        return WHEELHOUSE
+    cached = CACHE / f"wheelhouse-{inputs.hexdigest()[:16]}"
+    if cached.is_dir():
+        shutil.rmtree(REPO / WHEELHOUSE, ignore_errors=True)
+        shutil.copytree(cached, REPO / WHEELHOUSE)
+    else:
         done = subprocess.run(["bash", "scripts/wheelhouse.sh", WHEELHOUSE], cwd=REPO, capture_output=True,
                               text=True, timeout=900)
         assert done.returncode == 0, f"scripts/wheelhouse.sh failed: {done.stderr[-3000:]}"
         stamp.write_text(inputs.hexdigest())
+        _keep(REPO / WHEELHOUSE, cached)
     return WHEELHOUSE
+
+
+def _keep(made: Path, cached: Path) -> None:
+    """A copy in the cache, whole or not at all (another run may put one there first); a cache
+    that cannot be written costs only time."""
+    with contextlib.suppress(OSError):
+        CACHE.mkdir(parents=True, exist_ok=True)
+        part = Path(tempfile.mkdtemp(prefix=f"{cached.name}-", dir=CACHE))
+        try:
+            shutil.copytree(made, part, dirs_exist_ok=True)
+            part.rename(cached)
+        finally:
+            shutil.rmtree(part, ignore_errors=True)
 
 
 # How apt (Debian base) or pip (python:3.11-slim) says it cannot reach its index.

@@ -139,3 +139,39 @@ def test_a_restarting_kernel_gets_a_launch_time() -> None:
 def test_death_cause_leaves_an_empty_detail_out() -> None:
     assert DeathCause(kind="exit", exit_code=3).model_dump() == {"kind": "exit", "exit_code": 3, "signal": None}
     assert DeathCause(kind="lost", detail="x").model_dump()["detail"] == "x"
+
+
+class UnclosingConn(FakeConn):
+    """A fresh probe websocket whose closing handshake the gateway never answers (Enterprise
+    Gateway, for a kernel it is restarting on a dead node: websockets then waits 10 s)."""
+
+    def __init__(self) -> None:
+        super().__init__(answers=False)
+        self.release = asyncio.Event()
+        self.closed = False
+
+    async def close(self) -> None:
+        await self.release.wait()
+        self.closed = True
+
+
+def test_a_close_the_gateway_never_answers_holds_up_no_sweep() -> None:
+    async def go() -> None:
+        liveness, k, told = _setup(answers=False, misses=2)
+        k.needs_ready = True  # restarted: probed over a fresh websocket
+        conn = UnclosingConn()
+
+        async def connect(kernel_id: str, on_status: Any) -> UnclosingConn:
+            return conn
+
+        k.env.gateway.connect = connect  # type: ignore[attr-defined]
+        # The bound only keeps a broken sweep from hanging the test; each sweep returns at once.
+        for _ in range(2):
+            await asyncio.wait_for(liveness.sweep(), 60)
+        assert k.state is KernelState.LOST and len(told) == 1 and not conn.closed
+        conn.release.set()  # the close goes on in the background, and ends
+        await asyncio.sleep(0)
+        await asyncio.gather(*liveness._closing)
+        assert conn.closed
+
+    asyncio.run(go())

@@ -138,9 +138,10 @@ class Liveness:
         misses += 1
         self._silence[k.kernel_id] = (misses, since)
         allowed = self.settings.gateway.probe_misses
-        log.info("kernel %s did not answer a liveness probe (%d of %d)", k.kernel_id, misses, allowed)
         # A kernel being restarted may take a launch's time to answer again.
         restarting = k.state is KernelState.RESTARTING and now - since < k.env.start_timeout
+        log.info("kernel %s did not answer a liveness probe (%d in a row; lost at %d%s)", k.kernel_id, misses,
+                 allowed, f" once its restart has had {k.env.start_timeout:g} s" if restarting else "")
         if misses < allowed or restarting:
             return
         self.lost += 1

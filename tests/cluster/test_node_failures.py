@@ -32,11 +32,13 @@ from tests.support.cluster.failures import BLACKHOLE, FAST, node_of, run
 # then fails) is given 5 s: the test and the teardown wait for it to be reported. A killed node
 # refuses SSH at once, so EG never freezes: its restart of a dead kernel fails fast, and the
 # manager's wait for that restart (a launch's time, then the kernel is lost) can be short. A
-# blackholed node freezes EG on its SSH attempts (~40 s with two dead kernels): the launch timeout
-# is also how long a silent gateway is trusted, and below that freeze the healthy node's sessions
-# would be given up too, so that case keeps 30 s.
-BLACKHOLED = {**FAST, "KERNELMODE_GATEWAY__SHUTDOWN_TIMEOUT_SECONDS": "5"}
-KILLED = {**BLACKHOLED, "KERNELMODE_GATEWAY__LAUNCH_TIMEOUT_SECONDS": "15"}
+# blackholed node freezes EG on its SSH attempts (~30-40 s with two dead kernels): the launch
+# timeout is also how long a silent gateway is trusted, and below that freeze the healthy node's
+# sessions would be given up too. With 30 s they were judged once as EG came back, ~2 s before a
+# second miss would have lost them: that case gets 40 s, a margin a loaded machine cannot eat.
+BLACKHOLED = {**FAST, "KERNELMODE_GATEWAY__SHUTDOWN_TIMEOUT_SECONDS": "5",
+              "KERNELMODE_GATEWAY__LAUNCH_TIMEOUT_SECONDS": "40"}
+KILLED = {**BLACKHOLED, "KERNELMODE_GATEWAY__LAUNCH_TIMEOUT_SECONDS": "15"}  # EG never freezes there
 
 
 @contextlib.contextmanager

@@ -9,7 +9,6 @@ import hashlib
 import os
 import socket
 import ssl
-import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -196,6 +195,5 @@ def test_a_tunnel_through_the_proxy_is_closed_when_idle(rig: Rig, open_session) 
         raw.sendall(f"CONNECT secure.test:{rig.https.port} HTTP/1.1\r\nHost: secure.test\r\n\r\n".encode())
         assert raw.recv(4096).startswith(b"HTTP/1.1 200")
         with ctx.wrap_socket(raw, server_hostname="secure.test", suppress_ragged_eofs=True) as tls:
-            started = time.monotonic()
-            assert tls.recv(100) == b""  # closed by the proxy, well before the 30 s allowed
-            assert time.monotonic() - started < 29
+            # Closed by the proxy: the socket's own 30 s timeout would raise instead of this EOF.
+            assert tls.recv(100) == b""

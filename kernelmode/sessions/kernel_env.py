@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..artifacts.volume import WorkspaceVolumes
 from ..audit import audit
-from ..config import Settings
+from ..config import ADMIN_TENANT, Settings
 from ..errors import KernelmodeError, KernelUnavailable, SandboxUnavailable
 from ..gateway.client import GatewayClient
 from ..gateway.execution import OutputCollector
@@ -131,13 +131,18 @@ class Kernels:
         how = (f"exit status {cause.exit_code}" if cause.kind == "exit" else
                f"killed by signal {cause.signal}" if cause.kind == "signal" else
                "killed for memory" if cause.kind == "oom" else "cause unknown")
-        said = f"{OUTPUT_NOTE}{output!r}" if output else "; it wrote nothing"
+        log.warning("kernel %s died as it started (%s)%s", k.kernel_id, how, f"{OUTPUT_NOTE}{output!r}" if output else "")
+        # What the sandbox or Python printed may name the host's paths and settings: the
+        # operator's to read (the admin token, the log), not a tenant's.
+        operator = k.info.tenant in (None, ADMIN_TENANT)
+        said = ("; it wrote nothing" if not output else f"{OUTPUT_NOTE}{output!r}" if operator
+                else "; its last output is in the server's log")
         todo = (memory_hint(k.info.limits.memory_mb) if cause.kind == "oom" else
                 "The sandbox or the kernel environment cannot run kernels as configured: run "
                 "`kernelmode doctor` with the server's settings and see the server's log")
         return SandboxUnavailable(f"the kernel died as it started ({how}), and so did the gateway's "
                                   f"restarts of it{said}. {todo}",
-                                  details={"cause": cause.model_dump(), "output": output})
+                                  details={"cause": cause.model_dump(), **({"output": output} if operator else {})})
 
     async def _start(self, info: SessionInfo) -> Kernel:
         """Start a sandboxed kernel with its own workspace, connect, install the preamble."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from tests.conftest import BACKEND, Server, start_server, wait_for
 from tests.mcp.conftest import mcp_client
 
 SAID = "kmtest: this sandbox refuses kernels"
+TENANT = "tenant-" + secrets.token_hex(8)  # a tenant's token on the broken server
+TENANTS = {"KERNELMODE_SERVER__TENANTS": f"[{{name: alpha, token: '{TENANT}'}}]"}
 KERNEL_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-")  # a kernel's entries in the runtime dir
 
 
@@ -39,7 +42,8 @@ def broken() -> Iterator[Server]:
         entrypoint = json.dumps(["/bin/sh", "-c", REFUSE + '; exec "$@"', "sh"])
         dockerfile = f"FROM kernelmode/kernel:latest\nENTRYPOINT {entrypoint}\n"
         engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=IMAGE, rm=True, network_mode="none")
-        srv = start_server({"KERNELMODE_SANDBOX__DOCKER_IMAGE": IMAGE, "KERNELMODE_SESSIONS__POOL_SIZE": "1"})
+        srv = start_server({"KERNELMODE_SANDBOX__DOCKER_IMAGE": IMAGE, "KERNELMODE_SESSIONS__POOL_SIZE": "1",
+                            **TENANTS})
         yield srv
         srv.discard()
         engine.images.remove(IMAGE, force=True)
@@ -50,7 +54,8 @@ def broken() -> Iterator[Server]:
     wrapper = exe_dir / "bwrap"
     wrapper.write_text(f'#!/bin/sh\n{REFUSE}\nexec {shutil.which("bwrap") or "/usr/bin/bwrap"} "$@"\n')
     wrapper.chmod(0o755)
-    srv = start_server({"KERNELMODE_SANDBOX__BWRAP_PATH": str(wrapper), "KERNELMODE_SESSIONS__POOL_SIZE": "1"})
+    srv = start_server({"KERNELMODE_SANDBOX__BWRAP_PATH": str(wrapper), "KERNELMODE_SESSIONS__POOL_SIZE": "1",
+                        **TENANTS})
     yield srv
     srv.discard()
     shutil.rmtree(exe_dir)
@@ -71,6 +76,18 @@ def test_a_create_whose_kernel_dies_at_start_says_why(broken: Server) -> None:
         assert error["details"]["cause"] == {"kind": "exit", "exit_code": 3, "signal": None}, error
         assert error["details"]["output"] == SAID, error
         assert c.get("/v1/sessions").json()["sessions"] == []  # nothing half-made is left
+
+
+def test_a_tenant_is_told_the_cause_but_not_the_kernels_output(broken: Server) -> None:
+    """What the sandbox printed may name the host's paths: the operator's (admin token, log)."""
+    with broken.client(TENANT) as c:
+        r = c.post("/v1/sessions", json={})
+    assert r.status_code == 503, r.text
+    error = r.json()["error"]
+    assert error["code"] == "sandbox_unavailable" and "exit status 3" in error["message"], error
+    assert SAID not in r.text and "in the server's log" in error["message"], error
+    assert "output" not in error["details"], error
+    assert SAID in broken.log()
 
 
 async def test_run_python_gets_the_same_cause(broken: Server) -> None:

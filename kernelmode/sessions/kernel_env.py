@@ -87,6 +87,7 @@ class Kernels:
                 await asyncio.wait_for(self.gateway.shutdown_kernel(kernel_id, self.settings.gateway.
                                                                     shutdown_timeout_seconds),
                                        self.settings.gateway.shutdown_timeout_seconds + 1)
+                log.info("kernel %s: shut down in the background", kernel_id)
             except (KernelmodeError, asyncio.TimeoutError) as e:
                 log.warning("kernel %s: the gateway did not shut it down (%s); left to the gateway",
                             kernel_id, e)

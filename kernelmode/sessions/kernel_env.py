@@ -110,8 +110,9 @@ class Kernels:
         for attempt in range(1, attempts + 1):
             try:
                 return await self._start(info)
-            except SandboxUnavailable:
-                raise  # the sandbox refused these limits: another try gets the same answer
+            except SandboxUnavailable as e:  # the sandbox refused these limits: another try gets the same answer
+                audit("kernel_start_failed", session_id=info.session_id, attempt=attempt, error=e.message[:300])
+                raise
             except KernelmodeError as e:
                 if attempt == attempts:
                     raise KernelUnavailable(f"could not start a kernel ({attempts} attempt(s)); "

@@ -346,7 +346,8 @@ class GatewaySettings(_Section):
     launch_attempts: int = Field(3, ge=1, le=20, description="Kernel starts tried (the gateway may "
                                  "pick another node each time) before a create answers 503.")
     shutdown_timeout_seconds: float = Field(15.0, gt=0, description="Bound on the background DELETE "
-                                            "of a lost or failed kernel (nothing waits for it).")
+                                            "of a lost or failed kernel, or of a deleted session's "
+                                            "on an external gateway (nothing waits for it).")
 
     @field_validator("config_dir", mode="after")
     @classmethod

@@ -87,6 +87,7 @@ class Kernels:
                 await asyncio.wait_for(self.gateway.shutdown_kernel(kernel_id, self.settings.gateway.
                                                                     shutdown_timeout_seconds),
                                        self.settings.gateway.shutdown_timeout_seconds + 1)
+                log.info("kernel %s: shut down in the background", kernel_id)
             except (KernelmodeError, asyncio.TimeoutError) as e:
                 log.warning("kernel %s: the gateway did not shut it down (%s); left to the gateway",
                             kernel_id, e)
@@ -109,8 +110,9 @@ class Kernels:
         for attempt in range(1, attempts + 1):
             try:
                 return await self._start(info)
-            except SandboxUnavailable:
-                raise  # the sandbox refused these limits: another try gets the same answer
+            except SandboxUnavailable as e:  # the sandbox refused these limits: another try gets the same answer
+                audit("kernel_start_failed", session_id=info.session_id, attempt=attempt, error=e.message[:300])
+                raise
             except KernelmodeError as e:
                 if attempt == attempts:
                     raise KernelUnavailable(f"could not start a kernel ({attempts} attempt(s)); "

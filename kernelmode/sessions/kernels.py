@@ -403,11 +403,13 @@ class Kernel:
         pop_death_record(self.env.state_dir, self.kernel_id)
 
     async def discard(self, shutdown: bool = True) -> None:
-        """Close, shut down and forget the kernel and its workspace."""
-        lost = self.state is KernelState.LOST
+        """Close, shut down and forget the kernel and its workspace. A remote kernel's (or a lost
+        one's) DELETE goes to the background: Enterprise Gateway holds the DELETE of a kernel on
+        a failed node ~30 s, and no local workspace waits for the kernel to be gone."""
+        background = self.state is KernelState.LOST or self.env.remote
         self.to(KernelState.CLOSED)
-        await self.shutdown(in_gateway=shutdown and not lost)
-        if shutdown and lost:  # nobody waits on the DELETE of a kernel that does not answer
+        await self.shutdown(in_gateway=shutdown and not background)
+        if shutdown and background:
             self.env.retire(self.kernel_id)
         if not self.env.remote:
             with contextlib.suppress(KernelmodeError):

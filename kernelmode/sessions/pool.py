@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from ..config import Settings
-from ..errors import KernelmodeError
+from ..errors import KernelmodeError, SandboxUnavailable
 from ..models import Limits, SessionInfo
 from .kernel_env import Kernels, public_text
 from .kernels import Kernel
@@ -54,7 +54,7 @@ class WarmPool:
         self.usable = usable
         # The pool kernel being started first (done when its start ends), and whether a create
         # waits for it: one that comes while it starts takes it rather than start a second beside it.
-        self._next: asyncio.Future[None] | None = None
+        self._next: asyncio.Future[SandboxUnavailable | None] | None = None
         self._claimed = False
         self._stopping = False
         # Why the last kernel start failed, None once one succeeds: /readyz reports it.
@@ -158,12 +158,16 @@ class WarmPool:
         first = self._next is None
         if first:
             self._next = asyncio.get_running_loop().create_future()
+        failed: SandboxUnavailable | None = None
         try:
             await self.gate.acquire(create=False)
             t0, took = time.monotonic(), None
             try:
                 k = await self.kernels.new(placeholder)
                 took = time.monotonic() - t0
+            except SandboxUnavailable as e:  # its claimant answers this too (claim)
+                failed = e
+                raise
             finally:
                 self.gate.release(took)
             # A create waiting for this very kernel takes it now: it would wait longer for the
@@ -175,7 +179,7 @@ class WarmPool:
             self._ready.append(k)
         finally:
             if first:
-                self._started()
+                self._started(failed)
 
     async def start_for(self, info: SessionInfo) -> Kernel:
         """A kernel started for a create the pool could not serve, in its turn at the start
@@ -190,10 +194,11 @@ class WarmPool:
         finally:
             self.gate.release(took)
 
-    def _started(self) -> None:
-        """The pool kernel's start ended (in the pool, failed or cancelled): wake its claimant."""
+    def _started(self, failed: SandboxUnavailable | None = None) -> None:
+        """The pool kernel's start ended (in the pool, failed or cancelled): wake its claimant,
+        with the error when the kernel died as it started (``failed``)."""
         if self._next is not None and not self._next.done():
-            self._next.set_result(None)
+            self._next.set_result(failed)
         self._next, self._claimed = None, False
 
     def resize(self) -> None:
@@ -236,12 +241,16 @@ class WarmPool:
         """``take``, or, when a pool kernel is starting and nobody waits for it yet, that one
         once it is up: it is ready sooner than one started now beside it (the first session
         after start, e.g. the embedded MCP server's). Not while the pool is failing: its next
-        start is likely to fail too, and the create's own start says why."""
+        start is likely to fail too, and the create's own start says why. If the kernel it waited
+        for died as it started (SandboxUnavailable), the create gets that error at once: a start of
+        its own would die the same way, after the same wait."""
         k = self.take(limits)
         if k is None and self._next is not None and not self._claimed and limits == self.settings.sandbox.limits \
                 and self.usable() and self.error is None:
             self._claimed = True
-            await asyncio.shield(self._next)
+            failed = await asyncio.shield(self._next)
+            if failed is not None:
+                raise SandboxUnavailable(failed.message, details=failed.details)
             if self._ready:
                 k = self._ready.pop(0)  # not take(): this create's demand is counted already
                 if not k.ready:

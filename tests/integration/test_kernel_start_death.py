@@ -14,6 +14,7 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,55 @@ def test_a_pool_whose_kernels_die_at_start_backs_off(broken: Server) -> None:
     delays = [line.split("retrying in ")[1].split(" s")[0] for line in broken.log().splitlines()
               if "warm pool: could not start a kernel" in line]
     assert delays[:2] == ["0.5", "1.0"], delays
+
+
+@pytest.fixture()
+def gated() -> Iterator[tuple[Server, Path]]:
+    """A broken sandbox whose kernels wait to die until ``go`` exists in the returned dir (each
+    leaves a mark in ``marks/`` first): a create can be sent while the pool's first start is
+    still under way."""
+    if BACKEND == "docker":
+        pytest.skip("the pool's claim is the same on both backends: the bwrap wrapper shows it")
+    exe_dir = Path(tempfile.mkdtemp(prefix="km-bwrap-", dir="/tmp"))
+    exe_dir.chmod(0o755)
+    marks = exe_dir / "marks"
+    marks.mkdir()
+    marks.chmod(0o777)  # written as the kernels' uids
+    wrapper = exe_dir / "bwrap"
+    wait = (f'*egress-bridge.py*) touch {marks}/$$; while [ ! -e {exe_dir}/go ]; do sleep 0.05; done; '
+            f'echo "{SAID}" >&2; exit 3;;')
+    wrapper.write_text(f'#!/bin/sh\ncase "$*" in {wait} esac\n'
+                       f'exec {shutil.which("bwrap") or "/usr/bin/bwrap"} "$@"\n')
+    wrapper.chmod(0o755)
+    srv = start_server({"KERNELMODE_SANDBOX__BWRAP_PATH": str(wrapper), "KERNELMODE_SESSIONS__POOL_SIZE": "1"})
+    yield srv, exe_dir
+    (exe_dir / "go").touch()
+    srv.discard()
+    shutil.rmtree(exe_dir)
+
+
+def test_a_create_that_waited_for_the_pools_dying_start_answers_its_error(gated: tuple[Server, Path]) -> None:
+    """A create that waits for the pool's first start takes that start's death as its answer:
+    no start of its own (it would die the same way, after the same wait)."""
+    srv, gate = gated
+    wait_for(lambda: any((gate / "marks").iterdir()), "the pool's first kernel to start")
+    with srv.client(timeout=120) as c, ThreadPoolExecutor(1) as pool:
+        create = pool.submit(c.post, "/v1/sessions", json={"session_id": "first"})
+        # 409 once "first" is being created (it then waits for the pool's kernel); before, the
+        # unknown tool's 422 refuses this probe before it takes anything.
+        wait_for(lambda: c.post("/v1/sessions", json={"session_id": "first", "tools": ["nope"]}).status_code == 409,
+                 "the create to wait for the pool's kernel")
+        (gate / "go").touch()
+        r = create.result()
+    assert r.status_code == 503, r.text
+    error = r.json()["error"]
+    assert error["code"] == "sandbox_unavailable", error
+    assert "died as it started" in error["message"] and "exit status 3" in error["message"], error
+    assert SAID in error["message"], error
+    failed = [e for e in _events(srv) if e["event"] == "kernel_start_failed"]
+    assert [e["session_id"] for e in failed if e["session_id"] != "pool"] == [], failed  # none of its own
+    assert any(e["session_id"] == "pool" for e in failed), failed  # the one it waited for
+
+
+def _events(srv: Server) -> list[dict[str, object]]:
+    return [json.loads(x) for x in srv.log().splitlines() if x.startswith('{"ts"')]

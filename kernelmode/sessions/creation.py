@@ -50,7 +50,7 @@ async def create(m: SessionManager, req: SessionCreate, principal: Principal = A
     )
     m.creating[sid] = tenant
     try:
-        k = await m.pool.claim(limits)
+        k = await m.pool.claim(limits, tenant)
         if k is not None:
             info.from_pool = True
             k.info = info

@@ -41,6 +41,15 @@ def public_text(e: KernelmodeError) -> str:
     return e.message.replace(f"{OUTPUT_NOTE}{output!r}", "; its last output is in the server's log")
 
 
+def told(e: SandboxUnavailable, tenant: str | None) -> SandboxUnavailable:
+    """``e`` as ``tenant`` is told it: what a kernel that died as it started printed may name the
+    host's paths and settings, the operator's to read (the admin token, the log), not a tenant's."""
+    details = e.details if isinstance(e.details, dict) else {}
+    if tenant in (None, ADMIN_TENANT) or not details.get("output"):
+        return e
+    return SandboxUnavailable(public_text(e), details={k: v for k, v in details.items() if k != "output"})
+
+
 class KernelMarks(Protocol):
     def mark(self, kernel_id: str) -> None: ...
 
@@ -134,17 +143,13 @@ class Kernels:
                f"killed by signal {cause.signal}" if cause.kind == "signal" else
                "killed for memory" if cause.kind == "oom" else "cause unknown")
         log.warning("kernel %s died as it started (%s)%s", k.kernel_id, how, f"{OUTPUT_NOTE}{output!r}" if output else "")
-        # What the sandbox or Python printed may name the host's paths and settings: the
-        # operator's to read (the admin token, the log), not a tenant's.
-        operator = k.info.tenant in (None, ADMIN_TENANT)
-        said = ("; it wrote nothing" if not output else f"{OUTPUT_NOTE}{output!r}" if operator
-                else "; its last output is in the server's log")
+        said = f"{OUTPUT_NOTE}{output!r}" if output else "; it wrote nothing"
         todo = (memory_hint(k.info.limits.memory_mb) if cause.kind == "oom" else
                 "The sandbox or the kernel environment cannot run kernels as configured: run "
                 "`kernelmode doctor` with the server's settings and see the server's log")
-        return SandboxUnavailable(f"the kernel died as it started ({how}), and so did the gateway's "
-                                  f"restarts of it{said}. {todo}",
-                                  details={"cause": cause.model_dump(), **({"output": output} if operator else {})})
+        return told(SandboxUnavailable(f"the kernel died as it started ({how}), and so did the gateway's "
+                                       f"restarts of it{said}. {todo}",
+                                       details={"cause": cause.model_dump(), "output": output}), k.info.tenant)
 
     async def _start(self, info: SessionInfo) -> Kernel:
         """Start a sandboxed kernel with its own workspace, connect, install the preamble."""

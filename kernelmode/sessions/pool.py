@@ -19,7 +19,7 @@ from collections.abc import Callable
 from ..config import Settings
 from ..errors import KernelmodeError, SandboxUnavailable
 from ..models import Limits, SessionInfo
-from .kernel_env import Kernels, public_text
+from .kernel_env import Kernels, public_text, told
 from .kernels import Kernel
 from .live import now
 from .preimport import preimport
@@ -237,20 +237,21 @@ class WarmPool:
             asyncio.create_task(k.discard())  # died while waiting: replaced by the refill
         return None
 
-    async def claim(self, limits: Limits) -> Kernel | None:
+    async def claim(self, limits: Limits, tenant: str | None = None) -> Kernel | None:
         """``take``, or, when a pool kernel is starting and nobody waits for it yet, that one
         once it is up: it is ready sooner than one started now beside it (the first session
         after start, e.g. the embedded MCP server's). Not while the pool is failing: its next
         start is likely to fail too, and the create's own start says why. If the kernel it waited
         for died as it started (SandboxUnavailable), the create gets that error at once: a start of
-        its own would die the same way, after the same wait."""
+        its own would die the same way, after the same wait (as ``tenant`` may be told it:
+        kernel_env.told)."""
         k = self.take(limits)
         if k is None and self._next is not None and not self._claimed and limits == self.settings.sandbox.limits \
                 and self.usable() and self.error is None:
             self._claimed = True
             failed = await asyncio.shield(self._next)
             if failed is not None:
-                raise SandboxUnavailable(failed.message, details=failed.details)
+                raise told(SandboxUnavailable(failed.message, details=failed.details), tenant)
             if self._ready:
                 k = self._ready.pop(0)  # not take(): this create's demand is counted already
                 if not k.ready:

@@ -38,3 +38,18 @@ def test_a_record_keeps_the_output_and_an_old_one_reads_as_before(tmp_path: Path
     assert pop_death_record(tmp_path, "k2") == cause
     death_record_path(tmp_path, "k3").write_text(json.dumps({"kind": "signal", "signal": 9}))
     assert pop_death(tmp_path, "k3") == (DeathCause(kind="signal", signal=9), "")
+
+
+def test_a_tenant_is_told_a_dead_kernels_cause_but_not_its_output() -> None:
+    """kernel_env.told: what a kernel that died at start printed (host paths) is the operator's."""
+    from kernelmode.errors import SandboxUnavailable
+    from kernelmode.sessions.kernel_env import OUTPUT_NOTE, told
+
+    said = "bwrap: Can't find source path /srv/secret-layout/venv"
+    full = SandboxUnavailable(f"the kernel died as it started (exit status 1){OUTPUT_NOTE}{said!r}. Run doctor",
+                              details={"cause": {"kind": "exit", "exit_code": 1}, "output": said})
+    for operator in (None, "admin"):
+        assert told(full, operator) is full
+    tenant = told(full, "alpha")
+    assert said not in tenant.message and "in the server's log" in tenant.message, tenant.message
+    assert "exit status 1" in tenant.message and tenant.details == {"cause": {"kind": "exit", "exit_code": 1}}

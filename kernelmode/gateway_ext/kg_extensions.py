@@ -136,6 +136,9 @@ class NoDelayWebsocketConnection(BatchedWrites, ZMQChannelsWebsocketConnection):
                 kernel.execution_state = "idle"
 
 
+RELEASE_ARMED = "_kernelmode_release_armed"  # set on a kernel manager whose "dead" callback releases it
+
+
 class ManyKernelsMappingKernelManager(SeedingMappingKernelManager):
     """The gateway's kernel manager, with a ZMQ context that can hold many kernels' sockets.
 
@@ -146,7 +149,6 @@ class ManyKernelsMappingKernelManager(SeedingMappingKernelManager):
 
     def __init__(self, **kwargs):  # noqa: ANN003, ANN204
         super().__init__(**kwargs)
-        self.cleanup_armed: set[str] = set()  # kernels whose "dead" callback releases them
         self.cleanups: set[asyncio.Task] = set()
         lease = os.environ.get("KERNELMODE_GW_LEASE")
         if lease:  # started by kernelmode's manager (always, but for a hand-started gateway)
@@ -163,20 +165,21 @@ class ManyKernelsMappingKernelManager(SeedingMappingKernelManager):
         the gateway's culling is off). The kernel is ready when this is called: its state is
         ``idle`` (a websocket's nudge waits for the end of ``starting``)."""
         kernel = self._kernels[kernel_id]
-        if kernel_id not in self.cleanup_armed:  # (called again after a restart on new ports)
-            self.cleanup_armed.add(kernel_id)
-            kernel.add_restart_callback(functools.partial(self.release_dead, kernel_id, kernel), "dead")
+        # Called again after a restart on new ports: armed once, a mark that goes with the kernel
+        # (a set here kept the id of every kernel that was ever shut down normally).
+        if not getattr(kernel, RELEASE_ARMED, False):
+            setattr(kernel, RELEASE_ARMED, True)
+            kernel.add_restart_callback(functools.partial(self.release_dead, kernel), "dead")
         kernel.reason = ""
         kernel.last_activity = utcnow()
         kernel.execution_state = "idle"
         kernel._activity_stream = None
 
-    def release_dead(self, kernel_id: str, kernel) -> None:  # noqa: ANN001 (a KernelManager)
+    def release_dead(self, kernel) -> None:  # noqa: ANN001 (a KernelManager)
         """The restarter gave the kernel up (it died and so did its restarts, e.g. one that dies
         at start): jupyter_server only forgets it, and nothing would release what its provisioner
         holds (kernel dir, log, uid lease, cgroup, a Docker container). Its death record, which
         the manager reads, is kept (the provisioner wrote it when it saw the death)."""
-        self.cleanup_armed.discard(kernel_id)
         task = asyncio.ensure_future(kernel.cleanup_resources(restart=False))
         self.cleanups.add(task)
         task.add_done_callback(self.cleanups.discard)
